@@ -1,0 +1,84 @@
+"""The errors vaecast raises on purpose, under one base class.
+
+Each class carries the HTTP status and the short machine-readable `type` that the
+server's edge (`vaecast.server.http_errors`) turns into a JSON body
+`{"error": {"type": ..., "message": ...}}`. Nothing below the edge knows about HTTP
+beyond these two class attributes, and the messages are written for the user who
+sent the request: they say what was wrong and, where it helps, what to send instead.
+"""
+
+from __future__ import annotations
+
+
+class VaecastError(Exception):
+    """Base of every error vaecast raises deliberately."""
+
+    status: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequestError(VaecastError):
+    """The request is well-formed but its content cannot be decoded (bad tensor, bad parameter)."""
+
+    status = 422
+    type = "invalid_request"
+
+
+class MalformedRequestError(VaecastError):
+    """The request cannot be parsed at all (broken multipart, unreadable parameter syntax)."""
+
+    status = 400
+    type = "bad_request"
+
+
+class UnsupportedMediaError(VaecastError):
+    """The upload is not a format vaecast reads (pickles are refused on purpose)."""
+
+    status = 415
+    type = "unsupported_media_type"
+
+
+class PayloadTooLargeError(VaecastError):
+    """The upload, or the video it would decode to, is over a configured limit."""
+
+    status = 413
+    type = "payload_too_large"
+
+
+class NotFoundError(VaecastError):
+    """No such job (or it has been evicted)."""
+
+    status = 404
+    type = "not_found"
+
+
+class UnknownModelError(VaecastError):
+    """The request names a model this server does not serve."""
+
+    status = 404
+    type = "model_not_found"
+
+
+class JobStateError(VaecastError):
+    """The job exists but is not in a state that allows the request."""
+
+    status = 409
+    type = "conflict"
+
+
+class DecodeCancelled(VaecastError):
+    """The decode was stopped on request (DELETE, client gone, shutdown)."""
+
+    status = 409
+    type = "cancelled"
+
+
+class DecodeFailedError(VaecastError):
+    """The decoder or the encoder raised; the job records the reason."""
+
+    status = 500
+    type = "decode_failed"

@@ -1,0 +1,157 @@
+"""The producer contract: how a decoder hands committed chunks to vaecast.
+
+A decoder publishes chunks through a synchronous callback rather than a generator:
+a distributed decode must run its collectives to completion, and an abandoned
+generator would strand peer ranks. The callback may raise (the consumer went away,
+the job was cancelled); the exception stops the decode and propagates out of
+`decode_chunks`, and the decoder keeps nothing of the chunks it already published.
+
+Guarantees every decoder keeps (and tests):
+- chunks arrive in order, are non-empty and contiguous (`frame_start` of chunk i+1 is
+  `frame_start + frames` of chunk i), and their count equals `plan(...).chunks`;
+- concatenating them along T gives, bit for bit, the decoder's full decode
+  (`decode`) of the same latents;
+- `plan(latent_shape)` is exact and known before any decoding, so the init segment
+  and the response headers can be written first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from vaecast.errors import InvalidRequestError, UnknownModelError
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """What a decode of given latents will produce, known before it starts."""
+
+    height: int
+    width: int
+    chunk_frames: tuple[int, ...]
+
+    @property
+    def frames(self) -> int:
+        return sum(self.chunk_frames)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.chunk_frames)
+
+    @property
+    def chunk_starts(self) -> tuple[int, ...]:
+        starts, total = [], 0
+        for count in self.chunk_frames:
+            starts.append(total)
+            total += count
+        return tuple(starts)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedChunk:
+    """One committed chunk. `frames` is BCTHW in the decoder's `value_range`.
+
+    The tensor is borrowed: it is valid only during the callback (the decoder may
+    reuse its storage), so a consumer copies what it keeps.
+    """
+
+    frames: torch.Tensor
+    index: int
+    total: int
+    frame_start: int
+
+    @property
+    def is_final(self) -> bool:
+        return self.index == self.total - 1
+
+    @property
+    def frame_count(self) -> int:
+        return int(self.frames.shape[2])
+
+
+ChunkCallback = Callable[[DecodedChunk], None]
+
+
+@runtime_checkable
+class ChunkedDecoder(Protocol):
+    """A video decoder that publishes its output chunk by chunk."""
+
+    name: str
+    latent_channels: int
+    value_range: tuple[float, float]
+    device: torch.device
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        """The frames, size and chunking that latents of this BCTHW shape decode to.
+
+        Raises `InvalidRequestError` for a shape the decoder cannot take.
+        """
+        ...
+
+    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        """Decode BCTHW latents, calling `on_chunk` for each committed chunk in order."""
+        ...
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """The full decode: the concatenation of every chunk `decode_chunks` publishes."""
+        ...
+
+
+def check_latent_shape(
+    latent_shape: Sequence[int], latent_channels: int, min_frames: int = 1
+) -> tuple[int, int, int, int, int]:
+    """Validate a BCTHW latent shape shared by every decoder; returns it as a tuple."""
+    if len(latent_shape) != 5:
+        raise InvalidRequestError(
+            f"latents must be BCTHW (5 dimensions), got {len(latent_shape)}"
+        )
+    b, c, t, h, w = (int(d) for d in latent_shape)
+    if b != 1:
+        raise InvalidRequestError(f"latents must hold one video (batch 1), got batch {b}")
+    if c != latent_channels:
+        raise InvalidRequestError(
+            f"this model takes {latent_channels} latent channels, got {c}"
+        )
+    if t < min_frames:
+        raise InvalidRequestError(
+            f"latents need at least {min_frames} frame(s) in time, got {t}"
+        )
+    if h < 1 or w < 1:
+        raise InvalidRequestError(f"latents have an empty spatial size {h}x{w}")
+    return b, c, t, h, w
+
+
+DecoderFactory = Callable[..., ChunkedDecoder]
+
+_REGISTRY: dict[str, DecoderFactory] = {}
+
+
+def register_decoder(name: str, factory: DecoderFactory) -> None:
+    """Make `get_decoder(name, ...)` build decoders with `factory(**options)`."""
+    _REGISTRY[name] = factory
+
+
+def available_decoders() -> list[str]:
+    _load_builtin_decoders()
+    return sorted(_REGISTRY)
+
+
+def get_decoder(name: str, **options: object) -> ChunkedDecoder:
+    """Build the decoder registered under `name` (options: device, weights, ...)."""
+    _load_builtin_decoders()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise UnknownModelError(f"unknown model {name!r}; this server knows: {known}") from None
+    return factory(**options)
+
+
+def _load_builtin_decoders() -> None:
+    # Imported for their registration side effect, late so that importing the
+    # contract never pulls in every architecture.
+    import vaecast.models.linear  # noqa: F401
