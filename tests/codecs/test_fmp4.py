@@ -1,0 +1,324 @@
+"""The fMP4 box writer and reader: golden bytes, round trips, and stream splitting."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vaecast.codecs import fmp4
+from vaecast.codecs.fmp4 import (
+    Sample,
+    TopLevelBoxSplitter,
+    TrackRun,
+    VideoTrack,
+    box,
+    fragment,
+    full_box,
+    init_segment,
+    iter_boxes,
+    parse_fragment,
+    parse_init_segment,
+)
+
+# A real SPS/PPS pair from libx264 (ultrafast, 64x48) as an avcC payload.
+AVCC = bytes.fromhex(
+    "0142c00affe100196742c00ada11e9a830302a000003000200000300411e244d4001000468ce0fc8"
+)
+TRACK = VideoTrack(track_id=1, timescale=16000, width=64, height=48, avcc=AVCC)
+
+
+def test_box_golden() -> None:
+    assert box(b"free") == b"\x00\x00\x00\x08free"
+    assert box(b"free", b"ab", b"c") == b"\x00\x00\x00\x0bfreeabc"
+
+
+def test_full_box_golden() -> None:
+    assert full_box(b"test", 1, 0x020000, b"\x07") == b"\x00\x00\x00\x0dtest\x01\x02\x00\x00\x07"
+
+
+def test_box_rejects_bad_fourcc_and_fields() -> None:
+    with pytest.raises(ValueError, match="4 bytes"):
+        box(b"abc")
+    with pytest.raises(ValueError, match="out of range"):
+        full_box(b"test", 256, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        full_box(b"test", 0, 1 << 24)
+
+
+def test_mfhd_tfhd_tfdt_golden() -> None:
+    assert fmp4.mfhd(7) == b"\x00\x00\x00\x10mfhd\x00\x00\x00\x00\x00\x00\x00\x07"
+    assert fmp4.tfhd(1) == b"\x00\x00\x00\x10tfhd\x00\x02\x00\x00\x00\x00\x00\x01"
+    assert fmp4.tfdt(0x1_0000_0002) == (
+        b"\x00\x00\x00\x14tfdt\x01\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x02"
+    )
+
+
+def test_trun_two_samples_golden() -> None:
+    samples = [Sample(b"abc", 1000, True), Sample(b"de", 1000, False, 2)]
+    assert fmp4.trun(0x80, samples) == (
+        b"\x00\x00\x00\x34trun\x00\x00\x0f\x01"  # size 52, version 0, flags
+        b"\x00\x00\x00\x02\x00\x00\x00\x80"  # sample_count, data_offset
+        b"\x00\x00\x03\xe8\x00\x00\x00\x03\x02\x00\x00\x00\x00\x00\x00\x00"
+        b"\x00\x00\x03\xe8\x00\x00\x00\x02\x01\x01\x00\x00\x00\x00\x00\x02"
+    )
+
+
+def test_trun_negative_composition_offset_uses_version_1() -> None:
+    written = fmp4.trun(0, [Sample(b"x", 10, True, -3)])
+    assert written[8] == 1
+    assert written[-4:] == struct.pack(">i", -3)
+
+
+def tree(data: bytes, start: int = 0, end: int | None = None, depth: int = 0) -> list[str]:
+    """Box types as indented paths, descending into the containers we write."""
+    containers = {"moov", "trak", "mdia", "minf", "dinf", "stbl", "mvex", "moof", "traf"}
+    skips = {"stsd": 8, "dref": 8, "avc1": 78}
+    out = []
+    for b in iter_boxes(data, start, end):
+        out.append("  " * depth + b.type)
+        if b.type in containers or b.type in skips:
+            out += tree(data, b.payload_offset + skips.get(b.type, 0), b.end, depth + 1)
+    return out
+
+
+def test_init_segment_layout() -> None:
+    data = init_segment([TRACK])
+    assert tree(data) == [
+        "ftyp",
+        "moov",
+        "  mvhd",
+        "  trak",
+        "    tkhd",
+        "    mdia",
+        "      mdhd",
+        "      hdlr",
+        "      minf",
+        "        vmhd",
+        "        dinf",
+        "          dref",
+        "            url ",
+        "        stbl",
+        "          stsd",
+        "            avc1",
+        "              avcC",
+        "          stts",
+        "          stsc",
+        "          stsz",
+        "          stco",
+        "  mvex",
+        "    trex",
+    ]
+
+
+def test_init_segment_round_trip_two_tracks() -> None:
+    second = VideoTrack(track_id=3, timescale=30000, width=832, height=480, avcc=AVCC)
+    data = init_segment([TRACK, second])
+    parsed = parse_init_segment(data)
+    assert parsed.major_brand == "isom"
+    assert parsed.compatible_brands == ("isom", "iso6", "avc1", "mp41")
+    assert parsed.tracks == (TRACK, second)
+    moov = next(b for b in iter_boxes(data) if b.type == "moov")
+    mvhd = fmp4.find_child(data, moov, "mvhd")
+    # next_track_ID is the last field of mvhd.
+    assert struct.unpack_from(">I", data, mvhd.end - 4) == (4,)
+    trex_ids = [
+        struct.unpack_from(">I", data, b.payload_offset + 4)[0]
+        for b in fmp4.children(data, fmp4.find_child(data, moov, "mvex"))
+    ]
+    assert trex_ids == [1, 3]
+
+
+def test_init_segment_rejects_duplicate_or_missing_tracks() -> None:
+    with pytest.raises(ValueError, match="at least one track"):
+        init_segment([])
+    with pytest.raises(ValueError, match="unique"):
+        init_segment([TRACK, TRACK])
+
+
+def samples_of(*payloads: bytes, first_sync: bool = True) -> tuple[Sample, ...]:
+    return tuple(Sample(p, 1000, first_sync and i == 0, 0) for i, p in enumerate(payloads))
+
+
+def test_fragment_one_run_round_trip() -> None:
+    run = TrackRun(1, 5000, samples_of(b"\x00\x00\x00\x01A", b"\x00\x00\x00\x02BC"))
+    data = fragment(4, [run])
+    assert [b.type for b in iter_boxes(data)] == ["moof", "mdat"]
+    parsed = parse_fragment(data)
+    assert parsed.sequence_number == 4
+    (traf,) = parsed.runs
+    assert traf.run == run
+    assert traf.sample_flags == (0x02000000, 0x01010000)
+    assert traf.sample_sizes == (5, 6)
+    assert traf.duration == 2000
+    # The first sample starts right after the mdat header, counted from the moof.
+    assert traf.data_offset == parsed.mdat.payload_offset - parsed.moof.offset
+    assert parsed.mdat.payload(data) == b"\x00\x00\x00\x01A\x00\x00\x00\x02BC"
+
+
+def test_fragment_two_runs_share_one_mdat() -> None:
+    video = TrackRun(1, 0, samples_of(b"v1", b"v22", b"v333"))
+    other = TrackRun(2, 48000, (Sample(b"a1", 1024, True), Sample(b"a22", 1024, True)))
+    data = fragment(1, [video, other])
+    parsed = parse_fragment(data)
+    assert [p.run for p in parsed.runs] == [video, other]
+    first, second = parsed.runs
+    assert second.data_offset == first.data_offset + len(b"v1v22v333")
+    assert parsed.mdat.payload(data) == b"v1v22v333a1a22"
+
+
+def test_fragment_rejects_empty_runs_and_bad_sequence_number() -> None:
+    run = TrackRun(1, 0, samples_of(b"x"))
+    with pytest.raises(ValueError, match="at least one track run"):
+        fragment(1, [])
+    with pytest.raises(ValueError, match="sequence_number"):
+        fragment(0, [run])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    sequence_number=st.integers(1, 2**32 - 1),
+    base=st.integers(0, 2**64 - 1),
+    samples=st.lists(
+        st.builds(
+            Sample,
+            data=st.binary(min_size=1, max_size=40),
+            duration=st.integers(0, 2**32 - 1),
+            is_sync=st.booleans(),
+            composition_offset=st.integers(-(2**31), 2**31 - 1),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_fragment_round_trip_property(
+    sequence_number: int, base: int, samples: list[Sample]
+) -> None:
+    run = TrackRun(7, base, tuple(samples))
+    parsed = parse_fragment(fragment(sequence_number, [run]))
+    assert parsed.sequence_number == sequence_number
+    assert parsed.runs[0].run == run
+
+
+def test_parse_fragment_rejects_data_offset_outside_mdat() -> None:
+    data = bytearray(fragment(1, [TrackRun(1, 0, samples_of(b"abcd"))]))
+    trun = data.index(b"trun")
+    # data_offset follows size/type (already passed), version/flags and sample_count.
+    struct.pack_into(">i", data, trun + 4 + 4 + 4, 4)
+    with pytest.raises(ValueError, match="outside the mdat"):
+        parse_fragment(bytes(data))
+
+
+def test_parse_fragment_needs_moof_then_mdat() -> None:
+    with pytest.raises(ValueError, match="moof \\+ mdat"):
+        parse_fragment(box(b"mdat", b"x"))
+
+
+def test_iter_boxes_sizes_and_nesting() -> None:
+    inner = box(b"abcd", b"12") + box(b"efgh")
+    data = box(b"free", b"xyz") + box(b"wrap", inner)
+    boxes = list(iter_boxes(data))
+    assert boxes == [fmp4.Box("free", 0, 11, 8), fmp4.Box("wrap", 11, 26, 8)]
+    assert boxes[0].payload(data) == b"xyz"
+    assert list(iter_boxes(data, boxes[1].payload_offset, boxes[1].end)) == [
+        fmp4.Box("abcd", 19, 10, 8),
+        fmp4.Box("efgh", 29, 8, 8),
+    ]
+
+
+def test_iter_boxes_largesize_and_size_zero() -> None:
+    large = b"\x00\x00\x00\x01free" + struct.pack(">Q", 18) + b"ab"
+    assert list(iter_boxes(large)) == [fmp4.Box("free", 0, 18, 16)]
+    to_end = b"\x00\x00\x00\x00mdat" + b"xyz"
+    assert list(iter_boxes(to_end)) == [fmp4.Box("mdat", 0, 11, 8)]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (box(b"free", b"abc")[:-1], "truncated box"),
+        (b"\x00\x00\x00\x08fr", "truncated box header"),
+        (b"\x00\x00\x00\x01free\x00\x00", "truncated largesize"),
+        (b"\x00\x00\x00\x04free", "impossible size"),
+        (b"\x00\x00\x00\x08\x00\x01\x02\x03", "not a box"),
+    ],
+)
+def test_iter_boxes_rejects_truncation_and_garbage(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        list(iter_boxes(data))
+
+
+def test_truncated_fragment_raises() -> None:
+    data = fragment(1, [TrackRun(1, 0, samples_of(b"abcdef"))])
+    with pytest.raises(ValueError, match="truncated"):
+        parse_fragment(data[:-1])
+
+
+def stream_bytes() -> tuple[bytes, list[bytes]]:
+    parts = [
+        fmp4.ftyp(),
+        init_segment([TRACK])[len(fmp4.ftyp()) :],
+        *iter_top_level(fragment(1, [TrackRun(1, 0, samples_of(b"one"))])),
+        *iter_top_level(fragment(2, [TrackRun(1, 1000, samples_of(b"two", b"three"))])),
+    ]
+    return b"".join(parts), parts
+
+
+def iter_top_level(data: bytes) -> list[bytes]:
+    return [data[b.offset : b.end] for b in iter_boxes(data)]
+
+
+def test_splitter_all_at_once_and_byte_by_byte_agree() -> None:
+    data, parts = stream_bytes()
+    whole = TopLevelBoxSplitter()
+    assert whole.feed(data) == parts
+    whole.close()
+
+    bytewise = TopLevelBoxSplitter()
+    boxes = []
+    for index in range(len(data)):
+        boxes += bytewise.feed(data[index : index + 1])
+    assert boxes == parts
+    assert bytewise.pending == 0
+    assert bytewise.bytes_emitted == len(data)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cuts=st.lists(st.integers(0, 2000), max_size=12))
+def test_splitter_any_split_agrees(cuts: list[int]) -> None:
+    data, parts = stream_bytes()
+    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    splitter = TopLevelBoxSplitter()
+    boxes = []
+    for start, end in itertools.pairwise(bounds):
+        boxes += splitter.feed(data[start:end])
+    assert boxes == parts
+
+
+def test_splitter_largesize_box() -> None:
+    large = b"\x00\x00\x00\x01free" + struct.pack(">Q", 18) + b"ab"
+    splitter = TopLevelBoxSplitter()
+    assert [splitter.feed(large[i : i + 1]) for i in range(len(large))][-1] == [large]
+
+
+def test_splitter_garbage_fails_for_good() -> None:
+    splitter = TopLevelBoxSplitter()
+    with pytest.raises(ValueError, match="not a box"):
+        splitter.feed(b"\x00\x00\x00\x08\x00\x01\x02\x03")
+    with pytest.raises(ValueError, match="cannot resync"):
+        splitter.feed(box(b"free"))
+
+
+def test_splitter_refuses_size_zero_box() -> None:
+    with pytest.raises(ValueError, match="size 0"):
+        TopLevelBoxSplitter().feed(b"\x00\x00\x00\x00mdatxyz")
+
+
+def test_splitter_close_detects_truncated_stream() -> None:
+    splitter = TopLevelBoxSplitter()
+    assert splitter.feed(box(b"free", b"abc")[:-1]) == []
+    with pytest.raises(ValueError, match="stream ended inside a box: 10 bytes"):
+        splitter.close()
