@@ -106,20 +106,14 @@ def check_latent_shape(
 ) -> tuple[int, int, int, int, int]:
     """Validate a BCTHW latent shape shared by every decoder; returns it as a tuple."""
     if len(latent_shape) != 5:
-        raise InvalidRequestError(
-            f"latents must be BCTHW (5 dimensions), got {len(latent_shape)}"
-        )
+        raise InvalidRequestError(f"latents must be BCTHW (5 dimensions), got {len(latent_shape)}")
     b, c, t, h, w = (int(d) for d in latent_shape)
     if b != 1:
         raise InvalidRequestError(f"latents must hold one video (batch 1), got batch {b}")
     if c != latent_channels:
-        raise InvalidRequestError(
-            f"this model takes {latent_channels} latent channels, got {c}"
-        )
+        raise InvalidRequestError(f"this model takes {latent_channels} latent channels, got {c}")
     if t < min_frames:
-        raise InvalidRequestError(
-            f"latents need at least {min_frames} frame(s) in time, got {t}"
-        )
+        raise InvalidRequestError(f"latents need at least {min_frames} frame(s) in time, got {t}")
     if h < 1 or w < 1:
         raise InvalidRequestError(f"latents have an empty spatial size {h}x{w}")
     return b, c, t, h, w

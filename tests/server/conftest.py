@@ -1,0 +1,71 @@
+"""A real vaecast server on 127.0.0.1 for each test, and a client for it."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from vaecast.codecs.h264 import EncoderSettings
+from vaecast.models.base import ChunkedDecoder
+from vaecast.models.linear import LinearDecoder
+from vaecast.server.app import create_app
+from vaecast.server.config import ServerConfig
+from vaecast.server.jobs import JobManager
+from vaecast.server.routes import MANAGER
+
+# Tests compare pixels: a low CRF keeps H.264 error well under their thresholds.
+TEST_CONFIG = ServerConfig(default_model="linear", encoder=replace(EncoderSettings(), crf=18))
+
+
+@dataclass
+class Server:
+    url: str
+    client: aiohttp.ClientSession
+    app: web.Application
+    runner: web.AppRunner
+
+    @property
+    def lost_connections(self) -> int:
+        """Connections whose socket the server has seen close (peeks at aiohttp's handlers)."""
+        assert self.runner.server is not None
+        return sum(handler.transport is None for handler in self.runner.server.connections)
+
+    @property
+    def manager(self) -> JobManager:
+        return self.app[MANAGER]
+
+
+StartServer = Callable[..., Awaitable[Server]]
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[StartServer]:
+    """Start a server: `await start_server(decoders={...}, handler_cancellation=..., **config)`."""
+    started: list[tuple[web.AppRunner, aiohttp.ClientSession]] = []
+
+    async def start(
+        decoders: Mapping[str, ChunkedDecoder] | None = None,
+        handler_cancellation: bool = True,
+        **config_changes: object,
+    ) -> Server:
+        config = replace(TEST_CONFIG, **config_changes)  # type: ignore[arg-type]
+        app = create_app(config, decoders or {"linear": LinearDecoder()})
+        runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock).start()
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
+        started.append((runner, client))
+        return Server(url, client, app, runner)
+
+    yield start
+    for runner, client in started:
+        await client.close()
+        await runner.cleanup()

@@ -1,0 +1,270 @@
+"""Bad requests get a JSON error with a reason and a 4xx status, and the server carries on."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
+from tests.server.conftest import StartServer
+from vaecast.server.config import Limits
+
+SAFE_HINT = "save it with safetensors: safetensors.torch.save_file({'latents': z}, 'z.safetensors')"
+
+
+def torch_save_bytes(obj: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def truncated_safetensors() -> bytes:
+    whole = safetensors_bytes(latents=smooth_latents(frames=2))
+    return whole[:-10]
+
+
+GOOD = smooth_latents(frames=2)
+
+CASES = [
+    # (id, body, query, status, type, message)
+    (
+        "not-a-tensor-file",
+        b"hello, world",
+        "",
+        415,
+        "unsupported_media_type",
+        f"the upload is not a safetensors or .npy file; {SAFE_HINT}",
+    ),
+    (
+        "pickle",
+        pickle.dumps({"latents": GOOD}),
+        "",
+        415,
+        "unsupported_media_type",
+        f"pickle and torch.save files are refused (loading them can run code); {SAFE_HINT}",
+    ),
+    (
+        "torch-save",
+        torch_save_bytes({"latents": GOOD}),
+        "",
+        415,
+        "unsupported_media_type",
+        f"pickle and torch.save files are refused (loading them can run code); {SAFE_HINT}",
+    ),
+    ("empty", b"", "", 422, "invalid_request", f"the upload is empty; {SAFE_HINT}"),
+    (
+        "missing-latents",
+        safetensors_bytes(z=GOOD),
+        "",
+        422,
+        "invalid_request",
+        "the safetensors file has no tensor named 'latents' (found: z)",
+    ),
+    (
+        "wrong-rank",
+        safetensors_bytes(latents=torch.zeros(16, 2, 4)),
+        "",
+        422,
+        "invalid_request",
+        "latents must be CTHW or BCTHW, got 3 dimensions (16, 2, 4)",
+    ),
+    (
+        "batch-of-two",
+        safetensors_bytes(latents=torch.zeros(2, 16, 2, 4, 4)),
+        "",
+        422,
+        "invalid_request",
+        "latents must hold one video (batch 1), got batch 2",
+    ),
+    (
+        "integer-dtype",
+        safetensors_bytes(latents=torch.zeros(16, 2, 4, 4, dtype=torch.int64)),
+        "",
+        422,
+        "invalid_request",
+        "latents must be floating point, got int64",
+    ),
+    (
+        "nan",
+        safetensors_bytes(latents=torch.full((16, 2, 4, 4), float("nan"))),
+        "",
+        422,
+        "invalid_request",
+        "latents contain NaN or infinite values",
+    ),
+    (
+        "inf",
+        safetensors_bytes(latents=torch.full((16, 2, 4, 4), float("inf"))),
+        "",
+        422,
+        "invalid_request",
+        "latents contain NaN or infinite values",
+    ),
+    (
+        "zero-frames",
+        safetensors_bytes(latents=torch.zeros(16, 0, 4, 4)),
+        "",
+        422,
+        "invalid_request",
+        "latents have zero frames",
+    ),
+    (
+        "wrong-channels",
+        safetensors_bytes(latents=torch.zeros(4, 2, 4, 4)),
+        "",
+        422,
+        "invalid_request",
+        "this model takes 16 latent channels, got 4",
+    ),
+    (
+        "corrupt-safetensors",
+        truncated_safetensors(),
+        "",
+        415,
+        "unsupported_media_type",
+        None,
+    ),  # the message carries safetensors' own wording; checked for its prefix below
+    (
+        "npy-object-array",
+        npy_bytes(np.array([{"a": 1}], dtype=object)),
+        "",
+        415,
+        "unsupported_media_type",
+        None,
+    ),
+    (
+        "unknown-model",
+        safetensors_bytes(latents=GOOD),
+        "model=wan9",
+        404,
+        "model_not_found",
+        "model 'wan9' is not served here; this server serves: linear",
+    ),
+    (
+        "bad-fps",
+        safetensors_bytes(latents=GOOD),
+        "fps=fast",
+        422,
+        "invalid_request",
+        "fps must be a number or a ratio like 30000/1001, got 'fast'",
+    ),
+    (
+        "fps-out-of-range",
+        safetensors_bytes(latents=GOOD),
+        "fps=0",
+        422,
+        "invalid_request",
+        "fps must be between 1 and 240, got 0",
+    ),
+    (
+        "too-many-frames",
+        safetensors_bytes(latents=torch.zeros(16, 4, 2, 2)),
+        "",
+        413,
+        "payload_too_large",
+        "the latents decode to 13 frames; this server allows 12",
+    ),
+    (
+        "too-many-pixels",
+        safetensors_bytes(latents=torch.zeros(16, 1, 8, 9)),
+        "",
+        413,
+        "payload_too_large",
+        "the latents decode to 72x64 frames; this server allows 4096 pixels per frame",
+    ),
+]
+
+LIMITS = Limits(max_upload_bytes=200_000, max_frames=12, max_pixels_per_frame=64 * 64)
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/videos", "/v1/videos/stream"])
+async def test_each_bad_upload_gets_its_status_and_reason(start_server: StartServer, endpoint):
+    server = await start_server(limits=LIMITS)
+    for case_id, body, query, status, error_type, message in CASES:
+        url = f"{endpoint}?{query}" if query else endpoint
+        async with server.client.post(url, data=body) as response:
+            assert response.status == status, case_id
+            assert response.content_type == "application/json", case_id
+            error = (await response.json())["error"]
+        assert error["type"] == error_type, case_id
+        if message is not None:
+            assert error["message"] == message, case_id
+        else:
+            assert error["message"].startswith(
+                ("the safetensors file is corrupt: ", "the .npy file cannot be read safely: ")
+            ), case_id
+    # The server keeps serving after all of that.
+    latents = smooth_latents(frames=2, height=4, width=4)
+    async with server.client.post(
+        "/v1/videos/stream", data=safetensors_bytes(latents=latents)
+    ) as response:
+        assert response.status == 200
+        assert len(decode_mp4(await response.read())) == 5
+    # No bad request left a job behind.
+    assert [job.status for job in server.manager.jobs.values()] == ["completed"]
+
+
+async def test_upload_over_the_size_limit_is_413_without_reading_it_all(start_server):
+    server = await start_server(limits=LIMITS)
+    async with server.client.post("/v1/videos", data=b"\0" * 300_000) as response:
+        assert response.status == 413
+        assert (await response.json())["error"] == {
+            "type": "payload_too_large",
+            "message": "the upload is over this server's limit of 200000 bytes",
+        }
+
+    async def unsized_body():
+        for _ in range(30):
+            yield b"\0" * 10_000
+
+    async with server.client.post("/v1/videos/stream", data=unsized_body()) as response:
+        assert response.status == 413
+
+
+async def test_multipart_without_a_file_part_is_422(start_server: StartServer):
+    server = await start_server()
+    async with server.client.post(
+        "/v1/videos", data={"fps": "16", "file_": io.BytesIO(b"x")}
+    ) as response:
+        assert response.status == 422
+        assert (await response.json())["error"]["message"] == (
+            "the form has no latent file; send it in a part named 'file' or 'latents'"
+        )
+
+
+async def test_unknown_job_and_unknown_route_are_json_404s(start_server: StartServer):
+    server = await start_server()
+    async with server.client.get("/v1/videos/video_nope") as response:
+        assert response.status == 404
+        assert (await response.json())["error"] == {
+            "type": "not_found",
+            "message": "no video job with id 'video_nope'",
+        }
+    async with server.client.get("/v1/videos/video_nope/content") as response:
+        assert response.status == 404
+    async with server.client.get("/nowhere") as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["type"] == "not_found"
+    async with server.client.put("/v1/videos") as response:
+        assert response.status == 405
+        assert "POST" in response.headers["Allow"]
+
+
+async def test_npy_latents_are_accepted(start_server: StartServer):
+    server = await start_server()
+    latents = smooth_latents(frames=2, height=4, width=4)
+    buffer = io.BytesIO()
+    np.save(buffer, latents[0].numpy(), allow_pickle=False)  # CTHW
+    async with server.client.post("/v1/videos/stream", data=buffer.getvalue()) as response:
+        assert response.status == 200
+        assert len(decode_mp4(await response.read())) == 5

@@ -1,0 +1,116 @@
+"""Reading latent tensors from uploaded bytes, safely.
+
+Accepted: safetensors (tensor `latents`, optional `__metadata__` such as `fps`) and
+NumPy `.npy` (read with `allow_pickle=False`). Pickles, including `torch.save`
+files, are refused on sight: loading one can run arbitrary code. The format is
+sniffed from the bytes, not trusted from a Content-Type, because `curl
+--data-binary` labels everything `application/x-www-form-urlencoded`.
+
+The result is a finite float32 BCTHW tensor with batch 1; every way an upload can
+fail that is raises a typed error whose message tells the user what to send.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+
+from vaecast.errors import InvalidRequestError, UnsupportedMediaError
+
+LATENTS_KEY = "latents"
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip of pickles
+_PICKLE_PROTO = 0x80  # pickle protocol 2+ starts with PROTO
+_SAFE_HINT = (
+    "save it with safetensors: safetensors.torch.save_file({'latents': z}, 'z.safetensors')"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LatentFile:
+    latents: torch.Tensor  # float32, BCTHW, B == 1, finite
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def load_latents(data: bytes) -> LatentFile:
+    """Parse and check an uploaded latent file; see the module docstring."""
+    if not data:
+        raise InvalidRequestError(f"the upload is empty; {_SAFE_HINT}")
+    if data.startswith(_ZIP_MAGIC) or data[0] == _PICKLE_PROTO:
+        raise UnsupportedMediaError(
+            f"pickle and torch.save files are refused (loading them can run code); {_SAFE_HINT}"
+        )
+    if data.startswith(_NPY_MAGIC):
+        return LatentFile(_check_latents(_tensor_from_npy(data)))
+    if _looks_like_safetensors(data):
+        tensors, metadata = _read_safetensors(data)
+        if LATENTS_KEY not in tensors:
+            found = ", ".join(sorted(tensors)) or "none"
+            raise InvalidRequestError(
+                f"the safetensors file has no tensor named {LATENTS_KEY!r} (found: {found})"
+            )
+        return LatentFile(_check_latents(tensors[LATENTS_KEY]), metadata)
+    raise UnsupportedMediaError(f"the upload is not a safetensors or .npy file; {_SAFE_HINT}")
+
+
+def _looks_like_safetensors(data: bytes) -> bool:
+    if len(data) < 10:
+        return False
+    (header_size,) = struct.unpack_from("<Q", data)
+    return 2 <= header_size <= len(data) - 8 and data[8:9] == b"{"
+
+
+def _read_safetensors(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        tensors = load_safetensors(data)
+        (header_size,) = struct.unpack_from("<Q", data)
+        header = json.loads(data[8 : 8 + header_size])
+    except (SafetensorError, ValueError, TypeError) as error:
+        raise UnsupportedMediaError(f"the safetensors file is corrupt: {error}") from None
+    metadata = header.get("__metadata__") or {}
+    return tensors, {str(k): str(v) for k, v in metadata.items()}
+
+
+def _tensor_from_npy(data: bytes) -> torch.Tensor:
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as error:
+        # Object arrays need pickle; NumPy says so in the message.
+        raise UnsupportedMediaError(f"the .npy file cannot be read safely: {error}") from None
+    except (OSError, EOFError) as error:
+        raise UnsupportedMediaError(f"the .npy file is corrupt: {error}") from None
+    if not np.issubdtype(array.dtype, np.floating):
+        raise InvalidRequestError(f"latents must be floating point, got {array.dtype}")
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _check_latents(latents: torch.Tensor) -> torch.Tensor:
+    if not latents.is_floating_point():
+        raise InvalidRequestError(
+            f"latents must be floating point, got {str(latents.dtype).removeprefix('torch.')}"
+        )
+    if latents.ndim == 4:
+        latents = latents.unsqueeze(0)
+    elif latents.ndim != 5:
+        raise InvalidRequestError(
+            f"latents must be CTHW or BCTHW, got {latents.ndim} dimensions {tuple(latents.shape)}"
+        )
+    if latents.shape[0] != 1:
+        raise InvalidRequestError(
+            f"latents must hold one video (batch 1), got batch {latents.shape[0]}"
+        )
+    if latents.shape[2] == 0:
+        raise InvalidRequestError("latents have zero frames")
+    if latents.numel() == 0:
+        raise InvalidRequestError(f"latents are empty: shape {tuple(latents.shape)}")
+    latents = latents.to(torch.float32)
+    if not torch.isfinite(latents).all():
+        raise InvalidRequestError("latents contain NaN or infinite values")
+    return latents.contiguous()

@@ -1,0 +1,34 @@
+"""The aiohttp application: routes, error edge, and the job manager's lifetime."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp import web
+
+from vaecast.models.base import ChunkedDecoder
+from vaecast.server.config import ServerConfig
+from vaecast.server.http_errors import json_errors
+from vaecast.server.jobs import JobManager
+from vaecast.server.routes import MANAGER, add_routes
+
+# Bodies are read by vaecast.server.uploads with the configured limit; aiohttp's own
+# cap (client_max_size) only guards request.read()/post(), which the app never calls
+# on uploads, so it is left at the configured limit as a second fence.
+
+
+def create_app(config: ServerConfig, decoders: Mapping[str, ChunkedDecoder]) -> web.Application:
+    """An app serving `decoders` (already loaded: model loading is the caller's job,
+    done off the event loop)."""
+    if config.default_model not in decoders:
+        raise ValueError(f"default model {config.default_model!r} is not among {sorted(decoders)}")
+    app = web.Application(middlewares=[json_errors], client_max_size=config.limits.max_upload_bytes)
+    add_routes(app)
+
+    async def job_manager(app: web.Application) -> AsyncIterator[None]:
+        app[MANAGER] = JobManager(config, decoders)
+        yield
+        await app[MANAGER].close()
+
+    app.cleanup_ctx.append(job_manager)
+    return app

@@ -1,0 +1,126 @@
+"""The thread -> event loop bridge for one decode.
+
+The decoder runs in an executor thread and publishes chunks through a synchronous
+callback. The callback quantizes the chunk on the decoder's device, makes the one
+device-to-host copy, and puts the frames on a *bounded* asyncio.Queue through
+`run_coroutine_threadsafe(...).result()`. When the consumer (encoder) falls behind,
+the put blocks the decoder thread: that is the backpressure that keeps memory
+at O(queue size x chunk), whatever the video length.
+
+The worker thread never hangs: while it waits for the put it looks at the cancel
+flag and at the loop every `PUT_POLL_S`, so a cancelled job, a stopped loop or a
+put that never runs ends the decode with `DecodeCancelled` at the next chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vaecast.codecs.quantize import quantize_to_host
+from vaecast.errors import DecodeCancelled
+from vaecast.models.base import ChunkCallback, DecodedChunk
+
+PUT_POLL_S = 0.05
+DEFAULT_QUEUE_CHUNKS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class HostChunk:
+    """A committed chunk as uint8 RGB frames (T, H, W, 3) on the host."""
+
+    index: int
+    total: int
+    frame_start: int
+    pixels: np.ndarray
+
+    @property
+    def frame_count(self) -> int:
+        return int(self.pixels.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeEnded:
+    """Put after the last chunk of a decode that returned normally."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRaised:
+    """Put when the decoder raised (not on cancel): the consumer fails the job with it."""
+
+    error: BaseException
+
+
+BridgeItem = HostChunk | DecodeEnded | DecodeRaised
+
+
+class ChunkBridge:
+    """Carries one decode's chunks from its worker thread to a consumer on `loop`."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        value_range: tuple[float, float],
+        max_chunks: int = DEFAULT_QUEUE_CHUNKS,
+    ) -> None:
+        self._loop = loop
+        self._value_range = value_range
+        self._queue: asyncio.Queue[BridgeItem] = asyncio.Queue(maxsize=max_chunks)
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Stop the decode at its next chunk (callable from any thread)."""
+        self._cancelled.set()
+
+    async def get(self) -> BridgeItem:
+        return await self._queue.get()
+
+    def run(self, decode: Callable[[ChunkCallback], None]) -> None:
+        """Worker-thread entry point: `decode(on_chunk)`, then an end marker.
+
+        Raises `DecodeCancelled` if the decode was cancelled; any other decoder
+        error is handed to the consumer as `DecodeRaised` (and not re-raised, so the
+        executor future only ever fails with a cancel).
+        """
+        try:
+            with torch.inference_mode():
+                decode(self.on_chunk)
+        except DecodeCancelled:
+            raise
+        except Exception as error:
+            self._put(DecodeRaised(error))
+        else:
+            self._put(DecodeEnded())
+
+    def on_chunk(self, chunk: DecodedChunk) -> None:
+        """The decoder's callback: runs on the worker thread, may block (backpressure)."""
+        if self._cancelled.is_set():
+            raise DecodeCancelled("decode cancelled")
+        pixels = quantize_to_host(chunk.frames, self._value_range)
+        self._put(HostChunk(chunk.index, chunk.total, chunk.frame_start, pixels))
+
+    def _put(self, item: BridgeItem) -> None:
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
+        except RuntimeError:  # the loop is closed
+            raise DecodeCancelled("event loop closed") from None
+        while True:
+            try:
+                future.result(timeout=PUT_POLL_S)
+                return
+            except concurrent.futures.TimeoutError:
+                if self._cancelled.is_set() or not self._loop.is_running():
+                    future.cancel()
+                    raise DecodeCancelled("decode cancelled") from None
+            except concurrent.futures.CancelledError:
+                raise DecodeCancelled("event loop stopped") from None

@@ -1,0 +1,110 @@
+"""Turning an HTTP upload into a DecodeRequest: body limits, form fields, parameters.
+
+Three request shapes carry latents:
+- `multipart/form-data`: a file part named `file` or `latents`, and text parts
+  `model` and `fps` (what browsers and `curl -F` send);
+- any other body: the latent file itself as the raw body, parameters in the query
+  string (`curl --data-binary @z.safetensors '.../v1/videos/stream?fps=16'`).
+Parameters in the query string also apply to multipart requests; a form field wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from fractions import Fraction
+
+from aiohttp import BodyPartReader, web
+
+from vaecast.errors import InvalidRequestError, MalformedRequestError, PayloadTooLargeError
+from vaecast.latent_files import load_latents
+from vaecast.server.config import ServerConfig
+from vaecast.server.jobs import DecodeRequest
+
+MIN_FPS = Fraction(1)
+MAX_FPS = Fraction(240)
+FILE_FIELDS = ("file", "latents")
+READ_CHUNK_BYTES = 256 * 1024
+MAX_FIELD_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    data: bytes
+    fields: dict[str, str]
+
+
+async def read_decode_request(request: web.Request, config: ServerConfig) -> DecodeRequest:
+    upload = await read_upload(request, config.limits.max_upload_bytes)
+    latent_file = load_latents(upload.data)
+    params = {**latent_file.metadata, **request.query, **upload.fields}
+    return DecodeRequest(
+        latents=latent_file.latents,
+        model=params.get("model") or config.default_model,
+        fps=parse_fps(params.get("fps"), config.default_fps),
+    )
+
+
+async def read_upload(request: web.Request, max_bytes: int) -> Upload:
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise _too_large(max_bytes)
+    if request.content_type.startswith("multipart/"):
+        return await _read_multipart(request, max_bytes)
+    return Upload(
+        await _read_limited(request.content.iter_chunked(READ_CHUNK_BYTES), max_bytes), {}
+    )
+
+
+async def _read_multipart(request: web.Request, max_bytes: int) -> Upload:
+    try:
+        reader = await request.multipart()
+        data: bytes | None = None
+        fields: dict[str, str] = {}
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader):
+                raise MalformedRequestError("nested multipart bodies are not supported")
+            if part.name in FILE_FIELDS:
+                data = await _read_limited(_part_chunks(part), max_bytes)
+            elif part.name:
+                value = await _read_limited(_part_chunks(part), MAX_FIELD_BYTES)
+                fields[part.name] = value.decode("utf-8", "replace").strip()
+    except (ValueError, AssertionError) as error:
+        raise MalformedRequestError(f"the multipart body cannot be parsed: {error}") from None
+    if data is None:
+        raise InvalidRequestError(
+            "the form has no latent file; send it in a part named 'file' or 'latents'"
+        )
+    return Upload(data, fields)
+
+
+async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
+    while chunk := await part.read_chunk(READ_CHUNK_BYTES):
+        yield chunk
+
+
+async def _read_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > max_bytes:
+            raise _too_large(max_bytes)
+    return bytes(body)
+
+
+def _too_large(max_bytes: int) -> PayloadTooLargeError:
+    return PayloadTooLargeError(f"the upload is over this server's limit of {max_bytes} bytes")
+
+
+def parse_fps(value: str | None, default: Fraction) -> Fraction:
+    if value is None or value == "":
+        return default
+    try:
+        fps = Fraction(value)
+    except (ValueError, ZeroDivisionError):
+        raise InvalidRequestError(
+            f"fps must be a number or a ratio like 30000/1001, got {value!r}"
+        ) from None
+    if not MIN_FPS <= fps <= MAX_FPS:
+        raise InvalidRequestError(f"fps must be between {MIN_FPS} and {MAX_FPS}, got {value}")
+    # Media time uses an integer timescale derived from fps: keep it representable.
+    return fps.limit_denominator(1001)
