@@ -1,0 +1,98 @@
+"""The `vaecast` command as a user runs it: decode to a file, serve over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
+from vaecast.cli import main
+
+
+def write_latents(path: Path, frames: int = 3) -> Path:
+    path.write_bytes(safetensors_bytes(metadata={"fps": "8"}, latents=smooth_latents(frames)))
+    return path
+
+
+def test_decode_writes_a_playable_mp4(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    latents = write_latents(tmp_path / "z.safetensors")
+    output = tmp_path / "out.mp4"
+    assert main(["decode", str(latents), "-o", str(output), "--model", "linear"]) == 0
+    frames = decode_mp4(output.read_bytes())
+    assert len(frames) == 9
+    assert frames[0].shape == (48, 64, 3)
+    captured = capsys.readouterr()
+    assert "3/3 chunks 9/9 frames" in captured.err
+    assert captured.out.strip() == f"wrote {output} (9 frames, 64x48, 8 fps)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
+
+
+def test_decode_of_bad_latents_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(safetensors_bytes(z=smooth_latents(2)))
+    assert main(["decode", str(bad), "-o", str(tmp_path / "out.mp4"), "--model", "linear"]) == 2
+    assert "no tensor named 'latents'" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors"]
+
+
+def test_a_failed_decode_leaves_no_file_under_the_output_name(tmp_path: Path, monkeypatch):
+    calls = []
+
+    def failing_encode(self, frames):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire (simulated)")
+        return original(self, frames)
+
+    from vaecast.codecs.stream import VideoStreamEncoder
+
+    original = VideoStreamEncoder.encode_chunk
+    monkeypatch.setattr(VideoStreamEncoder, "encode_chunk", failing_encode)
+    output = tmp_path / "out.mp4"
+    output.write_bytes(b"the previous, good file")
+    latents = write_latents(tmp_path / "z.safetensors")
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        main(["decode", str(latents), "-o", str(output), "--model", "linear"])
+    assert output.read_bytes() == b"the previous, good file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
+
+
+@pytest.mark.slow
+def test_serve_answers_on_a_free_port_and_stops_on_sigterm(tmp_path: Path):
+    log_path = tmp_path / "server.log"
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(
+            [sys.executable, "-m", "vaecast", "serve", "--model", "linear", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        ) as process,
+    ):
+        try:
+            line = process.stdout.readline()  # type: ignore[union-attr]
+            assert line.startswith("vaecast serving linear on http://127.0.0.1:"), line
+            url = line.split(" on ")[1].strip()
+            request = urllib.request.Request(
+                url + "v1/videos/stream",
+                data=safetensors_bytes(latents=smooth_latents(2)),
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert response.headers["Content-Type"].startswith("video/mp4")
+                assert len(decode_mp4(response.read())) == 5
+            with urllib.request.urlopen(url + "healthz", timeout=10) as response:
+                assert b'"status": "ok"' in response.read()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert "status=completed" in log_path.read_text()

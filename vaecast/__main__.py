@@ -1,0 +1,5 @@
+import sys
+
+from vaecast.cli import main
+
+sys.exit(main())

@@ -1,0 +1,208 @@
+"""The `vaecast` command: `serve` the HTTP API, or `decode` latents to an MP4 file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from vaecast.codecs.h264 import EncoderSettings
+from vaecast.codecs.quantize import quantize_to_host
+from vaecast.codecs.stream import VideoStreamEncoder
+from vaecast.errors import VaecastError
+from vaecast.latent_files import load_latents
+from vaecast.models.base import DecodedChunk, get_decoder
+from vaecast.server.config import MIB, Limits, ServerConfig
+from vaecast.server.uploads import parse_fps
+
+DEFAULT_MODEL = "tiny"
+DEFAULTS = ServerConfig()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.run(args))
+    except VaecastError as error:
+        print(f"vaecast: error: {error.message}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vaecast", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    serve.set_defaults(run=_serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument(
+        "--model",
+        action="append",
+        help=f"model to serve (repeatable; the first is the default; default {DEFAULT_MODEL})",
+    )
+    serve.add_argument("--max-upload-mb", type=int, default=DEFAULTS.limits.max_upload_bytes // MIB)
+    serve.add_argument("--max-frames", type=int, default=DEFAULTS.limits.max_frames)
+    serve.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULTS.limits.max_pixels_per_frame,
+        help="largest width x height of a decoded frame",
+    )
+    serve.add_argument("--decode-slots", type=int, default=DEFAULTS.decode_slots)
+    _add_common(serve)
+
+    decode = commands.add_parser("decode", help="decode a latent file to an MP4 file")
+    decode.set_defaults(run=_decode)
+    decode.add_argument("latents", type=Path, help=".safetensors (tensor 'latents') or .npy")
+    decode.add_argument("-o", "--output", type=Path, required=True)
+    decode.add_argument("--model", default=DEFAULT_MODEL)
+    _add_common(decode)
+    return parser
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    encoder = EncoderSettings()
+    parser.add_argument("--device", default="cpu", help="torch device of the decoder")
+    parser.add_argument(
+        "--fps", default=None, help=f"frames per second (default {DEFAULTS.default_fps})"
+    )
+    parser.add_argument("--preset", default=encoder.preset, help="x264 preset")
+    parser.add_argument("--crf", type=int, default=encoder.crf, help="x264 constant rate factor")
+    parser.add_argument(
+        "--keyframe-interval", type=float, default=encoder.keyframe_interval_s, metavar="SECONDS"
+    )
+
+
+def _encoder_settings(args: argparse.Namespace) -> EncoderSettings:
+    return EncoderSettings(
+        preset=args.preset, crf=args.crf, keyframe_interval_s=args.keyframe_interval
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from vaecast.server.app import create_app
+
+    models = args.model or [DEFAULT_MODEL]
+    config = ServerConfig(
+        default_model=models[0],
+        default_fps=parse_fps(args.fps, DEFAULTS.default_fps),
+        device=args.device,
+        encoder=_encoder_settings(args),
+        limits=Limits(
+            max_upload_bytes=args.max_upload_mb * MIB,
+            max_frames=args.max_frames,
+            max_pixels_per_frame=args.max_pixels,
+        ),
+        decode_slots=args.decode_slots,
+    )
+
+    async def serve() -> None:
+        from aiohttp import web
+
+        # Weights load in a thread: the loop is already running signal handling.
+        decoders = {
+            name: await asyncio.to_thread(get_decoder, name, device=args.device) for name in models
+        }
+        runner = web.AppRunner(create_app(config, decoders), handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    _run_loop(serve())
+    return 0
+
+
+def _run_loop(main_coroutine: object) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency, absent only on Windows
+        asyncio.run(main_coroutine)  # type: ignore[arg-type]
+    else:
+        uvloop.run(main_coroutine)  # type: ignore[arg-type]
+
+
+def _decode(args: argparse.Namespace) -> int:
+    """Decode to a temporary file beside OUTPUT, renamed into place only on success."""
+    output: Path = args.output
+    latent_file = load_latents(args.latents.read_bytes())
+    fps = parse_fps(args.fps or latent_file.metadata.get("fps"), DEFAULTS.default_fps)
+    decoder = get_decoder(args.model, device=args.device)
+    plan = decoder.plan(latent_file.latents.shape)
+    encoder = VideoStreamEncoder(plan.width, plan.height, fps, _encoder_settings(args))
+    progress = _ProgressBar(plan.chunks, plan.frames)
+    fd, partial_name = tempfile.mkstemp(
+        dir=output.parent, prefix=f".{output.name}.", suffix=".part"
+    )
+    partial = Path(partial_name)
+    try:
+        with os.fdopen(fd, "wb") as sink:
+            sink.write(encoder.init_segment)
+
+            def on_chunk(chunk: DecodedChunk) -> None:
+                pixels = quantize_to_host(chunk.frames, decoder.value_range)
+                sink.write(encoder.encode_chunk(pixels))
+                sink.flush()
+                progress.update(chunk.index + 1, chunk.frame_start + chunk.frame_count)
+
+            decoder.decode_chunks(latent_file.latents.to(decoder.device), on_chunk)
+        os.replace(partial, output)
+    except BaseException:
+        progress.finish(ok=False)
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        raise
+    finally:
+        encoder.close()
+    progress.finish(ok=True)
+    print(f"wrote {output} ({plan.frames} frames, {plan.width}x{plan.height}, {float(fps):g} fps)")
+    return 0
+
+
+class _ProgressBar:
+    WIDTH = 30
+
+    def __init__(self, chunks: int, frames: int) -> None:
+        self.chunks, self.frames = chunks, frames
+        self.started = time.perf_counter()
+
+    def update(self, chunks_done: int, frames_done: int) -> None:
+        filled = self.WIDTH * chunks_done // self.chunks
+        elapsed = time.perf_counter() - self.started
+        rate = frames_done / elapsed if elapsed > 0 else 0.0
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        print(
+            f"\r[{bar}] {chunks_done}/{self.chunks} chunks {frames_done}/{self.frames} frames "
+            f"{rate:5.1f} fps",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def finish(self, ok: bool) -> None:
+        print("" if ok else " failed", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
