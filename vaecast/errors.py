@@ -82,3 +82,28 @@ class DecodeFailedError(VaecastError):
 
     status = 500
     type = "decode_failed"
+
+
+class ServerBusyError(VaecastError):
+    """Every decode slot is taken and the queue is full; try again later."""
+
+    status = 429
+    type = "server_busy"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDownError(VaecastError):
+    """The server is draining for shutdown and takes no new jobs."""
+
+    status = 503
+    type = "shutting_down"
+
+
+class GoneError(VaecastError):
+    """The job existed but its video was evicted (retention time or memory budget)."""
+
+    status = 410
+    type = "gone"

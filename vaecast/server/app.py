@@ -16,6 +16,11 @@ from vaecast.server.routes import MANAGER, add_routes
 # cap (client_max_size) only guards request.read()/post(), which the app never calls
 # on uploads, so it is left at the configured limit as a second fence.
 
+# One line per request, key=value, for log processors (aiohttp access log atoms).
+ACCESS_LOG_FORMAT = (
+    'remote=%a request="%r" status=%s bytes=%b duration_s=%Tf agent="%{User-Agent}i"'
+)
+
 
 def create_app(config: ServerConfig, decoders: Mapping[str, ChunkedDecoder]) -> web.Application:
     """An app serving `decoders` (already loaded: model loading is the caller's job,
@@ -27,6 +32,7 @@ def create_app(config: ServerConfig, decoders: Mapping[str, ChunkedDecoder]) -> 
 
     async def job_manager(app: web.Application) -> AsyncIterator[None]:
         app[MANAGER] = JobManager(config, decoders)
+        app[MANAGER].start()
         yield
         await app[MANAGER].close()
 

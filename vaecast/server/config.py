@@ -30,3 +30,18 @@ class ServerConfig:
     # Chunks that may wait between the decoder thread and the encoder before the
     # decoder blocks: small, so memory stays O(chunk) however long the video.
     queue_chunks: int = 2
+    # Jobs waiting for a decode slot; past this, POST answers 429 with Retry-After.
+    max_queued_jobs: int = 8
+    # A comment line on idle event streams, so proxies and browsers keep them open.
+    events_keepalive_s: float = 15.0
+    # A viewer whose socket accepts nothing for this long is dropped (only it).
+    reader_write_timeout_s: float = 30.0
+    # Finished jobs stay fetchable this long, and while their bytes in RAM fit the
+    # budget (oldest evicted first); a job's MP4 past the spill threshold goes to a
+    # temporary file in spill_dir (None: the system's temp dir).
+    retention_s: float = 3600.0
+    retention_memory_bytes: int = 2048 * MIB
+    spill_threshold_bytes: int = 64 * MIB
+    spill_dir: str | None = None
+    # On SIGTERM/SIGINT: refuse new jobs, let running ones finish this long, then cancel.
+    shutdown_grace_s: float = 30.0

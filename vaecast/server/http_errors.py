@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from vaecast.errors import VaecastError
+from vaecast.errors import ServerBusyError, VaecastError
 
 log = logging.getLogger("vaecast.http")
 
@@ -28,6 +28,10 @@ def error_response(status: int, error_type: str, message: str) -> web.Response:
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except ServerBusyError as error:
+        response = error_response(error.status, error.type, error.message)
+        response.headers["Retry-After"] = str(error.retry_after_s)
+        return response
     except VaecastError as error:
         return error_response(error.status, error.type, error.message)
     except web.HTTPException as error:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,17 +32,24 @@ from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.errors import (
     DecodeCancelled,
     DecodeFailedError,
+    GoneError,
     NotFoundError,
     PayloadTooLargeError,
+    ServerBusyError,
+    ShuttingDownError,
     UnknownModelError,
     VaecastError,
 )
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
 from vaecast.server.config import ServerConfig
-from vaecast.server.segment_log import SegmentLog
+from vaecast.server.metrics import Metrics
+from vaecast.server.segment_log import FollowableLog, SegmentLog
 
 log = logging.getLogger("vaecast.jobs")
+
+DEFAULT_RETRY_AFTER_S = 5.0
+RETENTION_SWEEP_MAX_S = 10.0
 
 
 class JobStatus(StrEnum):
@@ -68,15 +77,25 @@ class Job:
         decoder: ChunkedDecoder,
         plan: DecodePlan,
         config: ServerConfig,
+        metrics: Metrics,
+        queue: list[Job],
     ) -> None:
         self.id = "video_" + secrets.token_hex(12)
+        self.metrics = metrics
+        # The manager's FIFO of jobs waiting for a slot, shared: our place in it is
+        # our queue position.
+        self._queue = queue
+        self.readers = 0  # viewers being streamed to right now
         self.request = request
         self.decoder = decoder
         self.plan = plan
         self.config = config
         self.status = JobStatus.QUEUED
         self.error: VaecastError | None = None
-        self.log = SegmentLog()
+        self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+        # Progress as events (queued, started, chunk..., then done or error), for
+        # GET /v1/videos/{id}/events; closed when the job ends.
+        self.events: FollowableLog[dict[str, Any]] = FollowableLog()
         self.content_type = "video/mp4"
         self.chunks_done = 0
         self.frames_done = 0
@@ -85,10 +104,53 @@ class Job:
         self._started: float | None = None
         self._first_fragment: float | None = None
         self._finished: float | None = None
+        self.finished_at: float | None = None  # monotonic, for retention
         self.decode_wait_s = 0.0  # loop time spent waiting for the decoder's next chunk
         self.encode_s = 0.0
         self._bridge: ChunkBridge | None = None
         self._task: asyncio.Task[None] | None = None
+        self._emit("queued")
+
+    def start(
+        self,
+        slots: asyncio.Semaphore,
+        decode_pool: ThreadPoolExecutor,
+        encode_pool: ThreadPoolExecutor,
+    ) -> asyncio.Task[None]:
+        """Run the job in a task of its own: wait for a decode slot, then decode."""
+        self._task = asyncio.create_task(
+            self._run(slots, decode_pool, encode_pool), name=f"job-{self.id}"
+        )
+        self._task.add_done_callback(self._after_task)
+        return self._task
+
+    def _after_task(self, task: asyncio.Task[None]) -> None:
+        # A task cancelled before its first step never enters `run`, so nothing
+        # there closed the logs: do it here, or readers would wait forever.
+        if not self.finished:
+            self._end(JobStatus.CANCELLED, self.error or DecodeCancelled("cancelled"))
+        self._close_out()
+
+    def _close_out(self) -> None:
+        """Bookkeeping of a job that ended, however it ended; runs once."""
+        if self.finished_at is not None:
+            return
+        self._finished = self.finished_at = time.perf_counter()
+        if self in self._queue:
+            self._queue.remove(self)
+        self.events.finish()
+        self.metrics.jobs_finished.labels(self.status.value).inc()
+        log.info("job %s", self._summary())
+
+    @property
+    def queue_position(self) -> int | None:
+        """1 for the next job to start; None once started."""
+        return self._queue.index(self) + 1 if self in self._queue else None
+
+    @property
+    def progress(self) -> int:
+        """Percent of chunks decoded and encoded."""
+        return round(100 * self.chunks_done / self.plan.chunks)
 
     @property
     def finished(self) -> bool:
@@ -115,7 +177,8 @@ class Job:
             "object": "video",
             "model": self.request.model,
             "status": self.status.value,
-            "progress": round(100 * self.chunks_done / plan.chunks),
+            "queue_position": self.queue_position,
+            "progress": self.progress,
             "created_at": int(self.created_at),
             "frames": plan.frames,
             "width": plan.width,
@@ -147,7 +210,7 @@ class Job:
             "encode_s": round(self.encode_s, 4),
         }
 
-    async def run(
+    async def _run(
         self,
         slots: asyncio.Semaphore,
         decode_pool: ThreadPoolExecutor,
@@ -156,11 +219,15 @@ class Job:
         """The job task: wait for a decode slot, then decode, encode and log every chunk."""
         try:
             async with slots:
+                self._queue.remove(self)
                 self.status = JobStatus.IN_PROGRESS
                 self._started = time.perf_counter()
+                self._emit("started")
                 await self._decode_and_encode(decode_pool, encode_pool)
             self.status = JobStatus.COMPLETED
             self.log.finish()
+            self.metrics.decode_seconds.observe(time.perf_counter() - self._started)
+            self._emit("done", job=self.to_json())
         except asyncio.CancelledError:
             self._end(JobStatus.CANCELLED, self.error or DecodeCancelled("cancelled"))
             # Swallowed on purpose: a cancelled job is an outcome, recorded above,
@@ -171,13 +238,16 @@ class Job:
             log.exception("job %s failed", self.id)
             self._end(JobStatus.FAILED, DecodeFailedError(f"internal error: {error}"))
         finally:
-            self._finished = time.perf_counter()
-            log.info("job %s", self._summary())
+            self._close_out()
 
     def _end(self, status: JobStatus, error: VaecastError) -> None:
         self.status = status
         self.error = error
         self.log.abort(error)
+        self._emit("error", error={"type": error.type, "message": error.message})
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self.events.append({"event": event, "status": self.status.value, **fields})
 
     async def _decode_and_encode(
         self, decode_pool: ThreadPoolExecutor, encode_pool: ThreadPoolExecutor
@@ -203,7 +273,7 @@ class Job:
         decoding = loop.run_in_executor(decode_pool, bridge.run, decode)
         try:
             self.content_type = encoder.content_type
-            self.log.append(encoder.init_segment)
+            await self.log.append(encoder.init_segment)
             while True:
                 waited_from = time.perf_counter()
                 item = await bridge.get()
@@ -217,12 +287,28 @@ class Job:
                 fragment = await loop.run_in_executor(
                     encode_pool, encoder.encode_chunk, item.pixels
                 )
-                self.encode_s += time.perf_counter() - encode_from
-                self.log.append(fragment)
+                encode_s = time.perf_counter() - encode_from
+                self.encode_s += encode_s
+                self.metrics.chunk_encode_seconds.observe(encode_s)
+                await self.log.append(fragment)
                 self.chunks_done += 1
                 self.frames_done += item.frame_count
                 if self._first_fragment is None:
                     self._first_fragment = time.perf_counter()
+                    self.metrics.time_to_first_fragment.observe(
+                        self._first_fragment - self._created
+                    )
+                self._emit(
+                    "chunk",
+                    index=item.index,
+                    total=item.total,
+                    frame_start=item.frame_start,
+                    frames=item.frame_count,
+                    bytes=len(fragment),
+                    frames_done=self.frames_done,
+                    total_bytes=self.log.size,
+                    progress=self.progress,
+                )
             if self.chunks_done != plan.chunks:
                 raise DecodeFailedError(
                     f"the decoder published {self.chunks_done} chunks, its plan said {plan.chunks}"
@@ -280,12 +366,26 @@ async def _join(future: asyncio.Future[Any]) -> Any:
 
 
 class JobManager:
-    """Creates jobs, runs them in a bounded number of decode slots, finds them by id."""
+    """Admits jobs, runs them in a bounded number of decode slots, keeps and evicts them.
+
+    Admission: `decode_slots` jobs decode at once; up to `max_queued_jobs` more
+    wait in FIFO order; past that a request is refused (429 with Retry-After).
+    Retention: a finished job stays fetchable for `retention_s` while the bytes
+    that finished jobs hold in RAM fit `retention_memory_bytes` (oldest first out);
+    a job with a viewer attached is never evicted. Evicted ids answer 410.
+    """
+
+    # Evicted ids remembered for 410 answers; older ones fall back to 404.
+    EVICTED_IDS_KEPT = 10_000
 
     def __init__(self, config: ServerConfig, decoders: Mapping[str, ChunkedDecoder]) -> None:
         self.config = config
         self.decoders = dict(decoders)
         self.jobs: dict[str, Job] = {}
+        self.draining = False
+        self._queue: list[Job] = []
+        self.metrics = Metrics(self._state_for_metrics)
+        self._evicted: OrderedDict[str, str] = OrderedDict()
         self._slots = asyncio.Semaphore(config.decode_slots)
         self._decode_pool = ThreadPoolExecutor(
             config.decode_slots, thread_name_prefix="vaecast-decode"
@@ -295,6 +395,16 @@ class JobManager:
             config.decode_slots, thread_name_prefix="vaecast-encode"
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks_side: set[asyncio.Task[None]] = set()  # evictions in flight
+        self._reaper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the retention sweep (call on the running loop)."""
+        self._reaper = asyncio.create_task(self._sweep_forever(), name="vaecast-retention")
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
 
     def decoder_for(self, model: str | None) -> tuple[str, ChunkedDecoder]:
         name = model or self.config.default_model
@@ -305,6 +415,19 @@ class JobManager:
             raise UnknownModelError(
                 f"model {name!r} is not served here; this server serves: {served}"
             ) from None
+
+    def check_admission(self) -> None:
+        """Refuse early (before reading an upload) when no job could be admitted."""
+        if self.draining:
+            self.metrics.jobs_rejected.labels("shutting_down").inc()
+            raise ShuttingDownError("the server is shutting down and takes no new jobs")
+        if len(self._queue) >= self.config.max_queued_jobs:
+            self.metrics.jobs_rejected.labels("busy").inc()
+            raise ServerBusyError(
+                f"all {self.config.decode_slots} decode slot(s) are busy and "
+                f"{len(self._queue)} job(s) are queued; try again later",
+                retry_after_s=self._retry_after_s(),
+            )
 
     def plan_for(self, request: DecodeRequest) -> DecodePlan:
         """Check a request against its model and the limits, before any work starts."""
@@ -325,28 +448,123 @@ class JobManager:
 
     def submit(self, request: DecodeRequest) -> Job:
         plan = self.plan_for(request)
+        self.check_admission()
         _, decoder = self.decoder_for(request.model)
-        job = Job(request, decoder, plan, self.config)
+        job = Job(request, decoder, plan, self.config, self.metrics, self._queue)
+        self._queue.append(job)
         self.jobs[job.id] = job
-        task = asyncio.create_task(
-            job.run(self._slots, self._decode_pool, self._encode_pool), name=f"job-{job.id}"
-        )
-        job._task = task
+        task = job.start(self._slots, self._decode_pool, self._encode_pool)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda task: self._job_task_done(task, job))
         return job
 
     def get(self, job_id: str) -> Job:
         try:
             return self.jobs[job_id]
         except KeyError:
+            if job_id in self._evicted:
+                raise GoneError(
+                    f"video {job_id} is no longer kept ({self._evicted[job_id]})"
+                ) from None
             raise NotFoundError(f"no video job with id {job_id!r}") from None
 
-    async def close(self) -> None:
-        """Cancel every job, wait for their threads, then stop the pools."""
+    def _job_task_done(self, task: asyncio.Task[None], job: Job) -> None:
+        self._tasks.discard(task)
+        if self.draining:
+            return  # close() frees everything
+        if job.status is not JobStatus.COMPLETED and job.readers == 0:
+            # A failed or cancelled job's bytes can never be served (409): free them
+            # now. With a viewer attached, the next sweep does it.
+            self._in_background(job.log.release())
+        self._evict_over_budget()
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks_side.add(task)
+        task.add_done_callback(self._tasks_side.discard)
+
+    def _retry_after_s(self) -> int:
+        """A guess at when a queue place frees up: when a running job ends, about
+        one recent job's decode time divided among the slots."""
+        recent = [
+            job._finished - job._started
+            for job in list(self.jobs.values())[-20:]
+            if job._finished is not None and job._started is not None
+        ]
+        per_job_s = sum(recent) / len(recent) if recent else DEFAULT_RETRY_AFTER_S
+        return max(1, math.ceil(per_job_s / self.config.decode_slots))
+
+    # Retention.
+
+    async def _sweep_forever(self) -> None:
+        interval_s = max(0.05, min(self.config.retention_s / 4, RETENTION_SWEEP_MAX_S))
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.sweep()
+
+    async def sweep(self) -> None:
+        """Evict finished jobs past their retention time, then any over the memory budget."""
+        now = time.perf_counter()
+        for job in self._evictable():
+            assert job.finished_at is not None
+            if job.status is not JobStatus.COMPLETED and not job.log.released:
+                await job.log.release()
+            if now - job.finished_at >= self.config.retention_s:
+                await self._evict(job, f"evicted {self.config.retention_s:g} s after it ended")
+        self._evict_over_budget()
+
+    def _evictable(self) -> list[Job]:
+        """Finished jobs nobody is watching, oldest first."""
+        return sorted(
+            (j for j in self.jobs.values() if j.finished_at is not None and j.readers == 0),
+            key=lambda j: j.finished_at or 0.0,
+        )
+
+    def _evict_over_budget(self) -> None:
+        budget = self.config.retention_memory_bytes
+        held = sum(j.log.memory_bytes for j in self.jobs.values() if j.finished)
+        for job in self._evictable():
+            if held <= budget:
+                break
+            held -= job.log.memory_bytes
+            self._in_background(self._evict(job, "evicted to stay within the memory budget"))
+
+    async def _evict(self, job: Job, reason: str) -> None:
+        if self.jobs.pop(job.id, None) is None:
+            return
+        self._evicted[job.id] = reason
+        while len(self._evicted) > self.EVICTED_IDS_KEPT:
+            self._evicted.popitem(last=False)
+        self.metrics.jobs_evicted.labels("memory" if "memory" in reason else "age").inc()
+        await job.log.release()
+
+    # Shutdown.
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop admitting; give running and queued jobs `grace_s` to finish, then
+        cancel what is left (its viewers' streams end, cut)."""
+        self.draining = True
+        running = [t for t in self._tasks if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=grace_s)
         for job in list(self.jobs.values()):
             job.cancel("server shutting down")
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel every job, wait for their threads, free every log, stop the pools."""
+        self.draining = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        for job in list(self.jobs.values()):
+            job.cancel("server shutting down")
+        await asyncio.gather(*self._tasks, *self._tasks_side, return_exceptions=True)
+        for job in list(self.jobs.values()):
+            await job.log.release()
         for pool in (self._decode_pool, self._encode_pool):
             await asyncio.to_thread(pool.shutdown)
+
+    def _state_for_metrics(self) -> tuple[list[str], int, int]:
+        jobs = list(self.jobs.values())
+        return [j.status.value for j in jobs], len(self._queue), sum(j.readers for j in jobs)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.resources
+import json
 import logging
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from vaecast.errors import JobStateError, VaecastError
+from vaecast.errors import InvalidRequestError, JobStateError, VaecastError
+from vaecast.server.http_errors import error_response
+from vaecast.server.http_ranges import ByteRange, Unsatisfiable, etag_matches, parse_range
 from vaecast.server.jobs import Job, JobManager, JobStatus
+from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vaecast.server.uploads import read_decode_request
 
 log = logging.getLogger("vaecast.http")
@@ -15,17 +25,42 @@ log = logging.getLogger("vaecast.http")
 MANAGER = web.AppKey("manager", JobManager)
 
 
+LIST_DEFAULT = 20
+LIST_MAX = 100
+SSE_RETRY_MS = 2000
+STATIC_DIR = Path(str(importlib.resources.files("vaecast.static")))
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC_DIR, append_version=False)
     app.router.add_post("/v1/videos", create_video)
+    app.router.add_get("/v1/videos", list_videos)
     app.router.add_post("/v1/videos/stream", stream_video)
     app.router.add_get("/v1/videos/{video_id}", get_video)
     app.router.add_delete("/v1/videos/{video_id}", cancel_video)
     app.router.add_get("/v1/videos/{video_id}/content", get_content)
+    app.router.add_get("/v1/videos/{video_id}/events", get_events)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def list_videos(request: web.Request) -> web.Response:
+    """The most recent jobs first: `?limit=N` (default 20, at most 100)."""
+    limit_text = request.query.get("limit", str(LIST_DEFAULT))
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= LIST_MAX:
+        raise InvalidRequestError(f"limit must be an integer from 1 to {LIST_MAX}")
+    jobs = list(request.app[MANAGER].jobs.values())[::-1][: int(limit_text)]
+    return web.json_response({"object": "list", "data": [job.to_json() for job in jobs]})
 
 
 async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
+    manager.check_admission()  # before reading a large upload for nothing
     job = manager.submit(await read_decode_request(request, manager.config))
     return web.json_response(
         job.to_json(), status=201, headers={"Location": f"/v1/videos/{job.id}"}
@@ -45,18 +80,38 @@ async def cancel_video(request: web.Request) -> web.Response:
 
 
 async def get_content(request: web.Request) -> web.StreamResponse:
+    """The MP4: progressive while decoding, then a plain file (Range, ETag, HEAD).
+
+    While the video grows only the whole of it can be streamed: no range, or
+    `Range: bytes=0-` (Chromium's first request for a media URL), gets 200 and the
+    growing stream; any other range waits for the decode to finish, then gets 206.
+    """
     job = request.app[MANAGER].get(request.match_info["video_id"])
+    _refuse_if_broken(job)
+    range_header = request.headers.get("Range")
+    if not job.log.complete and range_header and not _FROM_START.match(range_header):
+        async for _ in job.log.follow():  # to the end; raises if the job breaks
+            pass
+    if job.log.complete:
+        return await _send_file(request, job)
+    return await _send_stream(request, job)
+
+
+_FROM_START = re.compile(r"^\s*bytes\s*=\s*0\s*-\s*$", re.IGNORECASE)
+
+
+def _refuse_if_broken(job: Job) -> None:
     if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
         assert job.error is not None
         raise JobStateError(
             f"video {job.id} has no content: {job.status.value}: {job.error.message}"
         )
-    return await _send_stream(request, job)
 
 
 async def stream_video(request: web.Request) -> web.StreamResponse:
     """Upload latents; the response body is the progressive MP4 of their decode."""
     manager = request.app[MANAGER]
+    manager.check_admission()  # before reading a large upload for nothing
     job = manager.submit(await read_decode_request(request, manager.config))
     try:
         return await _send_stream(request, job, extra_headers={"X-Video-Id": job.id})
@@ -66,53 +121,170 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
             job.cancel("the client disconnected")
 
 
+async def _send_file(request: web.Request, job: Job) -> web.StreamResponse:
+    size = job.log.size
+    etag = f'"{job.id}-{size}"'
+    headers = {
+        "Content-Type": job.content_type,
+        "Accept-Ranges": "bytes",
+        "ETag": etag,
+        "Cache-Control": "private, max-age=3600",
+    }
+    if etag_matches(request.headers.get("If-None-Match"), etag):
+        return web.Response(status=304, headers=headers)
+    try:
+        byte_range = parse_range(request.headers.get("Range"), size)
+    except Unsatisfiable:
+        response = error_response(416, "range_not_satisfiable", f"the video has {size} bytes")
+        response.headers["Content-Range"] = f"bytes */{size}"
+        return response
+    response = web.StreamResponse(headers=headers)
+    if byte_range is None:
+        byte_range = ByteRange(0, size - 1)
+    else:
+        response.set_status(206)
+        response.headers["Content-Range"] = byte_range.content_range(size)
+    response.content_length = byte_range.length
+    await response.prepare(request)
+    if request.method != "HEAD":
+        await _write_parts(
+            request, response, job, job.log.read_range(byte_range.first, byte_range.last)
+        )
+    return response
+
+
 async def _send_stream(
     request: web.Request, job: Job, extra_headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
     """Write the job's MP4 as it grows; cut the connection if the job breaks midway.
 
-    A finished job is sent with its Content-Length; a running one with chunked
-    transfer. An error after the headers cannot change the status, so the
-    connection is closed without the terminating chunk: clients see a truncated
-    transfer, and the job object says why.
+    An error after the headers cannot change the status, so the connection is
+    closed without the terminating chunk: clients see a truncated transfer, and the
+    job object says why.
     """
-    await _wait_for_init_segment(job)
+    async for _ in job.log.follow():
+        break  # the Content-Type names the codec: known once the init segment exists
     response = web.StreamResponse(
         headers={
             "Content-Type": job.content_type,
-            "Cache-Control": "private, max-age=3600" if job.log.complete else "no-store",
+            "Cache-Control": "no-store",
             **(extra_headers or {}),
         }
     )
-    if job.log.complete:
-        response.content_length = job.log.size
-    else:
-        response.enable_chunked_encoding()
+    response.enable_chunked_encoding()
     await response.prepare(request)
+    if request.method != "HEAD":
+        await _write_parts(request, response, job, job.log.follow())
+    return response
+
+
+async def _write_parts(
+    request: web.Request, response: web.StreamResponse, job: Job, parts: AsyncIterator[bytes]
+) -> None:
+    """Write `parts` to one viewer; drop only that viewer if it stalls or leaves."""
+    metrics = request.app[MANAGER].metrics
+    timeout_s = request.app[MANAGER].config.reader_write_timeout_s
+    job.readers += 1
     try:
-        async for segment in job.log.follow():
-            await response.write(segment)
+        async for part in parts:
+            await asyncio.wait_for(response.write(part), timeout_s)
+            metrics.bytes_sent.inc(len(part))
     except VaecastError as error:
         log.info("stream of %s cut: %s", job.id, error.message)
-        if request.transport is not None:
-            request.transport.close()
-        return response
-    except ConnectionResetError:
+        _cut(request)
+        return
+    except TimeoutError:
+        log.info("viewer of %s dropped: nothing read for %g s", job.id, timeout_s)
+        metrics.readers_dropped.inc()
+        _cut(request)
+        return
+    except ConnectionError:  # reset, or lost while waiting for the socket to drain
         log.info("viewer of %s left", job.id)
+        return
+    finally:
+        job.readers -= 1
+    await response.write_eof()
+
+
+def _cut(request: web.Request) -> None:
+    """Close the connection without ending the response: the client sees it truncated."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def get_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: `state` (the job so far), then queued/started/chunk/done/error.
+
+    Each event's id is its index in the job's event log, so a reconnecting
+    EventSource (Last-Event-ID) resumes where it left off; a reconnect after the
+    final event gets 204, which tells EventSource to stop reconnecting.
+    """
+    manager = request.app[MANAGER]
+    job = manager.get(request.match_info["video_id"])
+    last_id = request.headers.get("Last-Event-ID", "")
+    resuming = last_id.isdigit()
+    start = int(last_id) + 1 if resuming else len(job.events)
+    if resuming and job.events.closed and start >= len(job.events):
+        return web.Response(status=204)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
+        }
+    )
+    await response.prepare(request)
+    await response.write(f"retry: {SSE_RETRY_MS}\n\n".encode())
+    if not resuming:
+        await response.write(_sse("state", start - 1, job.to_json()))
+    keepalive_s = manager.config.events_keepalive_s
+    events = aiter(job.events.follow(start))
+    index = start
+    next_event: asyncio.Future[dict[str, Any]] | None = None
+    try:
+        while True:
+            next_event = next_event or asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({next_event}, timeout=keepalive_s)
+            if not done:
+                await response.write(b": keep-alive\n\n")
+                continue
+            try:
+                event = next_event.result()
+            except StopAsyncIteration:
+                break
+            next_event = None
+            await response.write(_sse(event["event"], index, event))
+            index += 1
+    except ConnectionError:
         return response
+    finally:
+        if next_event is not None and not next_event.done():
+            next_event.cancel()
     await response.write_eof()
     return response
 
 
-async def _wait_for_init_segment(job: Job) -> None:
-    """The Content-Type names the codec, which is known once the init segment exists."""
-    async for _ in job.log.follow():
-        return
-    # A log that closed empty: the job failed before it could start encoding.
+def _sse(event: str, event_id: int, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\nid: {event_id}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness (any answer) and readiness (200 only while jobs are admitted)."""
     manager = request.app[MANAGER]
+    ready = not manager.draining
     return web.json_response(
-        {"status": "ok", "models": sorted(manager.decoders), "jobs": len(manager.jobs)}
+        {
+            "status": "ok" if ready else "draining",
+            "ready": ready,
+            "models": sorted(manager.decoders),
+            "jobs": len(manager.jobs),
+            "queue": {"depth": manager.queue_depth, "max": manager.config.max_queued_jobs},
+            "decode_slots": manager.config.decode_slots,
+        },
+        status=200 if ready else 503,
     )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[MANAGER].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})

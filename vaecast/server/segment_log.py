@@ -1,82 +1,98 @@
-"""SegmentLog: one job's MP4 bytes, written once, read by any number of viewers.
+"""Append-only logs that one writer fills and any number of readers follow.
 
-The job appends the init segment and then one fragment per chunk; each reader
-follows from the start at its own pace. Appends never wait for readers, so a slow
-viewer cannot slow the decode or another viewer: the log is the only buffer, and
-it holds what a finished job's file would hold anyway.
+`SegmentLog` holds one job's MP4 bytes: the init segment, then one fragment per
+chunk. Each reader follows from the start at its own pace; appends never wait for
+readers, so a slow viewer cannot slow the decode or another viewer: the log is the
+only buffer, and it holds what a finished job's file would hold anyway. Past
+`spill_threshold_bytes`, further segments go to a temporary file instead of RAM,
+so a long video costs a bounded amount of memory per job; file reads and writes
+run in threads (`os.pread`/`os.pwrite`, no shared file position), never on the loop.
 
-Single-threaded by design: every method runs on the event loop.
+The job's progress events use the same mechanism (`FollowableLog[dict]`), which is
+what lets a late subscriber see the state so far before following live.
+
+Logs are single-threaded by design: every method runs on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
 
-from vaecast.errors import VaecastError
+from vaecast.errors import GoneError, VaecastError
+
+T = TypeVar("T")
+SPILL_PREFIX = "vaecast-segments-"
 
 
-class SegmentLog:
+class FollowableLog(Generic[T]):
     def __init__(self) -> None:
-        self._segments: list[bytes] = []
-        self._size = 0
+        self._items: list[T] = []
         self._closed = False
         self._error: VaecastError | None = None
         self._appended = asyncio.Event()
 
-    @property
-    def size(self) -> int:
-        return self._size
+    def __len__(self) -> int:
+        return len(self._items)
 
     @property
-    def segment_count(self) -> int:
-        return len(self._segments)
-
-    @property
-    def complete(self) -> bool:
-        """Closed without an error: the bytes are a whole MP4 file."""
-        return self._closed and self._error is None
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def error(self) -> VaecastError | None:
         return self._error
 
-    def append(self, segment: bytes) -> None:
+    def items(self) -> list[T]:
+        """What was appended so far (the log's own list: read, don't modify)."""
+        return self._items
+
+    def revoke(self, error: VaecastError) -> None:
+        """Drop every item and close with `error`, even a log that finished cleanly:
+        a reader still following gets the error instead of a false end."""
+        self._items.clear()
+        self._closed = True
+        self._error = error
+        self._wake_readers()
+
+    def append(self, item: T) -> None:
         if self._closed:
-            raise RuntimeError("append to a closed SegmentLog")
-        self._segments.append(segment)
-        self._size += len(segment)
+            raise RuntimeError("append to a closed log")
+        self._items.append(item)
         self._wake_readers()
 
     def finish(self) -> None:
-        """Mark the stream whole; readers end after the last segment."""
+        """Mark the log whole; readers end after the last item."""
         if not self._closed:
             self._closed = True
             self._wake_readers()
 
     def abort(self, error: VaecastError) -> None:
-        """Mark the stream broken; readers get `error` after what was written."""
+        """Mark the log broken; readers get `error` after the last item."""
         if not self._closed:
             self._closed = True
             self._error = error
             self._wake_readers()
 
-    def read_all(self) -> bytes:
-        return b"".join(self._segments)
+    async def follow(self, start: int = 0) -> AsyncIterator[T]:
+        """Yield items from index `start`, then each new one as it is appended.
 
-    async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
-        """Yield segments from index `start`, then each new one as it is appended.
-
-        Ends after the last segment of a finished log; raises the log's error
-        after the last segment of an aborted one.
+        Ends after the last item of a finished log; raises the log's error after
+        the last item of an aborted one.
         """
         index = start
         while True:
             # Take the event before looking, so an append between the look and
             # the wait still wakes us.
             appended = self._appended
-            while index < len(self._segments):
-                yield self._segments[index]
+            while index < len(self._items):
+                yield self._items[index]
                 index += 1
             if self._closed:
                 if self._error is not None:
@@ -87,3 +103,140 @@ class SegmentLog:
     def _wake_readers(self) -> None:
         self._appended.set()
         self._appended = asyncio.Event()
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    offset: int  # in the whole MP4
+    length: int
+    data: bytes | None  # None: in the spill file, at `spill_offset`
+    spill_offset: int = 0
+
+
+class SegmentLog:
+    """One job's fragmented MP4: init segment, then a moof+mdat per chunk."""
+
+    def __init__(
+        self, spill_threshold_bytes: int | None = None, spill_dir: str | Path | None = None
+    ) -> None:
+        self._segments: FollowableLog[_Segment] = FollowableLog()
+        self._size = 0
+        self._memory_bytes = 0
+        self._spill_threshold = spill_threshold_bytes
+        self._spill_dir = spill_dir
+        self._spill_fd: int | None = None
+        self._spill_path: Path | None = None
+        self._spilled_bytes = 0
+        self._released = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._memory_bytes
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def spill_path(self) -> Path | None:
+        return self._spill_path
+
+    @property
+    def complete(self) -> bool:
+        """Closed without an error: the bytes are a whole MP4 file."""
+        return self._segments.closed and self._segments.error is None
+
+    @property
+    def closed(self) -> bool:
+        return self._segments.closed
+
+    @property
+    def error(self) -> VaecastError | None:
+        return self._segments.error
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    async def append(self, segment: bytes) -> None:
+        if self._released:
+            raise RuntimeError("append to a released SegmentLog")
+        if self._spill_threshold is not None and self._memory_bytes + len(segment) > (
+            self._spill_threshold
+        ):
+            entry = await self._spill(segment)
+        else:
+            entry = _Segment(self._size, len(segment), segment)
+            self._memory_bytes += len(segment)
+        self._size += len(segment)
+        self._segments.append(entry)
+
+    def finish(self) -> None:
+        self._segments.finish()
+
+    def abort(self, error: VaecastError) -> None:
+        self._segments.abort(error)
+
+    async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
+        """Yield segments from index `start` as they exist (see FollowableLog.follow)."""
+        async for segment in self._segments.follow(start):
+            yield await self._read(segment, 0, segment.length)
+
+    async def read_range(self, first: int, last: int) -> AsyncIterator[bytes]:
+        """Bytes `first..last` (inclusive) of what is already written, segment by segment."""
+        for segment in self._segments.items():
+            end = segment.offset + segment.length
+            if end <= first or segment.offset > last:
+                continue
+            start_in = max(first - segment.offset, 0)
+            stop_in = min(last + 1, end) - segment.offset
+            yield await self._read(segment, start_in, stop_in)
+
+    async def read_all(self) -> bytes:
+        return b"".join([part async for part in self.read_range(0, self._size - 1)])
+
+    async def release(self) -> None:
+        """Forget the bytes and remove the spill file (an evicted or shut-down job)."""
+        self._released = True
+        self._segments.revoke(GoneError("the video was evicted"))
+        self._memory_bytes = 0
+        fd, path = self._spill_fd, self._spill_path
+        self._spill_fd = self._spill_path = None
+        if fd is not None and path is not None:
+            await asyncio.to_thread(_close_and_remove, fd, path)
+
+    async def _read(self, segment: _Segment, start: int, stop: int) -> bytes:
+        if segment.data is not None:
+            return segment.data[start:stop]
+        if self._spill_fd is None:
+            raise GoneError("the video was evicted")
+        return await asyncio.to_thread(
+            os.pread, self._spill_fd, stop - start, segment.spill_offset + start
+        )
+
+    async def _spill(self, segment: bytes) -> _Segment:
+        if self._spill_fd is None:
+            fd, name = await asyncio.to_thread(
+                tempfile.mkstemp, prefix=SPILL_PREFIX, suffix=".mp4", dir=self._spill_dir
+            )
+            self._spill_fd, self._spill_path = fd, Path(name)
+        entry = _Segment(self._size, len(segment), None, self._spilled_bytes)
+        await asyncio.to_thread(_pwrite_all, self._spill_fd, segment, self._spilled_bytes)
+        self._spilled_bytes += len(segment)
+        return entry
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _close_and_remove(fd: int, path: Path) -> None:
+    os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

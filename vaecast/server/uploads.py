@@ -1,8 +1,11 @@
-"""Turning an HTTP upload into a DecodeRequest: body limits, form fields, parameters.
+"""Turning an HTTP request into a DecodeRequest: body limits, form fields, parameters.
 
-Three request shapes carry latents:
+Three request shapes:
 - `multipart/form-data`: a file part named `file` or `latents`, and text parts
   `model` and `fps` (what browsers and `curl -F` send);
+- `application/json`: a demo request, `{"scene", "frames", "width", "height",
+  "seed", "fps", "model"}`: a procedural scene rendered and encoded with the `tiny`
+  encoder here (vaecast.latent_sources), so no latent file is needed;
 - any other body: the latent file itself as the raw body, parameters in the query
   string (`curl --data-binary @z.safetensors '.../v1/videos/stream?fps=16'`).
 Parameters in the query string also apply to multipart requests; a form field wins.
@@ -10,6 +13,8 @@ Parameters in the query string also apply to multipart requests; a form field wi
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -18,6 +23,7 @@ from aiohttp import BodyPartReader, web
 
 from vaecast.errors import InvalidRequestError, MalformedRequestError, PayloadTooLargeError
 from vaecast.latent_files import load_latents
+from vaecast.latent_sources import DEMO_DEFAULTS, parse_scene_spec, scene_latents
 from vaecast.server.config import ServerConfig
 from vaecast.server.jobs import DecodeRequest
 
@@ -26,6 +32,8 @@ MAX_FPS = Fraction(240)
 FILE_FIELDS = ("file", "latents")
 READ_CHUNK_BYTES = 256 * 1024
 MAX_FIELD_BYTES = 1024
+MAX_JSON_BYTES = 64 * 1024
+DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +43,8 @@ class Upload:
 
 
 async def read_decode_request(request: web.Request, config: ServerConfig) -> DecodeRequest:
+    if request.content_type == "application/json":
+        return await _read_demo_request(request, config)
     upload = await read_upload(request, config.limits.max_upload_bytes)
     latent_file = load_latents(upload.data)
     params = {**latent_file.metadata, **request.query, **upload.fields}
@@ -42,6 +52,37 @@ async def read_decode_request(request: web.Request, config: ServerConfig) -> Dec
         latents=latent_file.latents,
         model=params.get("model") or config.default_model,
         fps=parse_fps(params.get("fps"), config.default_fps),
+    )
+
+
+async def _read_demo_request(request: web.Request, config: ServerConfig) -> DecodeRequest:
+    body_bytes = await _read_limited(request.content.iter_chunked(READ_CHUNK_BYTES), MAX_JSON_BYTES)
+    try:
+        body = json.loads(body_bytes)
+    except ValueError as error:
+        raise MalformedRequestError(f"the JSON body cannot be parsed: {error}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("a demo request is a JSON object")
+    unknown = sorted(set(body) - DEMO_FIELDS)
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown field(s) {', '.join(unknown)}; a demo request takes: "
+            f"{', '.join(sorted(DEMO_FIELDS))}"
+        )
+    spec = parse_scene_spec(body)
+    limits = config.limits
+    if spec.frames > limits.max_frames or spec.width * spec.height > limits.max_pixels_per_frame:
+        raise PayloadTooLargeError(
+            f"{spec.frames} frames of {spec.width}x{spec.height} is over this server's limits "
+            f"({limits.max_frames} frames, {limits.max_pixels_per_frame} pixels per frame)"
+        )
+    fps = body.get("fps")
+    # Rendering and encoding take seconds of CPU: never on the loop.
+    latents = await asyncio.to_thread(scene_latents, spec, config.device)
+    return DecodeRequest(
+        latents=latents,
+        model=body.get("model") or config.default_model,
+        fps=parse_fps(None if fps is None else str(fps), config.default_fps),
     )
 
 

@@ -1,0 +1,86 @@
+"""Prometheus metrics of one server (prometheus-client), in a registry of its own.
+
+A registry per app, not the process-global one, so tests and several apps in one
+process never share counters. Job and queue gauges are read from the JobManager at
+scrape time rather than kept in step by hand.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Latency buckets from a 10 ms chunk to a minute-long decode.
+SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class _StateCollector(Collector):
+    def __init__(self, read_state: Callable[[], tuple[Iterable[str], int, int]]) -> None:
+        self._read_state = read_state
+
+    def collect(self) -> Iterator[Metric]:
+        statuses, queue_depth, readers = self._read_state()
+        jobs = GaugeMetricFamily(
+            "vaecast_jobs", "Jobs held by the server, by status", labels=["status"]
+        )
+        for status, count in sorted(Tally(statuses).items()):
+            jobs.add_metric([status], count)
+        yield jobs
+        yield GaugeMetricFamily(
+            "vaecast_queue_depth", "Jobs waiting for a decode slot", value=queue_depth
+        )
+        yield GaugeMetricFamily(
+            "vaecast_active_readers", "Viewers being streamed to", value=readers
+        )
+
+
+class Metrics:
+    def __init__(self, read_state: Callable[[], tuple[Iterable[str], int, int]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_StateCollector(read_state))
+        r = self.registry
+        self.jobs_finished = Counter(
+            "vaecast_jobs_finished", "Jobs that ended, by final status", ["status"], registry=r
+        )
+        self.jobs_rejected = Counter(
+            "vaecast_jobs_rejected",
+            "Job requests refused for capacity (429) or shutdown (503)",
+            ["reason"],
+            registry=r,
+        )
+        self.bytes_sent = Counter("vaecast_bytes_sent", "MP4 bytes written to viewers", registry=r)
+        self.readers_dropped = Counter(
+            "vaecast_readers_dropped",
+            "Viewers dropped for not reading within the write timeout",
+            registry=r,
+        )
+        self.jobs_evicted = Counter(
+            "vaecast_jobs_evicted", "Finished jobs evicted, by reason", ["reason"], registry=r
+        )
+        self.time_to_first_fragment = Histogram(
+            "vaecast_time_to_first_fragment_seconds",
+            "From job creation to its first fragment in the log",
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.decode_seconds = Histogram(
+            "vaecast_decode_seconds",
+            "From a job's start to its last chunk",
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.chunk_encode_seconds = Histogram(
+            "vaecast_chunk_encode_seconds",
+            "H.264 + fMP4 time of one chunk",
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
