@@ -96,3 +96,26 @@ def test_serve_answers_on_a_free_port_and_stops_on_sigterm(tmp_path: Path):
             if process.poll() is None:
                 process.kill()
     assert "status=completed" in log_path.read_text()
+
+
+def test_latents_from_a_scene_and_from_a_video_decode_with_tiny(tmp_path: Path):
+    scene = tmp_path / "scene.safetensors"
+    args = ["--frames", "5", "--width", "64", "--height", "48", "--fps", "12"]
+    assert main(["latents", "--scene", "shapes", *args, "-o", str(scene)]) == 0
+    video = tmp_path / "scene.mp4"
+    assert main(["decode", str(scene), "-o", str(video)]) == 0  # default model: tiny
+    frames = decode_mp4(video.read_bytes())
+    assert (len(frames), frames[0].shape) == (5, (48, 64, 3))
+    again = tmp_path / "again.safetensors"
+    assert main(["latents", "--video", str(video), "-o", str(again)]) == 0
+    from safetensors import safe_open
+
+    with safe_open(str(again), "pt") as handle:
+        assert handle.get_tensor("latents").shape == (1, 16, 2, 6, 8)
+        assert handle.metadata()["fps"] == "12"
+
+
+def test_latents_refuses_an_unknown_scene(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    assert main(["latents", "--scene", "moon", "-o", str(tmp_path / "z.safetensors")]) == 2
+    assert "unknown scene 'moon'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

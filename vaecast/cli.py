@@ -61,7 +61,65 @@ def _parser() -> argparse.ArgumentParser:
         help="largest width x height of a decoded frame",
     )
     serve.add_argument("--decode-slots", type=int, default=DEFAULTS.decode_slots)
+    serve.add_argument(
+        "--max-queued",
+        type=int,
+        default=DEFAULTS.max_queued_jobs,
+        help="jobs that may wait for a decode slot before POST answers 429",
+    )
+    serve.add_argument(
+        "--reader-timeout",
+        type=float,
+        default=DEFAULTS.reader_write_timeout_s,
+        metavar="SECONDS",
+        help="drop a viewer whose socket accepts nothing for this long",
+    )
+    serve.add_argument(
+        "--retention",
+        type=float,
+        default=DEFAULTS.retention_s,
+        metavar="SECONDS",
+        help="keep finished videos this long",
+    )
+    serve.add_argument(
+        "--retention-memory-mb",
+        type=int,
+        default=DEFAULTS.retention_memory_bytes // MIB,
+        help="RAM that finished videos may hold; the oldest are evicted past it",
+    )
+    serve.add_argument(
+        "--spill-threshold-mb",
+        type=int,
+        default=DEFAULTS.spill_threshold_bytes // MIB,
+        help="a video's bytes past this go to a temporary file instead of RAM",
+    )
+    serve.add_argument("--spill-dir", default=None, help="where spill files go (default: $TMPDIR)")
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=DEFAULTS.shutdown_grace_s,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, let running jobs finish this long before cancelling them",
+    )
     _add_common(serve)
+
+    latents = commands.add_parser(
+        "latents", help="make a latent file: a demo scene or a video, encoded with tiny"
+    )
+    latents.set_defaults(run=_latents)
+    source = latents.add_mutually_exclusive_group(required=True)
+    source.add_argument("--scene", help="a demo scene: " + ", ".join(_scene_names()))
+    source.add_argument("--video", type=Path, help="a video file to encode (read with PyAV)")
+    latents.add_argument("-o", "--output", type=Path, required=True)
+    latents.add_argument("--frames", type=int, default=81, help="1 + 4k (scene only)")
+    latents.add_argument("--width", type=int, default=832, help="multiple of 8 (scene only)")
+    latents.add_argument("--height", type=int, default=480, help="multiple of 8 (scene only)")
+    latents.add_argument("--seed", type=int, default=0, help="scene only")
+    latents.add_argument("--fps", default="16", help="stored in the file's metadata")
+    latents.add_argument(
+        "--max-frames", type=int, default=None, help="video only: read at most this many"
+    )
+    latents.add_argument("--device", default="cpu")
 
     decode = commands.add_parser("decode", help="decode a latent file to an MP4 file")
     decode.set_defaults(run=_decode)
@@ -92,7 +150,8 @@ def _encoder_settings(args: argparse.Namespace) -> EncoderSettings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from vaecast.server.app import create_app
+    from vaecast.server.app import ACCESS_LOG_FORMAT, create_app
+    from vaecast.server.routes import MANAGER
 
     models = args.model or [DEFAULT_MODEL]
     config = ServerConfig(
@@ -106,6 +165,13 @@ def _serve(args: argparse.Namespace) -> int:
             max_pixels_per_frame=args.max_pixels,
         ),
         decode_slots=args.decode_slots,
+        max_queued_jobs=args.max_queued,
+        reader_write_timeout_s=args.reader_timeout,
+        retention_s=args.retention,
+        retention_memory_bytes=args.retention_memory_mb * MIB,
+        spill_threshold_bytes=args.spill_threshold_mb * MIB,
+        spill_dir=args.spill_dir,
+        shutdown_grace_s=args.shutdown_grace,
     )
 
     async def serve() -> None:
@@ -115,7 +181,8 @@ def _serve(args: argparse.Namespace) -> int:
         decoders = {
             name: await asyncio.to_thread(get_decoder, name, device=args.device) for name in models
         }
-        runner = web.AppRunner(create_app(config, decoders), handler_cancellation=True)
+        app = create_app(config, decoders)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log_format=ACCESS_LOG_FORMAT)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)
         await site.start()
@@ -127,6 +194,8 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(signum, stop.set)
         try:
             await stop.wait()
+            print("vaecast: shutting down: no new jobs, waiting for running ones", flush=True)
+            await app[MANAGER].drain(config.shutdown_grace_s)
         finally:
             await runner.cleanup()
 
@@ -141,6 +210,38 @@ def _run_loop(main_coroutine: object) -> None:
         asyncio.run(main_coroutine)  # type: ignore[arg-type]
     else:
         uvloop.run(main_coroutine)  # type: ignore[arg-type]
+
+
+def _scene_names() -> tuple[str, ...]:
+    from vaecast.models.scenes import SCENE_NAMES
+
+    return SCENE_NAMES
+
+
+def _latents(args: argparse.Namespace) -> int:
+    from safetensors.torch import save_file
+
+    from vaecast.latent_sources import parse_scene_spec, scene_latents, video_file_latents
+
+    if args.scene is not None:
+        fields = {
+            "scene": args.scene,
+            "frames": args.frames,
+            "width": args.width,
+            "height": args.height,
+            "seed": args.seed,
+        }
+        latents = scene_latents(parse_scene_spec(fields), device=args.device)
+        fps = parse_fps(args.fps, DEFAULTS.default_fps)
+    else:
+        latents, fps = video_file_latents(args.video, args.max_frames, device=args.device)
+    save_file(
+        {"latents": latents.cpu().contiguous()},
+        str(args.output),
+        metadata={"fps": str(fps), "model": "tiny"},
+    )
+    print(f"wrote {args.output}: latents {tuple(latents.shape)}, {float(fps):g} fps")
+    return 0
 
 
 def _decode(args: argparse.Namespace) -> int:
