@@ -1,7 +1,8 @@
 """Reading latent tensors from uploaded bytes, safely.
 
-Accepted: safetensors (tensor `latents`, optional `__metadata__` such as `fps`) and
-NumPy `.npy` (read with `allow_pickle=False`). Pickles, including `torch.save`
+Accepted: safetensors (tensor `latents`, optionally a soundtrack `audio`, and
+`__metadata__` such as `fps` and `audio_sample_rate`) and NumPy `.npy` (read with
+`allow_pickle=False`; latents only). Pickles, including `torch.save`
 files, are refused on sight: loading one can run arbitrary code. The format is
 sniffed from the bytes, not trusted from a Content-Type, because `curl
 --data-binary` labels everything `application/x-www-form-urlencoded`.
@@ -25,6 +26,9 @@ from safetensors.torch import load as load_safetensors
 from vaecast.errors import InvalidRequestError, UnsupportedMediaError
 
 LATENTS_KEY = "latents"
+AUDIO_KEY = "audio"
+AUDIO_RATE_KEY = "audio_sample_rate"
+MAX_AUDIO_CHANNELS = 2
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format is a zip of pickles
 _PICKLE_PROTO = 0x80  # pickle protocol 2+ starts with PROTO
@@ -37,6 +41,7 @@ _SAFE_HINT = (
 class LatentFile:
     latents: torch.Tensor  # float32, BCTHW, B == 1, finite
     metadata: dict[str, str] = field(default_factory=dict)
+    audio: torch.Tensor | None = None  # as uploaded; checked by `check_audio`
 
 
 def load_latents(data: bytes) -> LatentFile:
@@ -56,7 +61,7 @@ def load_latents(data: bytes) -> LatentFile:
             raise InvalidRequestError(
                 f"the safetensors file has no tensor named {LATENTS_KEY!r} (found: {found})"
             )
-        return LatentFile(_check_latents(tensors[LATENTS_KEY]), metadata)
+        return LatentFile(_check_latents(tensors[LATENTS_KEY]), metadata, tensors.get(AUDIO_KEY))
     raise UnsupportedMediaError(f"the upload is not a safetensors or .npy file; {_SAFE_HINT}")
 
 
@@ -114,3 +119,46 @@ def _check_latents(latents: torch.Tensor) -> torch.Tensor:
     if not torch.isfinite(latents).all():
         raise InvalidRequestError("latents contain NaN or infinite values")
     return latents.contiguous()
+
+
+def check_audio(audio: torch.Tensor, sample_rate: str | None) -> tuple[np.ndarray, int]:
+    """A soundtrack as (channels, samples) float32 in [-1, 1] and its rate, or a 422.
+
+    Mono may come as one dimension. Values past [-1, 1] are clipped, as any audio
+    output would clip them.
+    """
+    from vaecast.codecs.aac import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ
+
+    if sample_rate is None or sample_rate == "":
+        raise InvalidRequestError(
+            f"audio needs its sample rate: metadata or parameter {AUDIO_RATE_KEY!r}"
+        )
+    if (
+        not sample_rate.isdigit()
+        or not MIN_SAMPLE_RATE_HZ <= int(sample_rate) <= MAX_SAMPLE_RATE_HZ
+    ):
+        raise InvalidRequestError(
+            f"{AUDIO_RATE_KEY} must be an integer from {MIN_SAMPLE_RATE_HZ} to "
+            f"{MAX_SAMPLE_RATE_HZ} Hz, got {sample_rate!r}"
+        )
+    if not audio.is_floating_point():
+        raise InvalidRequestError(
+            f"audio must be floating point, got {str(audio.dtype).removeprefix('torch.')}"
+        )
+    if audio.ndim == 1:
+        audio = audio.unsqueeze(0)
+    if audio.ndim != 2:
+        raise InvalidRequestError(
+            f"audio must be (channels, samples) or (samples,), got shape {tuple(audio.shape)}"
+        )
+    if not 1 <= audio.shape[0] <= MAX_AUDIO_CHANNELS:
+        raise InvalidRequestError(
+            f"audio must be mono or stereo, got {audio.shape[0]} channels "
+            "(is it (samples, channels)? send (channels, samples))"
+        )
+    if audio.shape[1] == 0:
+        raise InvalidRequestError("audio has no samples")
+    audio = audio.to(torch.float32)
+    if not torch.isfinite(audio).all():
+        raise InvalidRequestError("audio contains NaN or infinite values")
+    return audio.clamp(-1.0, 1.0).contiguous().numpy(), int(sample_rate)

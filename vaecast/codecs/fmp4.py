@@ -95,8 +95,25 @@ class VideoTrack:
     avcc: bytes
 
 
-# The track types init_segment() knows. A later AudioTrack joins this union.
-Track: TypeAlias = VideoTrack
+@dataclass(frozen=True, slots=True)
+class AudioTrack:
+    """An AAC track; `audio_specific_config` is the MPEG-4 AudioSpecificConfig.
+
+    Its timescale is the sample rate, so sample durations count audio samples.
+    """
+
+    track_id: int
+    sample_rate: int
+    channels: int
+    audio_specific_config: bytes
+
+    @property
+    def timescale(self) -> int:
+        return self.sample_rate
+
+
+# The track types init_segment() knows.
+Track: TypeAlias = VideoTrack | AudioTrack
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +235,63 @@ def avc1(track: VideoTrack) -> bytes:
     )
 
 
+# MPEG-4 Systems (14496-1) descriptor tags and values used by esds.
+_ES_DESCRIPTOR_TAG = 0x03
+_DECODER_CONFIG_DESCRIPTOR_TAG = 0x04
+_DECODER_SPECIFIC_INFO_TAG = 0x05
+_SL_CONFIG_DESCRIPTOR_TAG = 0x06
+_OBJECT_TYPE_MPEG4_AUDIO = 0x40
+_STREAM_TYPE_AUDIO = 0x05
+_SL_PREDEFINED_MP4 = 0x02
+
+
+def _descriptor(tag: int, *payloads: bytes) -> bytes:
+    """A 14496-1 descriptor: tag, size as 7-bit groups (high bit = more), payload."""
+    body = b"".join(payloads)
+    size, groups = len(body), []
+    while True:
+        groups.append(size & 0x7F)
+        size >>= 7
+        if not size:
+            break
+    size_bytes = bytes(g | 0x80 for g in reversed(groups[1:])) + bytes([groups[0]])
+    return bytes([tag]) + size_bytes + body
+
+
+def esds(track: AudioTrack) -> bytes:
+    """The elementary stream descriptor of an AAC track (14496-14 5.6)."""
+    decoder_config = _descriptor(
+        _DECODER_CONFIG_DESCRIPTOR_TAG,
+        struct.pack(">B", _OBJECT_TYPE_MPEG4_AUDIO),
+        # streamType (6 bits), upStream 0, reserved 1.
+        struct.pack(">B", (_STREAM_TYPE_AUDIO << 2) | 1),
+        bytes(3),  # bufferSizeDB: unknown
+        struct.pack(">II", 0, 0),  # maxBitrate, avgBitrate: unknown
+        _descriptor(_DECODER_SPECIFIC_INFO_TAG, track.audio_specific_config),
+    )
+    es = _descriptor(
+        _ES_DESCRIPTOR_TAG,
+        struct.pack(">HB", 0, 0),  # ES_ID (0 in MP4 files), no optional fields
+        decoder_config,
+        _descriptor(_SL_CONFIG_DESCRIPTOR_TAG, bytes([_SL_PREDEFINED_MP4])),
+    )
+    return full_box(b"esds", 0, 0, es)
+
+
+def mp4a(track: AudioTrack) -> bytes:
+    """AudioSampleEntry 'mp4a' (14496-12 12.2.3, 14496-14 5.6) with its esds."""
+    return box(
+        b"mp4a",
+        bytes(6),  # reserved
+        struct.pack(">H", 1),  # data_reference_index
+        bytes(4 * 2),  # reserved
+        struct.pack(">HH", track.channels, 16),  # channelcount, samplesize
+        struct.pack(">HH", 0, 0),  # pre_defined, reserved
+        _u32(track.sample_rate << 16),  # samplerate, 16.16 fixed point
+        esds(track),
+    )
+
+
 def _empty_sample_tables(sample_entry: bytes) -> bytes:
     # A fragmented movie keeps no samples in moov; the tables exist, each empty.
     return box(
@@ -238,6 +312,11 @@ def _trak(track: Track) -> bytes:
             # vmhd flags must be 1 (14496-12 12.1.2.2); graphicsmode copy, opcolor 0.
             media_header = full_box(b"vmhd", 0, 0x000001, bytes(2 + 2 * 3))
             sample_entry = avc1(track)
+        case AudioTrack():
+            header = tkhd(track.track_id, 0, 0, volume=0x0100)  # volume 1.0 (8.8)
+            handler = hdlr(b"soun", "SoundHandler")
+            media_header = full_box(b"smhd", 0, 0, bytes(2 + 2))  # balance, reserved
+            sample_entry = mp4a(track)
         case _:
             raise TypeError(f"unsupported track type {type(track).__name__}")
     minf = box(b"minf", media_header, dinf(), _empty_sample_tables(sample_entry))
@@ -490,7 +569,39 @@ def _parse_trak(data: bytes, trak: Box) -> Track:
             width, height = struct.unpack_from(">HH", data, entry.payload_offset + 24)
             avcc = find_child(data, entry, "avcC", skip=78).payload(data)
             return VideoTrack(track_id, timescale, width, height, avcc)
+        case b"soun", "mp4a":
+            # AudioSampleEntry: 6 reserved + 2 dri + 8 reserved, then channelcount,
+            # samplesize, 4 bytes, samplerate (16.16); child boxes after 28 bytes.
+            channels = struct.unpack_from(">H", data, entry.payload_offset + 16)[0]
+            sample_rate = struct.unpack_from(">I", data, entry.payload_offset + 24)[0] >> 16
+            esds_box = find_child(data, entry, "esds", skip=28)
+            config = _audio_specific_config(esds_box.payload(data)[4:])
+            return AudioTrack(track_id, sample_rate, channels, config)
     raise ValueError(f"unsupported track: handler {handler_type!r}, sample entry {entry.type!r}")
+
+
+def _read_descriptor(data: bytes, offset: int) -> tuple[int, int, int]:
+    """(tag, payload start, payload end) of the 14496-1 descriptor at `offset`."""
+    tag, size, position = data[offset], 0, offset + 1
+    while True:
+        byte = data[position]
+        position += 1
+        size = (size << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return tag, position, position + size
+
+
+def _audio_specific_config(es_descriptor: bytes) -> bytes:
+    tag, start, _ = _read_descriptor(es_descriptor, 0)
+    if tag != _ES_DESCRIPTOR_TAG:
+        raise ValueError(f"esds holds descriptor tag {tag}, expected an ES_Descriptor")
+    tag, start, end = _read_descriptor(es_descriptor, start + 3)  # after ES_ID and flags
+    if tag != _DECODER_CONFIG_DESCRIPTOR_TAG:
+        raise ValueError(f"expected a DecoderConfigDescriptor, found tag {tag}")
+    tag, start, end = _read_descriptor(es_descriptor, start + 13)  # after its fixed fields
+    if tag != _DECODER_SPECIFIC_INFO_TAG:
+        raise ValueError(f"expected a DecoderSpecificInfo, found tag {tag}")
+    return es_descriptor[start:end]
 
 
 @dataclass(frozen=True, slots=True)

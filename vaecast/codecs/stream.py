@@ -1,21 +1,46 @@
-"""One video stream: RGB chunks in, an init segment and one fMP4 fragment per chunk out.
+"""One stream: RGB chunks (and optionally a soundtrack) in, an init segment and one
+fMP4 fragment per chunk out.
 
-Pure glue between `h264.H264Encoder` and `fmp4`: no I/O and no threads. The caller
-(the server's job task) runs `encode_chunk` in an executor and appends the bytes
-it returns to the stream's log; concatenating `init_segment` and every returned
-fragment in order is a playable fragmented MP4 at every step.
+Pure glue between `h264.H264Encoder`, `aac.AacEncoder` and `fmp4`: no I/O and no
+threads. The caller (the server's job task) runs `encode_chunk` in an executor and
+appends the bytes it returns to the stream's log; concatenating `init_segment` and
+every returned fragment in order is a playable fragmented MP4 at every step.
+
+With a soundtrack, each fragment also carries the AAC frames that start before the
+end of its video chunk (the waveform is known up front, so audio is fed up to two
+AAC frames past the chunk's end and the encoder's lookahead holds nothing back);
+the last fragment flushes the rest, and the audio track is exactly as long as the
+video (see `aac`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from vaecast.codecs import fmp4
+from vaecast.codecs.aac import AAC_FRAME_SAMPLES, AacEncoder, fit_to_length, samples_for_duration
+from vaecast.codecs.aac import CODEC_STRING as AAC_CODEC_STRING
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
 
 VIDEO_TRACK_ID = 1
+AUDIO_TRACK_ID = 2
+# Audio fed past each chunk's end: the AAC encoder's delay plus the frame in progress.
+AUDIO_LOOKAHEAD_SAMPLES = 2 * AAC_FRAME_SAMPLES
+
+
+@dataclass(frozen=True, slots=True)
+class Soundtrack:
+    """A waveform to mux with the video: (channels, samples) float32 in [-1, 1]."""
+
+    waveform: np.ndarray
+    sample_rate: int
+
+    @property
+    def channels(self) -> int:
+        return int(self.waveform.shape[0])
 
 
 class VideoStreamEncoder:
@@ -32,23 +57,46 @@ class VideoStreamEncoder:
         height: int,
         fps: Fraction,
         settings: EncoderSettings = EncoderSettings(),  # noqa: B008 (frozen, immutable)
+        soundtrack: Soundtrack | None = None,
+        total_frames: int | None = None,
     ) -> None:
+        """`total_frames` (the whole video's length) is needed with a soundtrack, whose
+        length is fitted to the video's duration."""
         self._encoder = H264Encoder(width, height, fps, settings)
         self.width, self.height, self.fps = width, height, self._encoder.fps
         self.timescale = self._encoder.timescale
-        self.codec_string = self._encoder.codec_string
-        self.content_type = f'video/mp4; codecs="{self.codec_string}"'
-        self.init_segment = fmp4.init_segment(
-            [
-                fmp4.VideoTrack(
-                    track_id=VIDEO_TRACK_ID,
-                    timescale=self.timescale,
-                    width=width,
-                    height=height,
-                    avcc=self._encoder.avcc,
+        tracks: list[fmp4.Track] = [
+            fmp4.VideoTrack(
+                track_id=VIDEO_TRACK_ID,
+                timescale=self.timescale,
+                width=width,
+                height=height,
+                avcc=self._encoder.avcc,
+            )
+        ]
+        codecs = [self._encoder.codec_string]
+        self._audio: AacEncoder | None = None
+        self._waveform: np.ndarray | None = None
+        self.total_frames = total_frames
+        if soundtrack is not None:
+            if total_frames is None:
+                raise ValueError("a soundtrack needs total_frames, to fit it to the video")
+            total_samples = samples_for_duration(total_frames / self.fps, soundtrack.sample_rate)
+            self._waveform = fit_to_length(soundtrack.waveform, total_samples)
+            self._audio = AacEncoder(soundtrack.sample_rate, soundtrack.channels, total_samples)
+            tracks.append(
+                fmp4.AudioTrack(
+                    AUDIO_TRACK_ID,
+                    soundtrack.sample_rate,
+                    soundtrack.channels,
+                    self._audio.audio_specific_config,
                 )
-            ]
-        )
+            )
+            codecs.append(AAC_CODEC_STRING)
+        self.codec_string = ", ".join(codecs)
+        self.content_type = f'video/mp4; codecs="{self.codec_string}"'
+        self.init_segment = fmp4.init_segment(tracks)
+        self.audio_decode_time = 0
         self.frames_encoded = 0
         self.fragments_written = 0
         # Decode time of the next fragment's first sample, in `timescale` ticks.
@@ -72,14 +120,38 @@ class VideoStreamEncoder:
         except Exception:
             self._failed = True
             raise
-        run = fmp4.TrackRun(VIDEO_TRACK_ID, self.decode_time, tuple(samples))
-        data = fmp4.fragment(self.fragments_written + 1, [run])
-        self.fragments_written += 1
+        runs = [fmp4.TrackRun(VIDEO_TRACK_ID, self.decode_time, tuple(samples))]
         self.frames_encoded += len(samples)
         self.decode_time += sum(sample.duration for sample in samples)
+        if self._audio is not None:
+            audio_run = self._encode_audio()
+            if audio_run is not None:
+                runs.append(audio_run)
+        data = fmp4.fragment(self.fragments_written + 1, runs)
+        self.fragments_written += 1
         return data
+
+    def _encode_audio(self) -> fmp4.TrackRun | None:
+        assert self._audio is not None and self._waveform is not None
+        video_end = samples_for_duration(
+            Fraction(self.frames_encoded) / self.fps, self._audio.sample_rate
+        )
+        last_chunk = self.frames_encoded >= (self.total_frames or 0)
+        end = self._audio.total_samples if last_chunk else video_end + AUDIO_LOOKAHEAD_SAMPLES
+        try:
+            samples = self._audio.encode_until(self._waveform, end)
+        except Exception:
+            self._failed = True
+            raise
+        if not samples:
+            return None
+        run = fmp4.TrackRun(AUDIO_TRACK_ID, self.audio_decode_time, tuple(samples))
+        self.audio_decode_time += sum(sample.duration for sample in samples)
+        return run
 
     def close(self) -> None:
         """Release the codec; safe to call twice."""
         self._closed = True
         self._encoder.close()
+        if self._audio is not None:
+            self._audio.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from vaecast.codecs.stream import VideoStreamEncoder
+from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
 from vaecast.errors import (
     DecodeCancelled,
     DecodeFailedError,
@@ -68,6 +69,7 @@ class DecodeRequest:
     latents: torch.Tensor  # BCTHW float32, checked by vaecast.latent_files
     model: str
     fps: Fraction
+    soundtrack: Soundtrack | None = None
 
 
 class Job:
@@ -184,6 +186,14 @@ class Job:
             "width": plan.width,
             "height": plan.height,
             "fps": float(self.request.fps),
+            "audio": (
+                None
+                if self.request.soundtrack is None
+                else {
+                    "sample_rate": self.request.soundtrack.sample_rate,
+                    "channels": self.request.soundtrack.channels,
+                }
+            ),
             "seconds": round(float(plan.frames / self.request.fps), 3),
             "chunks": {"done": self.chunks_done, "total": plan.chunks},
             "frames_done": self.frames_done,
@@ -256,11 +266,15 @@ class Job:
         plan, request = self.plan, self.request
         encoder = await loop.run_in_executor(
             encode_pool,
-            VideoStreamEncoder,
-            plan.width,
-            plan.height,
-            request.fps,
-            self.config.encoder,
+            functools.partial(
+                VideoStreamEncoder,
+                plan.width,
+                plan.height,
+                request.fps,
+                self.config.encoder,
+                soundtrack=request.soundtrack,
+                total_frames=plan.frames,
+            ),
         )
         bridge = self._bridge = ChunkBridge(
             loop, self.decoder.value_range, max_chunks=self.config.queue_chunks

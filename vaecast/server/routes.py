@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.resources
 import json
 import logging
@@ -203,7 +204,7 @@ async def _write_parts(
         return
     finally:
         job.readers -= 1
-    await response.write_eof()
+    await _end_response(response)
 
 
 def _cut(request: web.Request) -> None:
@@ -260,8 +261,14 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     finally:
         if next_event is not None and not next_event.done():
             next_event.cancel()
-    await response.write_eof()
+    await _end_response(response)
     return response
+
+
+async def _end_response(response: web.StreamResponse) -> None:
+    """Write the end of a response whose client may already have gone (and that is fine)."""
+    with contextlib.suppress(ConnectionError):
+        await response.write_eof()
 
 
 def _sse(event: str, event_id: int, data: dict[str, Any]) -> bytes:

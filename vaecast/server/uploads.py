@@ -21,8 +21,9 @@ from fractions import Fraction
 
 from aiohttp import BodyPartReader, web
 
+from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import InvalidRequestError, MalformedRequestError, PayloadTooLargeError
-from vaecast.latent_files import load_latents
+from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.latent_sources import DEMO_DEFAULTS, parse_scene_spec, scene_latents
 from vaecast.server.config import ServerConfig
 from vaecast.server.jobs import DecodeRequest
@@ -48,10 +49,15 @@ async def read_decode_request(request: web.Request, config: ServerConfig) -> Dec
     upload = await read_upload(request, config.limits.max_upload_bytes)
     latent_file = load_latents(upload.data)
     params = {**latent_file.metadata, **request.query, **upload.fields}
+    soundtrack = None
+    if latent_file.audio is not None:
+        waveform, sample_rate = check_audio(latent_file.audio, params.get(AUDIO_RATE_KEY))
+        soundtrack = Soundtrack(waveform, sample_rate)
     return DecodeRequest(
         latents=latent_file.latents,
         model=params.get("model") or config.default_model,
         fps=parse_fps(params.get("fps"), config.default_fps),
+        soundtrack=soundtrack,
     )
 
 
