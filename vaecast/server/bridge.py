@@ -110,17 +110,24 @@ class ChunkBridge:
         self._put(HostChunk(chunk.index, chunk.total, chunk.frame_start, pixels))
 
     def _put(self, item: BridgeItem) -> None:
+        put = self._queue.put(item)
         try:
-            future = asyncio.run_coroutine_threadsafe(self._queue.put(item), self._loop)
+            future = asyncio.run_coroutine_threadsafe(put, self._loop)
         except RuntimeError:  # the loop is closed
+            put.close()
             raise DecodeCancelled("event loop closed") from None
         while True:
             try:
                 future.result(timeout=PUT_POLL_S)
                 return
             except concurrent.futures.TimeoutError:
-                if self._cancelled.is_set() or not self._loop.is_running():
-                    future.cancel()
+                loop_gone = not self._loop.is_running()
+                if self._cancelled.is_set() or loop_gone:
+                    future.cancel()  # a running loop cancels the put's task itself
+                    if loop_gone:
+                        # Nothing will run this put now; close it so it does not
+                        # warn "never awaited" when collected.
+                        put.close()
                     raise DecodeCancelled("decode cancelled") from None
             except concurrent.futures.CancelledError:
                 raise DecodeCancelled("event loop stopped") from None

@@ -1,0 +1,95 @@
+"""The thread -> loop bridge: backpressure, cancel, and a loop that goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from tests.helpers import FailingDecoder, GatedDecoder, smooth_latents, until
+from vaecast.errors import DecodeCancelled
+from vaecast.server.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
+
+LATENTS = smooth_latents(frames=12)  # 12 chunks
+
+
+def start_decode(bridge: ChunkBridge, decoder: GatedDecoder) -> tuple[threading.Thread, list]:
+    outcome: list[BaseException | None] = []
+
+    def work() -> None:
+        try:
+            bridge.run(lambda on_chunk: decoder.decode_chunks(LATENTS, on_chunk))
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=work, name="test-decode")
+    thread.start()
+    return thread, outcome
+
+
+async def test_a_consumer_that_does_not_take_chunks_holds_the_decoder_back():
+    decoder = GatedDecoder()
+    bridge = ChunkBridge(asyncio.get_running_loop(), decoder.value_range, max_chunks=2)
+    thread, outcome = start_decode(bridge, decoder)
+    await until(lambda: decoder.published == 2)
+    await asyncio.sleep(0.2)  # a steady state: the third put cannot complete
+    assert decoder.published == 2
+    assert thread.is_alive()
+    items = []
+    while not isinstance(item := await bridge.get(), DecodeEnded):
+        items.append(item)
+    await asyncio.to_thread(thread.join, 10)
+    assert outcome == [None]
+    assert [item.index for item in items] == list(range(12))
+    assert all(isinstance(item, HostChunk) for item in items)
+    assert items[1].pixels.shape == (4, 48, 64, 3)
+
+
+async def test_cancel_releases_a_decoder_blocked_on_a_full_queue():
+    decoder = GatedDecoder()
+    bridge = ChunkBridge(asyncio.get_running_loop(), decoder.value_range, max_chunks=1)
+    thread, outcome = start_decode(bridge, decoder)
+    await until(lambda: decoder.published == 1)
+    bridge.cancel()
+    await asyncio.to_thread(thread.join, 10)
+    assert not thread.is_alive()
+    assert isinstance(outcome[0], DecodeCancelled)
+    assert decoder.published == 1
+
+
+async def test_a_decoder_error_reaches_the_consumer():
+    decoder = FailingDecoder(fail_at=2)
+    bridge = ChunkBridge(asyncio.get_running_loop(), decoder.value_range, max_chunks=4)
+    thread, outcome = start_decode(bridge, decoder)
+    items = [await bridge.get() for _ in range(3)]
+    await asyncio.to_thread(thread.join, 10)
+    assert outcome == [None]  # handed to the consumer, not raised in the worker
+    assert [type(item).__name__ for item in items] == ["HostChunk", "HostChunk", "DecodeRaised"]
+    assert isinstance(items[2], DecodeRaised)
+    assert str(items[2].error) == "out of memory (simulated)"
+
+
+@pytest.mark.parametrize("how", ["stopped", "closed"])
+def test_a_loop_that_goes_away_never_strands_the_worker(how: str):
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, name="test-loop")
+    loop_thread.start()
+    decoder = GatedDecoder()
+    bridge = ChunkBridge(loop, decoder.value_range, max_chunks=1)
+    thread, outcome = start_decode(bridge, decoder)
+    try:
+        deadline = threading.Event()
+        while decoder.published < 1 and not deadline.wait(0.01):
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(10)
+        if how == "closed":
+            loop.close()
+        thread.join(10)
+        assert not thread.is_alive()
+        assert isinstance(outcome[0], DecodeCancelled)
+    finally:
+        if not loop.is_closed():
+            loop.close()
