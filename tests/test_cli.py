@@ -119,3 +119,26 @@ def test_latents_refuses_an_unknown_scene(tmp_path: Path, capsys: pytest.Capture
     assert main(["latents", "--scene", "moon", "-o", str(tmp_path / "z.safetensors")]) == 2
     assert "unknown scene 'moon'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_decode_with_user_supplied_taehv_weights(tmp_path: Path):
+    from safetensors.torch import save_file
+
+    from vaecast.models.taehv import TAEHVConfig, TAEHVNet
+
+    weights = tmp_path / "taew2_1_small.safetensors"
+    save_file(TAEHVNet(TAEHVConfig(widths=(8, 8, 4, 4))).state_dict(), weights)
+    latents = write_latents(tmp_path / "z.safetensors", frames=2)
+    output = tmp_path / "out.mp4"
+    command = ["decode", str(latents), "-o", str(output), "--model", "taehv"]
+    assert main([*command, "--weights", str(weights)]) == 0
+    assert len(decode_mp4(output.read_bytes())) == 5
+
+
+def test_a_model_that_needs_weights_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    latents = write_latents(tmp_path / "z.safetensors")
+    command = ["decode", str(latents), "-o", str(tmp_path / "out.mp4")]
+    assert main([*command, "--model", "taehv"]) == 2
+    assert "the taehv decoder needs a weights file" in capsys.readouterr().err
+    assert main([*command, "--model", "linear", "--weights", str(latents)]) == 2
+    assert "model 'linear' takes no --weights" in capsys.readouterr().err

@@ -17,9 +17,9 @@ from pathlib import Path
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import quantize_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
-from vaecast.errors import VaecastError
+from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import load_latents
-from vaecast.models.base import DecodedChunk, get_decoder
+from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
 from vaecast.server.config import MIB, Limits, ServerConfig
 from vaecast.server.uploads import parse_fps
 
@@ -134,6 +134,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     encoder = EncoderSettings()
     parser.add_argument("--device", default="cpu", help="torch device of the decoder")
     parser.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        metavar="[MODEL=]PATH",
+        help="weights of a model that needs them (taehv: taew2_1.safetensors; wan2.1, "
+        "minimax-h3: a local diffusers folder); PATH alone is for the first --model",
+    )
+    parser.add_argument(
         "--fps", default=None, help=f"frames per second (default {DEFAULTS.default_fps})"
     )
     parser.add_argument("--preset", default=encoder.preset, help="x264 preset")
@@ -178,8 +186,10 @@ def _serve(args: argparse.Namespace) -> int:
         from aiohttp import web
 
         # Weights load in a thread: the loop is already running signal handling.
+        weights = _weights_by_model(args.weights, models)
         decoders = {
-            name: await asyncio.to_thread(get_decoder, name, device=args.device) for name in models
+            name: await asyncio.to_thread(_load_decoder, name, args.device, weights.get(name))
+            for name in models
         }
         app = create_app(config, decoders)
         runner = web.AppRunner(app, handler_cancellation=True, access_log_format=ACCESS_LOG_FORMAT)
@@ -201,6 +211,28 @@ def _serve(args: argparse.Namespace) -> int:
 
     _run_loop(serve())
     return 0
+
+
+def _weights_by_model(specs: list[str], models: list[str]) -> dict[str, str]:
+    weights: dict[str, str] = {}
+    for spec in specs:
+        name, separator, path = spec.partition("=")
+        if not separator or name not in models:
+            name, path = models[0], spec
+        weights[name] = path
+    return weights
+
+
+def _load_decoder(name: str, device: str, weights: str | None) -> ChunkedDecoder:
+    options: dict[str, object] = {"device": device}
+    if weights is not None:
+        options["weights"] = weights
+    try:
+        return get_decoder(name, **options)
+    except TypeError as error:
+        if weights is None or "weights" not in str(error):
+            raise
+        raise InvalidRequestError(f"model {name!r} takes no --weights") from None
 
 
 def _run_loop(main_coroutine: object) -> None:
@@ -249,7 +281,8 @@ def _decode(args: argparse.Namespace) -> int:
     output: Path = args.output
     latent_file = load_latents(args.latents.read_bytes())
     fps = parse_fps(args.fps or latent_file.metadata.get("fps"), DEFAULTS.default_fps)
-    decoder = get_decoder(args.model, device=args.device)
+    weights = _weights_by_model(args.weights, [args.model])
+    decoder = _load_decoder(args.model, args.device, weights.get(args.model))
     plan = decoder.plan(latent_file.latents.shape)
     encoder = VideoStreamEncoder(plan.width, plan.height, fps, _encoder_settings(args))
     progress = _ProgressBar(plan.chunks, plan.frames)

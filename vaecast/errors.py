@@ -107,3 +107,10 @@ class GoneError(VaecastError):
 
     status = 410
     type = "gone"
+
+
+class WeightsError(VaecastError):
+    """A weights file is missing, unreadable, refused (not weights-only) or does not fit."""
+
+    status = 500
+    type = "invalid_weights"

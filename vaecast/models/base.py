@@ -148,4 +148,8 @@ def get_decoder(name: str, **options: object) -> ChunkedDecoder:
 def _load_builtin_decoders() -> None:
     # Imported for their registration side effect, late so that importing the
     # contract never pulls in every architecture.
-    import vaecast.models.linear  # noqa: F401
+    import vaecast.models.linear
+    import vaecast.models.minimax
+    import vaecast.models.taehv
+    import vaecast.models.tiny
+    import vaecast.models.wan  # noqa: F401

@@ -1,0 +1,191 @@
+"""`minimax-h3`: MiniMax-H3's video VAE decoder, streamed through the temporal tiler.
+
+The model is diffusers' `AutoencoderKLMiniMaxH3` (Apache-2.0; architecture by MiniMax):
+a non-causal ViT decoder, so nothing can be committed frame by frame. diffusers'
+`vae.decode` decodes overlapping windows of 7 latents (5 new + 2 overlap, 28
+frames each), drops 3 leading frames per 20, blends each 5-frame tail into the next
+17-frame body and trims the frames of the padding it added; `TemporalTiler`
+(`vaecast/models/tiler.py`) does the same window by window and commits each body as
+soon as its window is decoded. Each window goes through the model's own
+`_decode_clip` (spatial tiling, on by default in MiniMax-H3, included), so the
+concatenated chunks are bit-identical to `vae.decode`.
+
+Latents are taken in pipeline space and denormalized as MiniMax-H3's decode step
+does (`latent * latents_std + latents_mean`); the model's output is
+ImageNet-normalized, so pixels are `sample * std + mean` clamped to [0, 1].
+
+diffusers is imported only when a model is loaded, so `import vaecast` never needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecast.models.base import (
+    ChunkCallback,
+    DecodedChunk,
+    DecodePlan,
+    check_latent_shape,
+    register_decoder,
+)
+from vaecast.models.tiler import TemporalTiler
+from vaecast.models.weights_io import WeightsError, diffusers_class
+
+# Pixel normalization of MiniMax-H3's video VAE (ImageNet's), as its pipeline applies it.
+PIXEL_MEAN = (0.485, 0.456, 0.406)
+PIXEL_STD = (0.229, 0.224, 0.225)
+
+# The class arrived in diffusers 0.41 (its module is identical in 0.42.1, checked).
+DIFFUSERS_REQUIREMENT = "diffusers>=0.41,<0.43"
+# What we use of the model beyond its public API; checked at load so that a
+# diffusers upgrade that renames them fails loudly instead of decoding wrongly.
+REQUIRED_ATTRIBUTES = (
+    "_decode_clip",
+    "_decode",
+    "post_quant_conv",
+    "tokens_chunk_size",
+    "token_overlap",
+    "frame_pre_padding",
+    "frame_overlap",
+    "temporal_compression_ratio",
+    "spatial_compression_ratio",
+)
+
+
+def check_internals(vae: Any) -> None:
+    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
+    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
+    config_keys = ("clip_length", "token_drop", "latents_mean", "latents_std", "latent_channels")
+    absent += [f"config.{key}" for key in config_keys if key not in vae.config]
+    if not absent and list(inspect.signature(vae._decode_clip).parameters) != ["z"]:
+        absent.append("_decode_clip(z)")
+    if absent:
+        import diffusers
+
+        raise WeightsError(
+            f"diffusers {diffusers.__version__}'s AutoencoderKLMiniMaxH3 no longer has "
+            f"{', '.join(absent)}, which vaecast's minimax-h3 decoder relies on; "
+            f"install {DIFFUSERS_REQUIREMENT}"
+        )
+
+
+def load_vae(weights: str | Path) -> Any:
+    """`AutoencoderKLMiniMaxH3` from a local diffusers folder (the model's or its `vae/`)."""
+    autoencoder_class = diffusers_class(
+        "minimax-h3", "AutoencoderKLMiniMaxH3", DIFFUSERS_REQUIREMENT
+    )
+    if importlib.util.find_spec("accelerate") is None:
+        # diffusers keeps this model's norms in fp32 and refuses to load it without.
+        raise WeightsError("the minimax-h3 decoder needs accelerate: pip install 'vaecast[real]'")
+    path = Path(weights)
+    if not path.is_dir():
+        raise WeightsError(
+            f"minimax-h3 weights must be a local diffusers folder (with config.json, or a "
+            f"vae/ subfolder holding one); {str(path)!r} is not a folder"
+        )
+    subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
+    if subfolder is None and not (path / "config.json").is_file():
+        raise WeightsError(f"{path} has neither config.json nor vae/config.json")
+    return autoencoder_class.from_pretrained(
+        path, subfolder=subfolder, local_files_only=True, torch_dtype=torch.float32
+    )
+
+
+def tiler_for(vae: Any) -> TemporalTiler:
+    """The tiler that reproduces `vae._decode`'s windows, blend and trim."""
+    token_drop = int(vae.config.token_drop)
+    stride, overlap = int(vae.tokens_chunk_size), int(vae.token_overlap)
+    # diffusers pads to `latents + token_drop` whole groups and decodes one window
+    # less than that many groups: the same windows as ours only when the dropped
+    # tokens and the overlap make up one group (MiniMax-H3: 3 + 2 = 5), or nothing is
+    # dropped at all.
+    if token_drop and token_drop + overlap != stride:
+        raise WeightsError(
+            f"unsupported MiniMax-H3 geometry: token_drop {token_drop}, window stride "
+            f"{stride}, overlap {overlap}"
+        )
+    tiler = TemporalTiler(
+        window=stride + overlap,
+        overlap=overlap,
+        frames_per_latent=int(vae.temporal_compression_ratio),
+        lead_frames=int(vae.frame_pre_padding),
+    )
+    if tiler.tail_frames != vae.frame_overlap:
+        raise WeightsError(
+            f"unsupported MiniMax-H3 geometry: frame_overlap {vae.frame_overlap}, "
+            f"expected {tiler.tail_frames}"
+        )
+    return tiler
+
+
+class MiniMaxH3Decoder:
+    """MiniMax-H3's video decoder under the chunk contract: a chunk per decoded window.
+
+    Takes at least `overlap + 1` latent frames (3): diffusers' decode has no window
+    for fewer. A window decode keeps no state on the module, so decodes may share one
+    instance.
+    """
+
+    name = "minimax-h3"
+    value_range = (0.0, 1.0)
+
+    def __init__(self, device: str | torch.device = "cpu", weights: str | Path | None = None):
+        if weights is None:
+            raise WeightsError(
+                "the minimax-h3 decoder needs --weights: a local diffusers folder of "
+                "MiniMax-H3 (or its vae/ subfolder)"
+            )
+        self._init(load_vae(weights), device)
+
+    @classmethod
+    def from_vae(cls, vae: Any, device: str | torch.device = "cpu") -> MiniMaxH3Decoder:
+        decoder = cls.__new__(cls)
+        decoder._init(vae, device)
+        return decoder
+
+    def _init(self, vae: Any, device: str | torch.device) -> None:
+        check_internals(vae)
+        self.device = torch.device(device)
+        self.vae = vae.to(self.device).eval().requires_grad_(False)
+        self.tiler = tiler_for(vae)
+        self.latent_channels = int(vae.config.latent_channels)
+        self._mean = torch.tensor(vae.config.latents_mean, device=self.device).view(1, -1, 1, 1, 1)
+        self._std = torch.tensor(vae.config.latents_std, device=self.device).view(1, -1, 1, 1, 1)
+        self._pixel_mean = torch.tensor(PIXEL_MEAN, device=self.device).view(1, -1, 1, 1, 1)
+        self._pixel_std = torch.tensor(PIXEL_STD, device=self.device).view(1, -1, 1, 1, 1)
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        _, _, t, h, w = check_latent_shape(
+            latent_shape, self.latent_channels, min_frames=self.tiler.overlap + 1
+        )
+        scale = int(self.vae.spatial_compression_ratio)
+        tiles = self.tiler.plan(t)
+        return DecodePlan(height=h * scale, width=w * scale, chunk_frames=tiles.chunk_frames)
+
+    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        plan = self.plan(latents.shape)
+        starts = plan.chunk_starts
+        # The pipeline's denormalization, then `vae.decode`'s cast to the decoder dtype.
+        z = latents.to(self.device, torch.float32) * self._std + self._mean
+        z = z.to(self.vae.post_quant_conv.weight.dtype)
+
+        def emit(sample: torch.Tensor, index: int) -> None:
+            pixels = (sample.float() * self._pixel_std + self._pixel_mean).clamp(0, 1)
+            on_chunk(DecodedChunk(pixels, index, plan.chunks, starts[index]))
+
+        with torch.inference_mode():
+            self.tiler.run(z, self.vae._decode_clip, emit)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        chunks: list[torch.Tensor] = []
+        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
+        return torch.cat(chunks, dim=2)
+
+
+register_decoder("minimax-h3", MiniMaxH3Decoder)

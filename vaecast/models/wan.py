@@ -1,0 +1,212 @@
+"""`wan2.1`: the Wan 2.1 video VAE decoder, a chunk per latent frame.
+
+The model is diffusers' `AutoencoderKLWan` (Apache-2.0; architecture by the Wan team,
+Alibaba). Its decoder is causal: `vae.decode` feeds latent frames one at a time
+through `decoder(x[:, :, i:i+1], feat_cache=..., feat_idx=[0], first_chunk=(i == 0))`,
+which carries the temporal convs' state in `feat_cache`, after `post_quant_conv`, and
+clamps to [-1, 1]. Latent frame 0 gives 1 frame, each later one 4. We drive that same
+loop from outside and publish each frame's output as a chunk, so the chunks
+concatenate bit for bit to `vae.decode` (measured, and tested).
+
+The loop runs on a cache list of our own (`[None] * _cached_conv_counts["decoder"]`),
+so it keeps no state on the module. `post_quant_conv` (a 1x1x1 conv, cheap at latent
+size) runs once over all latent frames as in `vae.decode`: run frame by frame it
+picks another conv kernel and differs by ~2e-7 (measured, diffusers 0.42.1, torch
+2.13 CPU). Latents come in pipeline space and are denormalized exactly as the Wan
+pipelines write it (`latents / (1.0 / std) + mean`, for bit parity).
+
+One decode per VAE instance at a time: concurrent decodes are *serialized* on a lock
+held for the whole decode (including the callbacks). Our own cache list would make
+overlapping decodes correct, but each holds a full set of activations and cache on
+the device; serializing behaves like one decode slot for this model rather than
+failing a job. A decode waiting for the lock starts once the running one ends or
+is cancelled at its next chunk.
+
+diffusers is imported only when a model is loaded, so `import vaecast` never needs it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecast.models.base import (
+    ChunkCallback,
+    DecodedChunk,
+    DecodePlan,
+    check_latent_shape,
+    register_decoder,
+)
+from vaecast.models.weights_io import (
+    WeightsError,
+    diffusers_class,
+    load_strict,
+    read_state_dict,
+)
+
+# What we use of diffusers beyond its public API; checked at load so that an
+# upgrade that renames them fails loudly instead of decoding wrongly.
+REQUIRED_ATTRIBUTES = ("_cached_conv_counts", "post_quant_conv", "decoder", "clear_cache")
+DECODER_PARAMETERS = ("x", "feat_cache", "feat_idx", "first_chunk")
+CONFIG_KEYS = (
+    "latents_mean",
+    "latents_std",
+    "z_dim",
+    "patch_size",
+    "dim_mult",
+    "temperal_downsample",
+)
+# Versions whose `AutoencoderKLWan._decode` loop is the one we drive (0.35.0 and
+# 0.42.1 are identical there, checked).
+DIFFUSERS_REQUIREMENT = "diffusers>=0.35,<0.43"
+# A key only the original (non-diffusers) Wan checkpoint layout has.
+ORIGINAL_LAYOUT_KEY = "decoder.middle.0.residual.0.gamma"
+
+# One lock per VAE module, shared by every decoder wrapping it.
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(vae: Any) -> threading.Lock:
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(vae)
+        if lock is None:
+            lock = _LOCKS[vae] = threading.Lock()
+        return lock
+
+
+def check_internals(vae: Any) -> None:
+    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
+    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
+    if not absent:
+        if "decoder" not in vae._cached_conv_counts:
+            absent.append('_cached_conv_counts["decoder"]')
+        parameters = list(inspect.signature(vae.decoder.forward).parameters)
+        if parameters != list(DECODER_PARAMETERS):
+            absent.append(f"decoder.forward({', '.join(DECODER_PARAMETERS)})")
+    absent += [f"config.{key}" for key in CONFIG_KEYS if key not in vae.config]
+    if absent:
+        import diffusers
+
+        raise WeightsError(
+            f"diffusers {diffusers.__version__}'s AutoencoderKLWan no longer has "
+            f"{', '.join(absent)}, which vaecast's wan2.1 decoder relies on; "
+            f"install {DIFFUSERS_REQUIREMENT}"
+        )
+
+
+def load_vae(weights: str | Path, config: Mapping[str, Any] | None = None) -> Any:
+    """`AutoencoderKLWan` from a local diffusers folder (the model's or its `vae/`) or one file.
+
+    A single file (safetensors, or a weights-only `.pth` such as Wan's own
+    `Wan2.1_VAE.pth`) may use diffusers' or the original Wan key layout; it is built
+    with `config` (default: Wan 2.1's, which is the class's defaults). Never the hub.
+    """
+    autoencoder_class = diffusers_class("wan2.1", "AutoencoderKLWan", DIFFUSERS_REQUIREMENT)
+    path = Path(weights)
+    if path.is_dir():
+        subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
+        if subfolder is None and not (path / "config.json").is_file():
+            raise WeightsError(f"{path} has neither config.json nor vae/config.json")
+        return autoencoder_class.from_pretrained(
+            path, subfolder=subfolder, local_files_only=True, torch_dtype=torch.float32
+        )
+    state = read_state_dict(path)
+    if ORIGINAL_LAYOUT_KEY in state:
+        from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+        state = convert_wan_vae_to_diffusers(state)
+    vae = autoencoder_class(**dict(config or {}))
+    load_strict(vae, state, str(path))
+    return vae
+
+
+class WanDecoder:
+    """Wan 2.1's VAE decoder under the chunk contract: 1 frame for latent 0, then 4 per latent."""
+
+    name = "wan2.1"
+    value_range = (-1.0, 1.0)
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        weights: str | Path | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        if weights is None:
+            raise WeightsError(
+                "the wan2.1 decoder needs --weights: a local diffusers folder of a Wan 2.1 "
+                "model (or its vae/ subfolder), or a single VAE checkpoint file"
+            )
+        self._init(load_vae(weights, config), device)
+
+    @classmethod
+    def from_vae(cls, vae: Any, device: str | torch.device = "cpu") -> WanDecoder:
+        decoder = cls.__new__(cls)
+        decoder._init(vae, device)
+        return decoder
+
+    def _init(self, vae: Any, device: str | torch.device) -> None:
+        check_internals(vae)
+        self.device = torch.device(device)
+        self.vae = vae.to(self.device).eval().requires_grad_(False)
+        config = vae.config
+        self.latent_channels = int(config.z_dim)
+        self._patch_size = config.patch_size
+        # Geometry from the architecture: 2x in space per upsampling stage (times the
+        # output patch), 2x in time per temporal one.
+        stages = len(config.dim_mult) - 1
+        self.spatial_scale = 2**stages * (config.patch_size or 1)
+        self.temporal_scale = 2 ** sum(bool(flag) for flag in config.temperal_downsample)
+        self._lock = _lock_for(vae)
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
+        return DecodePlan(
+            height=h * self.spatial_scale,
+            width=w * self.spatial_scale,
+            chunk_frames=(1,) + (self.temporal_scale,) * (t - 1),
+        )
+
+    def _denormalize(self, latents: torch.Tensor) -> torch.Tensor:
+        # Exactly pipeline_wan.py's expression and order (the reciprocal is taken
+        # after the cast), for bit parity with a pipeline's decode.
+        vae = self.vae
+        latents = latents.to(self.device, dtype=vae.dtype)
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+        std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(
+            latents.device, latents.dtype
+        )
+        return latents / std + mean
+
+    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        plan = self.plan(latents.shape)
+        z = self._denormalize(latents)
+        vae = self.vae
+        with self._lock, torch.inference_mode():
+            cache: list[Any] = [None] * vae._cached_conv_counts["decoder"]
+            x = vae.post_quant_conv(z)
+            for index, frame_start in enumerate(plan.chunk_starts):
+                step = x[:, :, index : index + 1]
+                out = vae.decoder(step, feat_cache=cache, feat_idx=[0], first_chunk=index == 0)
+                if self._patch_size is not None:
+                    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+                    out = unpatchify(out, patch_size=self._patch_size)
+                out = torch.clamp(out, min=-1.0, max=1.0)
+                on_chunk(DecodedChunk(out, index, plan.chunks, frame_start))
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        chunks: list[torch.Tensor] = []
+        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
+        return torch.cat(chunks, dim=2)
+
+
+register_decoder("wan2.1", WanDecoder)

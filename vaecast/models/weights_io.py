@@ -1,0 +1,164 @@
+"""Reading user-supplied weight files, and loading them into a module with errors a user can act on.
+
+Two formats are read: safetensors, and PyTorch checkpoints (`.pth`, `.pt`, `.bin`,
+`.ckpt`) through `torch.load(weights_only=True)` only. A checkpoint that needs
+arbitrary pickled code to load is refused, never unpickled: a weights file is data,
+and `torch.load` without `weights_only` runs whatever the file says.
+
+The format is told by the file's first bytes, not its name, so a safetensors file
+renamed to `.pth` (or the reverse) still loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import struct
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from vaecast.errors import WeightsError
+
+# Keys listed in one error message; the rest are counted.
+MAX_KEYS_LISTED = 8
+# Wrappers that training scripts put around a state dict in a checkpoint.
+WRAPPER_KEYS = ("state_dict", "model", "module")
+# safetensors: an 8-byte little-endian header length, then a JSON header.
+SAFETENSORS_HEADER_LENGTH_BYTES = 8
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+
+
+def _looks_like_safetensors(head: bytes) -> bool:
+    if len(head) < SAFETENSORS_HEADER_LENGTH_BYTES + 1:
+        return False
+    (header_length,) = struct.unpack("<Q", head[:SAFETENSORS_HEADER_LENGTH_BYTES])
+    return 0 < header_length < 100_000_000 and head[SAFETENSORS_HEADER_LENGTH_BYTES:9] == b"{"
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file or a weights-only PyTorch checkpoint, on the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"weights file {str(path)!r} does not exist (or is not a file)")
+    with path.open("rb") as file:
+        head = file.read(16)
+    if _looks_like_safetensors(head):
+        try:
+            return load_file(str(path))
+        except Exception as error:  # safetensors raises its own error types
+            raise WeightsError(f"{path}: not a readable safetensors file: {error}") from None
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's weights-only unpickler refuses any global outside its allow-list and
+        # says which; any other unpickling error means the bytes are not a checkpoint.
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        refusal = next((line for line in lines if "global" in line.lower()), None)
+        if refusal is not None:
+            raise WeightsError(
+                f"{path}: refused: this checkpoint is not weights-only loadable (it needs "
+                f"pickled code to load, which vaecast never runs; {refusal.rstrip('.')}). "
+                f"Re-save its state dict with safetensors.torch.save_file"
+            ) from None
+        detail = lines[-2] if len(lines) >= 2 else str(error)
+        raise WeightsError(
+            f"{path}: not a safetensors file or a readable PyTorch checkpoint ({detail})"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        kind = "zip checkpoint" if head.startswith(ZIP_MAGIC) else "file"
+        raise WeightsError(
+            f"{path}: not a safetensors file or a readable PyTorch {kind}: {error}"
+        ) from None
+    return _tensors_of(loaded, path)
+
+
+def _tensors_of(loaded: object, path: Path) -> dict[str, torch.Tensor]:
+    if isinstance(loaded, Mapping):
+        for key in WRAPPER_KEYS:
+            inner = loaded.get(key)
+            if isinstance(inner, Mapping) and inner:
+                loaded = inner
+                break
+    if not isinstance(loaded, Mapping):
+        raise WeightsError(
+            f"{path}: a checkpoint must hold a state dict (names to tensors), "
+            f"got {type(loaded).__name__}"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for key, value in loaded.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise WeightsError(
+                f"{path}: entry {key!r} is a {type(value).__name__}, not a tensor; "
+                f"a weights file holds tensors only"
+            )
+        state[key] = value
+    return state
+
+
+def _listed(keys: Iterable[str]) -> str:
+    keys = sorted(keys)
+    shown = ", ".join(keys[:MAX_KEYS_LISTED])
+    more = len(keys) - MAX_KEYS_LISTED
+    return f"{shown} (and {more} more)" if more > 0 else shown
+
+
+def load_strict(
+    module: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    source: str,
+    ignore_prefixes: tuple[str, ...] = (),
+) -> None:
+    """Load `state` into `module`: every key present, none extra, every shape equal.
+
+    Keys under `ignore_prefixes` are parts of a published file the module does not
+    need (a decoder ignoring its encoder). Floating tensors are cast to the module's
+    dtype (files ship fp16). Raises `WeightsError` naming each offending key.
+    """
+    expected = module.state_dict()
+    given = {k: v for k, v in state.items() if not k.startswith(ignore_prefixes)}
+    missing = expected.keys() - given.keys()
+    unexpected = given.keys() - expected.keys()
+    mismatched = [
+        f"{key}: file {tuple(given[key].shape)}, model {tuple(expected[key].shape)}"
+        for key in sorted(expected.keys() & given.keys())
+        if given[key].shape != expected[key].shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_listed(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_listed(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatches: {_listed(mismatched)}")
+    if problems:
+        raise WeightsError(f"{source} does not fit this model: " + "; ".join(problems))
+    cast = {
+        key: value.to(expected[key].dtype) if value.is_floating_point() else value
+        for key, value in given.items()
+    }
+    module.load_state_dict(cast, strict=True)
+
+
+def diffusers_class(model: str, class_name: str, requirement: str) -> Any:
+    """A diffusers model class, imported on first use: only the decoders built on
+    diffusers need it installed, never `import vaecast`."""
+    try:
+        diffusers = importlib.import_module("diffusers")
+    except ImportError:
+        raise WeightsError(
+            f"the {model} decoder needs {requirement}: pip install 'vaecast[real]'"
+        ) from None
+    found = getattr(diffusers, class_name, None)
+    if found is None:
+        raise WeightsError(
+            f"diffusers {diffusers.__version__} has no {class_name}; the {model} decoder "
+            f"needs {requirement}"
+        )
+    return found
