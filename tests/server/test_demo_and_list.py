@@ -1,0 +1,77 @@
+"""Demo requests (a scene rendered and encoded here) and the job list."""
+
+from __future__ import annotations
+
+from tests.helpers import decode_mp4
+from tests.server.conftest import StartServer
+from vaecast.server.config import Limits
+
+SMALL_DEMO = {"scene": "shapes", "frames": 5, "width": 64, "height": 48, "fps": 8}
+
+
+async def test_a_demo_request_streams_the_rendered_scene(start_server: StartServer):
+    server = await start_server()
+    async with server.client.post("/v1/videos", json=SMALL_DEMO) as response:
+        assert response.status == 201
+        job = await response.json()
+    assert (job["frames"], job["width"], job["height"], job["fps"]) == (5, 64, 48, 8.0)
+    async with server.client.get(job["urls"]["content"]) as response:
+        frames = decode_mp4(await response.read())
+    assert len(frames) == 5
+    assert frames[0].shape == (48, 64, 3)
+
+
+async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
+    server = await start_server(limits=Limits(max_frames=9))
+    cases = [
+        (
+            {"scene": "moon"},
+            422,
+            "unknown scene 'moon'; known scenes: showcase, shapes, "
+            "gradient, texture, text, landscape, fade, noise",
+        ),
+        ({**SMALL_DEMO, "frames": 6}, 422, "frames must be 1 + 4k (1, 5, 9, ..., 81), got 6"),
+        (
+            {**SMALL_DEMO, "width": 60},
+            422,
+            "width and height must be positive multiples of 8, got 60x48",
+        ),
+        ({**SMALL_DEMO, "frames": "5"}, 422, "frames must be an integer, got '5'"),
+        (
+            {**SMALL_DEMO, "colour": "red"},
+            422,
+            "unknown field(s) colour; a demo request takes: "
+            "fps, frames, height, model, scene, seed, width",
+        ),
+        (
+            {**SMALL_DEMO, "frames": 13},
+            413,
+            "13 frames of 64x48 is over this server's limits (9 frames, 2088960 pixels per frame)",
+        ),
+        ([1, 2], 422, "a demo request is a JSON object"),
+    ]
+    for body, status, message in cases:
+        async with server.client.post("/v1/videos", json=body) as response:
+            assert response.status == status, body
+            assert (await response.json())["error"]["message"] == message
+    async with server.client.post(
+        "/v1/videos", data=b"{nope", headers={"Content-Type": "application/json"}
+    ) as response:
+        assert response.status == 400
+        assert (await response.json())["error"]["message"].startswith(
+            "the JSON body cannot be parsed: "
+        )
+
+
+async def test_the_job_list_is_newest_first(start_server: StartServer):
+    server = await start_server()
+    ids = []
+    for _ in range(3):
+        async with server.client.post("/v1/videos", json={**SMALL_DEMO, "frames": 1}) as r:
+            ids.append((await r.json())["id"])
+    async with server.client.get("/v1/videos?limit=2") as response:
+        listing = await response.json()
+    assert listing["object"] == "list"
+    assert [job["id"] for job in listing["data"]] == ids[::-1][:2]
+    async with server.client.get("/v1/videos?limit=0") as response:
+        assert response.status == 422

@@ -1,0 +1,98 @@
+"""Latents that do not come from a diffusion model: demo scenes and video files.
+
+Both are encoded with the embedded `tiny` encoder, so their latents are in the
+`tiny` decoder's latent space (16 channels, Wan 2.1 geometry). The server's demo
+request (`POST /v1/videos` with a JSON body) and `vaecast latents` use this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import torch
+
+from vaecast.errors import InvalidRequestError
+from vaecast.models.scenes import SCENE_NAMES, render_scene
+from vaecast.models.tiny import encode_video
+
+DEMO_DEFAULTS: dict[str, Any] = {
+    "scene": "showcase",
+    "frames": 81,
+    "width": 832,
+    "height": 480,
+    "seed": 0,
+}
+SPATIAL_MULTIPLE = 8
+TEMPORAL_STEP = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SceneSpec:
+    scene: str
+    frames: int
+    width: int
+    height: int
+    seed: int = 0
+
+
+def parse_scene_spec(body: dict[str, Any]) -> SceneSpec:
+    """Check a demo request's scene fields (unknown fields are left to the caller)."""
+    values = {**DEMO_DEFAULTS, **{k: body[k] for k in DEMO_DEFAULTS if k in body}}
+    if values["scene"] not in SCENE_NAMES:
+        raise InvalidRequestError(
+            f"unknown scene {values['scene']!r}; known scenes: {', '.join(SCENE_NAMES)}"
+        )
+    for name in ("frames", "width", "height", "seed"):
+        if not isinstance(values[name], int) or isinstance(values[name], bool):
+            raise InvalidRequestError(f"{name} must be an integer, got {values[name]!r}")
+    spec = SceneSpec(**values)
+    check_video_geometry(spec.frames, spec.width, spec.height)
+    return spec
+
+
+def check_video_geometry(frames: int, width: int, height: int) -> None:
+    if frames < 1 or (frames - 1) % TEMPORAL_STEP:
+        raise InvalidRequestError(f"frames must be 1 + 4k (1, 5, 9, ..., 81), got {frames}")
+    if width < SPATIAL_MULTIPLE or height < SPATIAL_MULTIPLE or (width | height) % SPATIAL_MULTIPLE:
+        raise InvalidRequestError(
+            f"width and height must be positive multiples of 8, got {width}x{height}"
+        )
+
+
+def scene_latents(spec: SceneSpec, device: str = "cpu") -> torch.Tensor:
+    """Render the scene and encode it: BCTHW latents. Blocking: seconds at 832x480."""
+    video = render_scene(spec.scene, spec.frames, spec.height, spec.width, seed=spec.seed)
+    return encode_video(video, device=device)
+
+
+def video_file_latents(
+    path: Path, max_frames: int | None = None, device: str = "cpu"
+) -> tuple[torch.Tensor, Fraction]:
+    """Read a video file with PyAV and encode it: (latents, the file's frame rate).
+
+    The frame count is cut down to the largest 1 + 4k that fits, and each side to a
+    multiple of 8 (cropped from the bottom/right), because that is what the
+    latent geometry can represent.
+    """
+    frames: list[np.ndarray] = []
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate or Fraction(16)
+        for frame in container.decode(stream):
+            frames.append(frame.to_ndarray(format="rgb24"))
+            if max_frames is not None and len(frames) >= max_frames:
+                break
+    if not frames:
+        raise InvalidRequestError(f"{path} has no video frames")
+    count = 1 + (len(frames) - 1) // TEMPORAL_STEP * TEMPORAL_STEP
+    height = frames[0].shape[0] // SPATIAL_MULTIPLE * SPATIAL_MULTIPLE
+    width = frames[0].shape[1] // SPATIAL_MULTIPLE * SPATIAL_MULTIPLE
+    check_video_geometry(count, width, height)
+    pixels = np.stack(frames[:count])[:, :height, :width]
+    video = torch.from_numpy(pixels).permute(3, 0, 1, 2).unsqueeze(0).float() / 255.0
+    return encode_video(video, device=device), Fraction(rate)

@@ -1,0 +1,383 @@
+"""`tiny`: the embedded default model, a small causal video autoencoder.
+
+Model card
+----------
+What it is: an encoder and a decoder with Wan 2.1's latent geometry (16 latent
+channels, 8x spatial and 4x temporal compression; T latents <-> 1 + 4(T-1) frames),
+fitted on procedural video so that `vaecast serve` streams a real neural decode of
+real latents with nothing to download. Its latents are its own: they are not Wan
+2.1 latents and a Wan pipeline's output does not decode with it (use `wan2.1`).
+
+Architecture (TAEHV-style, causal): the decoder's only state is, for each memory
+block, that block's input one step earlier, so latent t decodes to frames that do
+not depend on latents after t, and streaming decode is the reference decode.
+- Decoder, 323,176 parameters, ~9.0 GFLOP per latent step at 832x480 (2.25 per frame):
+  per latent step at 1/8 resolution a 3x3 conv (16->64) and two memory blocks
+  (64); a 1x1 conv "grows" 4 sub-frames of 32 channels, processed as one batch by
+  a memory block whose memory is the previous sub-frame; a 3x3 conv with 2x
+  depth-to-space to 1/4 resolution (24 channels), a residual 3x3 conv, and a 3x3
+  conv to 48 channels that a 4x4 depth-to-space turns into RGB. A linear path
+  (1x1 conv, latent -> the 768 values of its 4x8x8 RGB patch) is added before that
+  last depth-to-space. Nothing runs at full resolution but that copy, fused with
+  the clamp to [0, 1]. The first latent's 4 sub-frames are computed and the last
+  kept (frame 0); each later latent gives 4 frames.
+- Encoder, 224,752 parameters: per frame a 4x4 space-to-depth and two 3x3 convs
+  (24) at 1/4, a 2x2 space-to-depth and a 1x1 conv (32) at 1/8; a step's 4 frames
+  stacked, a 3x3 conv (64), a memory block over steps, and a 3x3 conv to 16
+  channels added to a linear patch projection. Frame 0 is encoded alone, as a
+  group of 4 copies of itself.
+- Weights: `weights/tiny.safetensors`, fp16 (1,099,136 bytes), fp32 in memory; keys
+  `enc.*` and `dec.*`.
+
+Training data: procedural clips only (`vaecast.models.scenes.random_clip`: animated
+gradients, a camera panning over parallax landscapes, scrolling stripes, checkers
+and clouds, moving, bouncing and rotating shapes, bitmap-font text, fades, film
+grain), rendered at 832x480 and 416x240 and cropped to 64-160 px, 5-17 frames.
+
+Fitting (`tools/fit_tiny.py`, seed 0): PCA of 4x8x8 RGB patches initialises both
+linear paths (the exact PCA reconstruction at step 0: 31.5 dB on the
+checkpoint-selection clips), then Adam (lr 1e-3, cosine decay) on the MSE of
+crops, batch 4. Command:
+    nice -n 10 python tools/fit_tiny.py --steps 4000 --eval-every 200 --max-minutes 52
+4000 steps took 40.6 min on the shared 2-core CPU (plus ~4 min of held-out
+evaluation); the best checkpoint on the selection clips (step 3000, 33.65 dB, from
+31.55 dB at step 0) is the one shipped. `weights/tiny_metrics.json` is that run's
+record.
+
+Measured on 2026-11-29, 2-core AMD EPYC CPU (AVX2), torch 2.13 CPU, 2 threads
+(`benchmarks/tiny_quality.py`, results in `benchmarks/results/tiny_quality.json`):
+- Reconstruction PSNR on 8 held-out procedural clips (seeds 1_000_000-1_000_007,
+  never used in fitting), 81 frames at 832x480, first frame included:
+  42.41, 28.85, 32.15, 30.41, 31.34, 35.06, 33.12, 30.48 dB; mean 32.98 dB
+  (first frames alone: 31.0-42.7 dB).
+- Streaming decode at 832x480: 33.6 frames/s (median of 3 runs of 81 frames; 32.6-37.5),
+  ~112 ms per 4-frame chunk, ~125 ms for the first, on a machine otherwise idle
+  (load average < 0.5). The CPU is shared; under another job's load expect less.
+- Test-size clips are harder: scenes scale with the frame, so at 128x128 each 8x8
+  block holds far more edges and PSNR is 23-26 dB. Fine noise and thin text strokes
+  are where it loses most; it is a demo and test model, not a production VAE.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from vaecast.errors import InvalidRequestError
+from vaecast.models.base import (
+    ChunkCallback,
+    DecodedChunk,
+    DecodePlan,
+    check_latent_shape,
+    register_decoder,
+)
+
+LATENT_CHANNELS = 16
+SPATIAL_SCALE = 8
+TEMPORAL_SCALE = 4
+# One latent vector stands for a 4-frame, 8x8-pixel RGB patch of 768 values.
+PATCH_CHANNELS = TEMPORAL_SCALE * 3 * SPATIAL_SCALE * SPATIAL_SCALE
+WEIGHTS_FILE = "tiny.safetensors"
+
+# Feature widths: per latent step at 1/8 resolution, per sub-frame at 1/8, per
+# sub-frame at 1/4. Nothing runs at full resolution except one depth-to-space copy.
+WIDTH_STEP = 64
+WIDTH_SUB = 32
+WIDTH_QUARTER = 24
+ENCODER_WIDTH_QUARTER = 24
+ENCODER_WIDTH_SUB = 32
+
+
+def _conv(cin: int, cout: int, kernel: int = 3) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, kernel, padding=kernel // 2)
+
+
+class MemBlock(nn.Module):
+    """A residual block that also sees its own input one step earlier (zeros at the start).
+
+    This is TAEHV's causal memory: the decoder's only state is the previous step's
+    input to each such block.
+    """
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mix = _conv(2 * width, width)
+        self.out = _conv(width, width)
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.mix(torch.cat([x, past], dim=1)))
+        return F.relu(x + self.out(h))
+
+
+def _previous(x: torch.Tensor, steps: int, first: torch.Tensor | None = None) -> torch.Tensor:
+    """For (N * steps, ...) laid out step-major per clip, each step's predecessor.
+
+    The first step's predecessor is `first` (N, ...) or zeros.
+    """
+    seq = x.unflatten(0, (-1, steps))
+    head = torch.zeros_like(seq[:, :1]) if first is None else first.unsqueeze(1)
+    past = torch.cat([head, seq[:, :-1]], dim=1).flatten(0, 1)
+    return past.contiguous(memory_format=torch.channels_last)
+
+
+class TinyDecoderNet(nn.Module):
+    """Latents (16 x h x w per step) -> 4 RGB frames (8h x 8w) per step, causal in time.
+
+    Per latent step: a 3x3 conv and two memory blocks at 1/8 resolution; a 1x1
+    "temporal grow" conv splits the features into 4 sub-frames, which then run as
+    one batch: a memory block whose past is the previous sub-frame, a 3x3 conv with
+    2x depth-to-space to 1/4 resolution, one residual 3x3 conv, and a 3x3 conv to
+    48 channels that a 4x4 depth-to-space turns into RGB. A linear path (a 1x1 conv
+    from the latent straight to the 768 values of the 4x8x8 RGB patch) is added
+    before that last depth-to-space; fitting starts it at the PCA reconstruction.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Conv2d(LATENT_CHANNELS, PATCH_CHANNELS, 1)
+        self.inp = _conv(LATENT_CHANNELS, WIDTH_STEP)
+        self.mem1 = MemBlock(WIDTH_STEP)
+        self.mem2 = MemBlock(WIDTH_STEP)
+        self.grow = nn.Conv2d(WIDTH_STEP, TEMPORAL_SCALE * WIDTH_SUB, 1)
+        self.mem3 = MemBlock(WIDTH_SUB)
+        self.up = _conv(WIDTH_SUB, 4 * WIDTH_QUARTER)
+        self.mid = _conv(WIDTH_QUARTER, WIDTH_QUARTER)
+        self.out = _conv(WIDTH_QUARTER, 3 * 16)
+
+    def forward(
+        self, z: torch.Tensor, state: Sequence[torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Decode S latent steps of N clips, (N, S, 16, h, w) -> (N, 3, 4S, 8h, 8w).
+
+        Under inference mode the output is clamped to [0, 1] (and built in place);
+        while training it is not, so the loss sees the error past the range.
+        `state` is what the previous call returned (None at the start of a video);
+        every step's 4 sub-frames come out, also the 3 that precede frame 0.
+        """
+        n, steps, _, h, w = z.shape
+        flat = z.flatten(0, 1).contiguous(memory_format=torch.channels_last)
+        past = [None] * 3 if state is None else list(state)
+        x = F.relu(self.inp(flat))
+        y = self.mem1(x, _previous(x, steps, past[0]))
+        y2 = self.mem2(y, _previous(y, steps, past[1]))
+        # (N*S, 4*C, h, w) -> (N*S*4, C, h, w): the 4 sub-frames of a step run as one
+        # batch; sub-frame j remembers sub-frame j-1, and j=0 the previous step's last.
+        sub = F.relu(self.grow(y2)).unflatten(1, (TEMPORAL_SCALE, WIDTH_SUB)).flatten(0, 1)
+        sub = sub.contiguous(memory_format=torch.channels_last)
+        q = self.mem3(sub, _previous(sub, steps * TEMPORAL_SCALE, past[2]))
+        q = F.relu(F.pixel_shuffle(self.up(q), 2))
+        q = F.relu(q + self.mid(q))
+        # Depth-to-space of both paths, summed in the quarter-resolution layout
+        # (n, step, sub-frame, y/8, y/4 % 2, x/8, x/4 % 2, colour, y % 4, x % 4).
+        axes = (n, steps, TEMPORAL_SCALE, h, 2, w, 2, 3, 4, 4)
+        rgb = self.out(q).permute(0, 2, 3, 1)
+        base = (
+            self.linear(flat).permute(0, 2, 3, 1).reshape(n * steps, h, w, TEMPORAL_SCALE, 2, 2, 48)
+        )
+        base = base.permute(0, 3, 1, 4, 2, 5, 6).reshape(rgb.shape)
+        rgb = rgb.add_(base) if torch.is_inference_mode_enabled() else rgb + base
+        blocks = rgb.reshape(axes).permute(0, 7, 1, 2, 3, 4, 8, 5, 6, 9)
+        if torch.is_inference_mode_enabled():
+            video = torch.empty(n, 3, steps * TEMPORAL_SCALE, 8 * h, 8 * w, device=z.device)
+            torch.clamp(blocks, 0.0, 1.0, out=video.view(blocks.shape))
+        else:
+            video = blocks.reshape(n, 3, steps * TEMPORAL_SCALE, 8 * h, 8 * w)
+        last = [
+            x.unflatten(0, (n, steps))[:, -1],
+            y.unflatten(0, (n, steps))[:, -1],
+            sub.unflatten(0, (n, -1))[:, -1],
+        ]
+        return video, last
+
+
+class TinyEncoderNet(nn.Module):
+    """4-frame groups (N, S, 4, 3, H, W) -> latents (N, S, 16, H/8, W/8), causal in time.
+
+    Each frame goes through a 4x4 space-to-depth and two 3x3 convs at 1/4 resolution,
+    a 2x2 space-to-depth and a 1x1 conv at 1/8; a step's 4 frames are stacked on
+    channels, mixed by a 3x3 conv and a memory block over steps, and a 3x3 conv
+    adds its residual to a linear path (a 1x1 conv of the 768-value patch) that
+    fitting starts at the PCA projection.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Conv2d(PATCH_CHANNELS, LATENT_CHANNELS, 1)
+        self.inp = _conv(48, ENCODER_WIDTH_QUARTER)
+        self.res = _conv(ENCODER_WIDTH_QUARTER, ENCODER_WIDTH_QUARTER)
+        self.down = nn.Conv2d(4 * ENCODER_WIDTH_QUARTER, ENCODER_WIDTH_SUB, 1)
+        self.merge = _conv(TEMPORAL_SCALE * ENCODER_WIDTH_SUB, WIDTH_STEP)
+        self.mem = MemBlock(WIDTH_STEP)
+        self.out = _conv(WIDTH_STEP, LATENT_CHANNELS)
+
+    def forward(
+        self, groups: torch.Tensor, past: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the latents and the state to pass as `past` for the steps that follow."""
+        n, steps = groups.shape[:2]
+        frames = groups.flatten(0, 2)
+        q = F.pixel_unshuffle(frames, 4).contiguous(memory_format=torch.channels_last)
+        q = F.relu(self.inp(q))
+        q = F.relu(q + self.res(q))
+        e = F.relu(self.down(F.pixel_unshuffle(q, 2)))
+        e = e.unflatten(0, (n * steps, TEMPORAL_SCALE)).flatten(1, 2)
+        e = F.relu(self.merge(e.contiguous(memory_format=torch.channels_last)))
+        e2 = self.mem(e, _previous(e, steps, past))
+        # Patch channel order: (sub-frame, colour, y % 8, x % 8).
+        patches = F.pixel_unshuffle(groups.flatten(0, 1).flatten(1, 2), SPATIAL_SCALE)
+        z = self.linear(patches) + self.out(e2)
+        return z.unflatten(0, (n, steps)), e.unflatten(0, (n, steps))[:, -1]
+
+
+def decoder_patch_order() -> torch.Tensor:
+    """For each output channel of `TinyDecoderNet.linear`, its index in patch order.
+
+    The decoder's linear path emits channels as (sub-frame, y/4 % 2, x/4 % 2,
+    colour, y % 4, x % 4) to match its depth-to-space; the encoder and PCA use
+    (sub-frame, colour, y % 8, x % 8).
+    """
+    r = torch.arange(PATCH_CHANNELS)
+    sub, rest = r // 192, r % 192
+    ay, ax, rest = rest // 96, (rest // 48) % 2, rest % 48
+    colour, ey, ex = rest // 16, (rest // 4) % 4, rest % 4
+    return sub * 192 + colour * 64 + (ay * 4 + ey) * 8 + (ax * 4 + ex)
+
+
+def video_to_groups(video: torch.Tensor) -> torch.Tensor:
+    """(N, 3, 1 + 4(T-1), H, W) -> (N, T, 4, 3, H, W); frame 0 fills the first group alone."""
+    first = video[:, :, :1].expand(-1, -1, TEMPORAL_SCALE - 1, -1, -1)
+    padded = torch.cat([first, video], dim=2)
+    return padded.unflatten(2, (-1, TEMPORAL_SCALE)).permute(0, 2, 3, 1, 4, 5)
+
+
+def check_video_shape(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
+    """Validate a BCTHW video shape the encoder takes; returns it as a tuple."""
+    if len(shape) != 5:
+        raise InvalidRequestError(f"video must be BCTHW (5 dimensions), got {len(shape)}")
+    n, c, t, h, w = (int(d) for d in shape)
+    if n < 1 or c != 3:
+        raise InvalidRequestError(f"video must hold RGB frames (3 channels), got {c}")
+    if t < 1 or (t - 1) % TEMPORAL_SCALE:
+        raise InvalidRequestError(
+            f"video needs 1 + 4k frames (1, 5, 9, ..., 81), got {t}; "
+            f"trim it to {1 + TEMPORAL_SCALE * ((max(t, 1) - 1) // TEMPORAL_SCALE)}"
+        )
+    if h < SPATIAL_SCALE or w < SPATIAL_SCALE or h % SPATIAL_SCALE or w % SPATIAL_SCALE:
+        raise InvalidRequestError(
+            f"video height and width must be positive multiples of {SPATIAL_SCALE}, got {w}x{h}"
+        )
+    return n, c, t, h, w
+
+
+def default_weights() -> Path:
+    """The shipped weights file (package data)."""
+    with resources.as_file(resources.files("vaecast.models") / "weights" / WEIGHTS_FILE) as path:
+        return Path(path)
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_state(path: str) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in load_file(path).items()}
+
+
+def load_nets(
+    weights: str | Path | None = None, device: str | torch.device = "cpu"
+) -> tuple[TinyEncoderNet, TinyDecoderNet]:
+    """The encoder and decoder with weights (fp16 on disk, fp32 here); file reads are cached."""
+    path = str(Path(weights) if weights is not None else default_weights())
+    with _LOAD_LOCK:
+        state = _load_state(path)
+    encoder, decoder = TinyEncoderNet(), TinyDecoderNet()
+    encoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("enc.")})
+    decoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("dec.")})
+    nets = []
+    for net in (encoder, decoder):
+        net = net.to(device).eval().requires_grad_(False)
+        nets.append(net.to(memory_format=torch.channels_last))
+    return nets[0], nets[1]
+
+
+class TinyEncoder:
+    """Encodes BCTHW video in [0, 1] into `tiny` latents (BCTHW, 16 channels)."""
+
+    def __init__(
+        self, device: str | torch.device = "cpu", weights: str | Path | None = None
+    ) -> None:
+        self.device = torch.device(device)
+        self._net, _ = _cached_nets(None if weights is None else str(weights), str(self.device))
+
+    def encode(self, video: torch.Tensor, steps_per_pass: int = 4) -> torch.Tensor:
+        """Latents for a (N, 3, 1 + 4(T-1), H, W) video: (N, 16, T, H/8, W/8)."""
+        check_video_shape(video.shape)
+        groups = video_to_groups(video.to(self.device, torch.float32))
+        latents, past = [], None
+        with torch.inference_mode():
+            for start in range(0, groups.shape[1], steps_per_pass):
+                z, past = self._net(groups[:, start : start + steps_per_pass], past)
+                latents.append(z)
+        return torch.cat(latents, dim=1).transpose(1, 2).contiguous()
+
+
+def encode_video(
+    video: torch.Tensor, device: str | torch.device = "cpu", weights: str | Path | None = None
+) -> torch.Tensor:
+    """Encode BCTHW video in [0, 1] (1 + 4k frames, sides multiples of 8) into latents."""
+    return TinyEncoder(device, weights).encode(video)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_nets(weights: str | None, device: str) -> tuple[TinyEncoderNet, TinyDecoderNet]:
+    return load_nets(weights, device)
+
+
+class TinyDecoder:
+    """The `tiny` decoder under the chunk contract: 1 frame for latent 0, then 4 per latent."""
+
+    name = "tiny"
+    latent_channels = LATENT_CHANNELS
+    value_range = (0.0, 1.0)
+
+    def __init__(
+        self, device: str | torch.device = "cpu", weights: str | Path | None = None
+    ) -> None:
+        self.device = torch.device(device)
+        _, self._net = _cached_nets(None if weights is None else str(weights), str(self.device))
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
+        return DecodePlan(
+            height=h * SPATIAL_SCALE,
+            width=w * SPATIAL_SCALE,
+            chunk_frames=(1,) + (TEMPORAL_SCALE,) * (t - 1),
+        )
+
+    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        plan = self.plan(latents.shape)
+        z = latents.to(self.device, torch.float32).transpose(1, 2)
+        state = None
+        with torch.inference_mode():
+            for index, frame_start in enumerate(plan.chunk_starts):
+                frames, state = self._net(z[:, index : index + 1], state)
+                if index == 0:
+                    # The first latent stands for frame 0 alone: keep the last sub-frame.
+                    frames = frames[:, :, TEMPORAL_SCALE - 1 :].contiguous()
+                on_chunk(DecodedChunk(frames, index, plan.chunks, frame_start))
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        chunks: list[torch.Tensor] = []
+        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
+        return torch.cat(chunks, dim=2)
+
+
+register_decoder("tiny", TinyDecoder)
