@@ -117,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     latents.add_argument("--seed", type=int, default=0, help="scene only")
     latents.add_argument("--fps", default="16", help="stored in the file's metadata")
     latents.add_argument(
+        "--no-sound", action="store_true", help="scene only: leave out the soundtrack"
+    )
+    latents.add_argument(
         "--max-frames", type=int, default=None, help="video only: read at most this many"
     )
     latents.add_argument("--device", default="cpu")
@@ -251,9 +254,19 @@ def _scene_names() -> tuple[str, ...]:
 
 
 def _latents(args: argparse.Namespace) -> int:
+    import torch
     from safetensors.torch import save_file
 
-    from vaecast.latent_sources import parse_scene_spec, scene_latents, video_file_latents
+    from vaecast.latent_sources import (
+        parse_scene_spec,
+        scene_audio,
+        scene_latents,
+        video_file_latents,
+    )
+    from vaecast.models.soundtrack import DEFAULT_SAMPLE_RATE_HZ
+
+    tensors: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = {"model": "tiny"}
 
     if args.scene is not None:
         fields = {
@@ -263,16 +276,19 @@ def _latents(args: argparse.Namespace) -> int:
             "height": args.height,
             "seed": args.seed,
         }
-        latents = scene_latents(parse_scene_spec(fields), device=args.device)
+        spec = parse_scene_spec(fields)
+        latents = scene_latents(spec, device=args.device)
         fps = parse_fps(args.fps, DEFAULTS.default_fps)
+        if not args.no_sound:
+            tensors["audio"] = torch.from_numpy(scene_audio(spec, fps))
+            metadata["audio_sample_rate"] = str(DEFAULT_SAMPLE_RATE_HZ)
     else:
         latents, fps = video_file_latents(args.video, args.max_frames, device=args.device)
-    save_file(
-        {"latents": latents.cpu().contiguous()},
-        str(args.output),
-        metadata={"fps": str(fps), "model": "tiny"},
-    )
-    print(f"wrote {args.output}: latents {tuple(latents.shape)}, {float(fps):g} fps")
+    tensors["latents"] = latents.cpu().contiguous()
+    metadata["fps"] = str(fps)
+    save_file(tensors, str(args.output), metadata=metadata)
+    sound = " with sound" if "audio" in tensors else ""
+    print(f"wrote {args.output}: latents {tuple(latents.shape)}, {float(fps):g} fps{sound}")
     return 0
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from vaecast.errors import InvalidRequestError
-from vaecast.models.scenes import SCENE_NAMES, render_scene
+from vaecast.models.scenes import SCENE_NAMES, render_scene, scene_soundtrack
+from vaecast.models.soundtrack import DEFAULT_SAMPLE_RATE_HZ
 from vaecast.models.tiny import encode_video
 
 DEMO_DEFAULTS: dict[str, Any] = {
@@ -68,6 +69,15 @@ def scene_latents(spec: SceneSpec, device: str = "cpu") -> torch.Tensor:
     """Render the scene and encode it: BCTHW latents. Blocking: seconds at 832x480."""
     video = render_scene(spec.scene, spec.frames, spec.height, spec.width, seed=spec.seed)
     return encode_video(video, device=device)
+
+
+def scene_audio(
+    spec: SceneSpec, fps: Fraction, sample_rate: int = DEFAULT_SAMPLE_RATE_HZ
+) -> np.ndarray:
+    """The scene's soundtrack at `fps`, (2, samples) float32: clicks on bounces, a tone."""
+    return scene_soundtrack(
+        spec.scene, spec.frames, spec.height, spec.width, fps, spec.seed, sample_rate
+    )
 
 
 def video_file_latents(

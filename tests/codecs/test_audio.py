@@ -90,7 +90,9 @@ def test_every_fragment_carries_both_tracks_with_continuous_decode_times():
         for track_id, run in runs.items():
             assert run.base_media_decode_time == next_time[track_id]
             next_time[track_id] += run.duration
-    # Each fragment's audio reaches past its video: the audio never lags the picture.
+        # Each fragment's audio reaches as far as its video, so a player never waits
+        # for sound to show a picture it already has.
+        assert next_time[AUDIO_TRACK_ID] / sample_rate >= next_time[VIDEO_TRACK_ID] / 16_000
     video_end_s = next_time[VIDEO_TRACK_ID] / 16_000
     assert next_time[AUDIO_TRACK_ID] / sample_rate == pytest.approx(video_end_s)
 

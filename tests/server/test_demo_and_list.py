@@ -41,7 +41,7 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
             {**SMALL_DEMO, "colour": "red"},
             422,
             "unknown field(s) colour; a demo request takes: "
-            "fps, frames, height, model, scene, seed, width",
+            "fps, frames, height, model, scene, seed, sound, width",
         ),
         (
             {**SMALL_DEMO, "frames": 13},
@@ -49,6 +49,7 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
             "13 frames of 64x48 is over this server's limits (9 frames, 2088960 pixels per frame)",
         ),
         ([1, 2], 422, "a demo request is a JSON object"),
+        ({**SMALL_DEMO, "sound": "yes"}, 422, "sound must be true or false, got 'yes'"),
     ]
     for body, status, message in cases:
         async with server.client.post("/v1/videos", json=body) as response:
@@ -75,3 +76,28 @@ async def test_the_job_list_is_newest_first(start_server: StartServer):
     assert [job["id"] for job in listing["data"]] == ids[::-1][:2]
     async with server.client.get("/v1/videos?limit=0") as response:
         assert response.status == 422
+
+
+async def test_a_demo_is_heard_where_it_is_seen(start_server: StartServer):
+    """The scene's first bounce click lands within one frame of the bounce."""
+    import io
+
+    import av
+    import numpy as np
+
+    from vaecast.models.scenes import scene_motions
+
+    demo = {"scene": "shapes", "frames": 33, "width": 128, "height": 96, "fps": 16, "seed": 3}
+    server = await start_server()
+    async with server.client.post("/v1/videos/stream", json=demo) as response:
+        assert response.headers["Content-Type"].endswith(', mp4a.40.2"')
+        data = await response.read()
+    with av.open(io.BytesIO(data)) as container:
+        frames = list(container.decode(audio=0))
+    audio = np.concatenate([f.to_ndarray()[0] for f in frames])
+    rate = frames[0].sample_rate
+    loud = np.abs(audio) > 0.3  # clicks; the tone stays below this
+    first_click_frame = np.flatnonzero(loud)[0] / rate * 16
+    motions = scene_motions("shapes", 33, 96, 128, seed=3)
+    first_hit = min(hit for motion in motions for hit in motion.wall_hits(33))
+    assert abs(first_click_frame - first_hit) < 1.0

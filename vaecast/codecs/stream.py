@@ -7,7 +7,7 @@ appends the bytes it returns to the stream's log; concatenating `init_segment` a
 every returned fragment in order is a playable fragmented MP4 at every step.
 
 With a soundtrack, each fragment also carries the AAC frames that start before the
-end of its video chunk (the waveform is known up front, so audio is fed up to two
+end of its video chunk (the waveform is known up front, so audio is fed up to three
 AAC frames past the chunk's end and the encoder's lookahead holds nothing back);
 the last fragment flushes the rest, and the audio track is exactly as long as the
 video (see `aac`).
@@ -27,8 +27,10 @@ from vaecast.codecs.h264 import EncoderSettings, H264Encoder
 
 VIDEO_TRACK_ID = 1
 AUDIO_TRACK_ID = 2
-# Audio fed past each chunk's end: the AAC encoder's delay plus the frame in progress.
-AUDIO_LOOKAHEAD_SAMPLES = 2 * AAC_FRAME_SAMPLES
+# Audio fed past each chunk's end so that the fragment's audio reaches at least as far
+# as its video: FFmpeg's AAC encoder hands a frame's packet out two frames later
+# (measured, PyAV 18.1), plus the frame the chunk ends in.
+AUDIO_LOOKAHEAD_SAMPLES = 3 * AAC_FRAME_SAMPLES
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,11 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from vaecast.errors import InvalidRequestError
+from vaecast.models import soundtrack
 
 SCENE_NAMES: tuple[str, ...] = (
     "showcase",
@@ -114,14 +117,45 @@ Layer = Callable[[torch.Tensor, int], None]
 
 def render_scene(name: str, frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
     """Render the named scene as a (1, 3, frames, height, width) float32 clip in [0, 1]."""
+    _, layers = _compose(name, frames, height, width, seed)
+    return _render(layers, frames, height, width)
+
+
+def scene_soundtrack(
+    name: str,
+    frames: int,
+    height: int,
+    width: int,
+    fps: Fraction,
+    seed: int = 0,
+    sample_rate: int = soundtrack.DEFAULT_SAMPLE_RATE_HZ,
+) -> np.ndarray:
+    """The scene's sound, (2, samples) float32: a click whenever a shape touches an
+    edge, a tone following the first shape (see `soundtrack`). Same seed, same motions
+    as `render_scene`, so what is heard is what is seen."""
+    motions = scene_motions(name, frames, height, width, seed)
+    return soundtrack.synthesize(motions, frames, width, fps, sample_rate)
+
+
+def scene_motions(
+    name: str, frames: int, height: int, width: int, seed: int = 0
+) -> list[soundtrack.Motion]:
+    """How the scene's shapes move (what its soundtrack follows), without rendering."""
+    draw, _ = _compose(name, frames, height, width, seed)
+    return draw.motions
+
+
+def _compose(
+    name: str, frames: int, height: int, width: int, seed: int
+) -> tuple[_Draw, list[Layer]]:
     try:
         compose = _SCENES[name]
     except KeyError:
         known = ", ".join(SCENE_NAMES)
         raise InvalidRequestError(f"unknown scene {name!r}; known scenes: {known}") from None
     _check_size(frames, height, width)
-    g = torch.Generator().manual_seed(seed)
-    return _render(compose(_Draw(g, frames, height, width)), frames, height, width)
+    draw = _Draw(torch.Generator().manual_seed(seed), frames, height, width)
+    return draw, compose(draw)
 
 
 def random_clip(generator: torch.Generator, frames: int, height: int, width: int) -> torch.Tensor:
@@ -198,6 +232,7 @@ class _Draw:
     width: int
 
     def __post_init__(self) -> None:
+        self.motions: list[soundtrack.Motion] = []  # of the shapes, for the soundtrack
         self.size = float(min(self.height, self.width))
         self.ys = torch.arange(self.height, dtype=torch.float32).view(-1, 1) + 0.5
         self.xs = torch.arange(self.width, dtype=torch.float32).view(1, -1) + 0.5
@@ -362,6 +397,11 @@ class _Draw:
         angle, spin = self.uniform(0, 2 * math.pi), self.uniform(-0.1, 0.1)
         opacity = 1.0 if self.uniform(0, 1) < 0.7 else self.uniform(0.4, 0.9)
         reach = radius * math.sqrt(2) + 2
+        self.motions.append(
+            soundtrack.Motion(
+                x0, vx, radius, self.width - radius, y0, vy, radius, self.height - radius
+            )
+        )
 
         def draw(canvas: torch.Tensor, index: int) -> None:
             cx = _bounce(x0 + vx * index, radius, self.width - radius)

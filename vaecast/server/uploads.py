@@ -4,8 +4,9 @@ Three request shapes:
 - `multipart/form-data`: a file part named `file` or `latents`, and text parts
   `model` and `fps` (what browsers and `curl -F` send);
 - `application/json`: a demo request, `{"scene", "frames", "width", "height",
-  "seed", "fps", "model"}`: a procedural scene rendered and encoded with the `tiny`
-  encoder here (vaecast.latent_sources), so no latent file is needed;
+  "seed", "fps", "model", "sound"}`: a procedural scene rendered and encoded with
+  the `tiny` encoder here (vaecast.latent_sources), so no latent file is needed;
+  with its soundtrack unless `"sound": false`;
 - any other body: the latent file itself as the raw body, parameters in the query
   string (`curl --data-binary @z.safetensors '.../v1/videos/stream?fps=16'`).
 Parameters in the query string also apply to multipart requests; a form field wins.
@@ -24,7 +25,8 @@ from aiohttp import BodyPartReader, web
 from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import InvalidRequestError, MalformedRequestError, PayloadTooLargeError
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
-from vaecast.latent_sources import DEMO_DEFAULTS, parse_scene_spec, scene_latents
+from vaecast.latent_sources import DEMO_DEFAULTS, parse_scene_spec, scene_audio, scene_latents
+from vaecast.models.soundtrack import DEFAULT_SAMPLE_RATE_HZ
 from vaecast.server.config import ServerConfig
 from vaecast.server.jobs import DecodeRequest
 
@@ -34,7 +36,7 @@ FILE_FIELDS = ("file", "latents")
 READ_CHUNK_BYTES = 256 * 1024
 MAX_FIELD_BYTES = 1024
 MAX_JSON_BYTES = 64 * 1024
-DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model"}
+DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +84,22 @@ async def _read_demo_request(request: web.Request, config: ServerConfig) -> Deco
             f"{spec.frames} frames of {spec.width}x{spec.height} is over this server's limits "
             f"({limits.max_frames} frames, {limits.max_pixels_per_frame} pixels per frame)"
         )
-    fps = body.get("fps")
+    fps_field = body.get("fps")
+    fps = parse_fps(None if fps_field is None else str(fps_field), config.default_fps)
+    sound = body.get("sound", True)
+    if not isinstance(sound, bool):
+        raise InvalidRequestError(f"sound must be true or false, got {sound!r}")
     # Rendering and encoding take seconds of CPU: never on the loop.
     latents = await asyncio.to_thread(scene_latents, spec, config.device)
+    soundtrack = None
+    if sound:
+        waveform = await asyncio.to_thread(scene_audio, spec, fps)
+        soundtrack = Soundtrack(waveform, DEFAULT_SAMPLE_RATE_HZ)
     return DecodeRequest(
         latents=latents,
         model=body.get("model") or config.default_model,
-        fps=parse_fps(None if fps is None else str(fps), config.default_fps),
+        fps=fps,
+        soundtrack=soundtrack,
     )
 
 
