@@ -33,8 +33,6 @@ SAFETENSORS_HEADER_LENGTH_BYTES = 8
 ZIP_MAGIC = b"PK\x03\x04"
 
 
-
-
 def _looks_like_safetensors(head: bytes) -> bool:
     if len(head) < SAFETENSORS_HEADER_LENGTH_BYTES + 1:
         return False
