@@ -54,6 +54,7 @@ from av.codec.context import Flags
 from av.video.frame import PictureType
 from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc
 
+from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.fmp4 import Sample
 
 DEFAULT_PRESET = "ultrafast"
@@ -388,8 +389,16 @@ class H264Encoder:
         self.avcc = avc_decoder_configuration_record(sps_units, pps_units)
         self.codec_string = parse_sps_codec_string(sps_units[0])
 
-    def check_frames(self, frames: np.ndarray) -> None:
-        """Raise ValueError unless `frames` is (T, H, W, 3) uint8 at this encoder's size."""
+    def check_frames(self, frames: np.ndarray | Yuv420Frames) -> None:
+        """Raise ValueError unless `frames` is (T, H, W, 3) uint8 RGB or `Yuv420Frames`
+        at this encoder's size."""
+        if isinstance(frames, Yuv420Frames):
+            if (frames.height, frames.width) != (self.height, self.width):
+                raise ValueError(
+                    f"YUV 4:2:0 frames must be {self.width}x{self.height}, "
+                    f"got {frames.width}x{frames.height}"
+                )
+            return
         expected = (self.height, self.width, 3)
         if (
             not isinstance(frames, np.ndarray)
@@ -404,14 +413,19 @@ class H264Encoder:
                 f"got {dtype} {shape}"
             )
 
-    def encode(self, frames: np.ndarray) -> list[Sample]:
-        """Encode (T, H, W, 3) uint8 RGB frames; one Sample per frame, in order."""
+    def encode(self, frames: np.ndarray | Yuv420Frames) -> list[Sample]:
+        """Encode (T, H, W, 3) uint8 RGB frames, or `Yuv420Frames` (BT.601 limited
+        range, as the stream declares: no conversion left to do); one Sample per
+        frame, in order."""
         if self._context is None:
             raise RuntimeError("encoder is closed")
         self.check_frames(frames)
         samples = []
-        for rgb in frames:
-            frame = self._to_yuv(rgb)
+        for index in range(len(frames)):
+            if isinstance(frames, Yuv420Frames):
+                frame = self._from_i420(frames.planes[index])
+            else:
+                frame = self._to_yuv(frames[index])
             frame.pts = self.frames_encoded * self.frame_duration
             if self.frames_encoded % self.keyframe_interval_frames == 0:
                 # Keyframes at fixed positions, whatever x264's scenecut does between.
@@ -448,6 +462,14 @@ class H264Encoder:
             dst_colorspace=Colorspace.ITU601,
             dst_color_range=ColorRange.MPEG,
         )
+
+    def _from_i420(self, planes: np.ndarray) -> av.VideoFrame:
+        frame = av.VideoFrame.from_ndarray(planes, format="yuv420p")
+        # Tags only, as reformat() leaves them on the swscale path; the VUI comes
+        # from the codec context either way.
+        frame.colorspace = Colorspace.ITU601
+        frame.color_range = ColorRange.MPEG
+        return frame
 
     def close(self) -> None:
         """Release the codec; later calls to close() do nothing."""

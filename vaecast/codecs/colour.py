@@ -1,0 +1,87 @@
+"""8-bit YUV 4:2:0 frames as the encoder takes them, and the BT.601 matrix that makes them.
+
+The H.264 stream says (in its SPS VUI) BT.601 matrix, limited ("MPEG") range, 4:2:0
+with the default chroma location (type 0: chroma co-sited with the even luma
+columns, midway between two luma rows). `quantize.quantize_yuv420_to_host` produces
+exactly that on the decoder's device, so the encoder can skip swscale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# BT.601 luma weights (ITU-R BT.601-7, 2.5.1).
+KR, KB = 0.299, 0.114
+KG = 1.0 - KR - KB
+# Limited range, 8 bit: Y in 16..235, Cb/Cr in 16..240 centred on 128.
+LUMA_OFFSET, LUMA_SPAN = 16.0, 219.0
+CHROMA_OFFSET, CHROMA_SPAN = 128.0, 224.0
+
+# Rows: Y, Cb, Cr; columns: R, G, B in [0, 1]; add the offsets afterwards.
+BT601_LIMITED: tuple[tuple[float, float, float], ...] = (
+    (LUMA_SPAN * KR, LUMA_SPAN * KG, LUMA_SPAN * KB),
+    (
+        -CHROMA_SPAN * KR / (2 * (1 - KB)),
+        -CHROMA_SPAN * KG / (2 * (1 - KB)),
+        CHROMA_SPAN / 2,
+    ),
+    (
+        CHROMA_SPAN / 2,
+        -CHROMA_SPAN * KG / (2 * (1 - KR)),
+        -CHROMA_SPAN * KB / (2 * (1 - KR)),
+    ),
+)
+OFFSETS = (LUMA_OFFSET, CHROMA_OFFSET, CHROMA_OFFSET)
+
+
+@dataclass(frozen=True, slots=True)
+class Yuv420Frames:
+    """T frames of 8-bit YUV 4:2:0 in I420 layout, BT.601 limited range.
+
+    `planes` is one C-contiguous (T, H * 3 // 2, W) uint8 array: per frame the Y
+    plane (H x W), then Cb and Cr (H/2 x W/2 each, packed row after row), which
+    is the layout `av.VideoFrame.from_ndarray(..., format="yuv420p")` reads.
+    """
+
+    planes: np.ndarray
+    height: int
+    width: int
+
+    def __post_init__(self) -> None:
+        expected = (self.height * 3 // 2, self.width)
+        if (
+            not isinstance(self.planes, np.ndarray)
+            or self.planes.dtype != np.uint8
+            or self.planes.ndim != 3
+            or self.planes.shape[1:] != expected
+            or self.height % 2
+            or self.width % 2
+        ):
+            raise ValueError(
+                f"planes must be a uint8 array of shape (T, {expected[0]}, {expected[1]}) "
+                f"for even {self.width}x{self.height} frames, got "
+                f"{getattr(self.planes, 'dtype', type(self.planes).__name__)} "
+                f"{getattr(self.planes, 'shape', None)}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.planes.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(T, H, W, 3): the shape of the RGB frames these stand for."""
+        return (len(self), self.height, self.width, 3)
+
+    def __getitem__(self, frames: slice) -> Yuv420Frames:
+        return Yuv420Frames(self.planes[frames], self.height, self.width)
+
+    def plane(self, frame: int, index: int) -> np.ndarray:
+        """Plane `index` (0 Y, 1 Cb, 2 Cr) of one frame, as an (h, w) view."""
+        h, w = self.height, self.width
+        flat = self.planes[frame].reshape(-1)
+        if index == 0:
+            return flat[: h * w].reshape(h, w)
+        start = h * w + (index - 1) * (h // 2) * (w // 2)
+        return flat[start : start + (h // 2) * (w // 2)].reshape(h // 2, w // 2)
