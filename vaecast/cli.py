@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vaecast.codecs.h264 import EncoderSettings
-from vaecast.codecs.quantize import quantize_to_host
+from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import load_latents
@@ -311,7 +311,7 @@ def _decode(args: argparse.Namespace) -> int:
             sink.write(encoder.init_segment)
 
             def on_chunk(chunk: DecodedChunk) -> None:
-                pixels = quantize_to_host(chunk.frames, decoder.value_range)
+                pixels = quantize_yuv420_to_host(chunk.frames, decoder.value_range)
                 sink.write(encoder.encode_chunk(pixels))
                 sink.flush()
                 progress.update(chunk.index + 1, chunk.frame_start + chunk.frame_count)

@@ -88,6 +88,9 @@ async def test_first_fragment_arrives_while_later_chunks_are_still_held(start_se
             assert chunk, "stream ended before the held chunk"
             boxes += splitter.feed(chunk)
         assert not decoder.gate.is_set()
+        # The decoder thread counts a chunk after its callback returns, which can be
+        # after the client has it; once it waits at the gate, the count is final.
+        await asyncio.to_thread(decoder.holding.wait, 30)
         assert decoder.published == held_chunk
         received_before_release = b"".join(boxes)
         decoder.gate.set()

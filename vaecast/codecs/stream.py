@@ -23,6 +23,7 @@ import numpy as np
 from vaecast.codecs import fmp4
 from vaecast.codecs.aac import AAC_FRAME_SAMPLES, AacEncoder, fit_to_length, samples_for_duration
 from vaecast.codecs.aac import CODEC_STRING as AAC_CODEC_STRING
+from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
 
 VIDEO_TRACK_ID = 1
@@ -106,8 +107,9 @@ class VideoStreamEncoder:
         self._failed = False
         self._closed = False
 
-    def encode_chunk(self, frames: np.ndarray) -> bytes:
-        """(T, H, W, 3) uint8 RGB, T >= 1 -> exactly one moof + mdat for these frames."""
+    def encode_chunk(self, frames: np.ndarray | Yuv420Frames) -> bytes:
+        """(T, H, W, 3) uint8 RGB or `Yuv420Frames`, T >= 1 -> exactly one moof + mdat
+        for these frames."""
         if self._closed:
             raise RuntimeError("stream encoder is closed")
         if self._failed:

@@ -1,7 +1,9 @@
 """The thread -> event loop bridge for one decode.
 
 The decoder runs in an executor thread and publishes chunks through a synchronous
-callback. The callback quantizes the chunk on the decoder's device, makes the one
+callback. The callback quantizes the chunk to 8-bit YUV 4:2:0 on the decoder's
+device (so the encoder has no colour conversion left: measured 11 % off the total
+time of an 81-frame 832x480 job, benchmarks/results/before_after.md), makes the one
 device-to-host copy, and puts the frames on a *bounded* asyncio.Queue through
 `run_coroutine_threadsafe(...).result()`. When the consumer (encoder) falls behind,
 the put blocks the decoder thread: that is the backpressure that keeps memory
@@ -20,10 +22,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from vaecast.codecs.quantize import quantize_to_host
+from vaecast.codecs.colour import Yuv420Frames
+from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.errors import DecodeCancelled
 from vaecast.models.base import ChunkCallback, DecodedChunk
 
@@ -33,12 +35,13 @@ DEFAULT_QUEUE_CHUNKS = 2
 
 @dataclass(frozen=True, slots=True)
 class HostChunk:
-    """A committed chunk as uint8 RGB frames (T, H, W, 3) on the host."""
+    """A committed chunk as 8-bit YUV 4:2:0 frames on the host (`pixels.shape` is
+    (T, H, W, 3), that of the RGB frames they stand for)."""
 
     index: int
     total: int
     frame_start: int
-    pixels: np.ndarray
+    pixels: Yuv420Frames
 
     @property
     def frame_count(self) -> int:
@@ -106,7 +109,7 @@ class ChunkBridge:
         """The decoder's callback: runs on the worker thread, may block (backpressure)."""
         if self._cancelled.is_set():
             raise DecodeCancelled("decode cancelled")
-        pixels = quantize_to_host(chunk.frames, self._value_range)
+        pixels = quantize_yuv420_to_host(chunk.frames, self._value_range)
         self._put(HostChunk(chunk.index, chunk.total, chunk.frame_start, pixels))
 
     def _put(self, item: BridgeItem) -> None:
