@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -80,15 +81,27 @@ async def test_client_leaving_the_stream_cancels_its_decode(
     assert vaecast_threads() == threads_before  # the same idle pool workers, no more
 
 
-async def test_delete_stops_the_decode_and_ends_every_reader(start_server: StartServer):
+async def test_delete_stops_the_decode_and_ends_every_reader(
+    start_server: StartServer, tmp_path: Path
+):
     decoder = GatedDecoder(hold_at=2)
-    server = await start_server(decoders={"linear": decoder})
+    # A tiny spill threshold, so the job also has a temporary file to clean up.
+    server = await start_server(
+        decoders={"linear": decoder}, spill_threshold_bytes=1024, spill_dir=str(tmp_path)
+    )
+    decoder.gate.set()
+    await warm_up(server)
+    threads_before = vaecast_threads()
+    decoder.gate.clear()
+    decoder.published = 0
     body = safetensors_bytes(latents=smooth_latents(frames=LATENT_FRAMES))
     async with server.client.post("/v1/videos", data=body) as response:
         job_id = (await response.json())["id"]
     reader = await server.client.get(f"/v1/videos/{job_id}/content")
     await read_boxes(reader, 2 + 2 * 2)
     await asyncio.to_thread(decoder.holding.wait, 30)
+    spill_file = server.manager.get(job_id).log.spill_path
+    assert spill_file is not None and spill_file.exists()
     # DELETE answers once the decoder has stopped, which is at the end of the chunk
     # it is computing: the held one, released here.
     deleting = asyncio.create_task(server.client.delete(f"/v1/videos/{job_id}"))
@@ -102,6 +115,7 @@ async def test_delete_stops_the_decode_and_ends_every_reader(start_server: Start
     assert decoder.finished.is_set()
     assert isinstance(decoder.ended_with, DecodeCancelled)
     assert decoder.published == 2  # the held chunk was never published
+    assert vaecast_threads() == threads_before  # the same idle pool workers, no more
     # The reader's stream ends truncated: no terminating chunk, so the client knows.
     with pytest.raises(aiohttp.ClientPayloadError):
         await reader.read()
@@ -111,6 +125,7 @@ async def test_delete_stops_the_decode_and_ends_every_reader(start_server: Start
         assert (await response.json())["error"]["message"] == (
             f"video {job_id} has no content: cancelled: cancelled by request"
         )
+    await until(lambda: not spill_file.exists())  # its temporary file is gone
 
 
 async def test_a_decoder_error_cuts_the_stream_and_is_recorded(start_server: StartServer):

@@ -1,0 +1,278 @@
+"""The measuring side: the server as a subprocess, the timed HTTP client, the checks.
+
+Every time is `time.monotonic()` (CLOCK_MONOTONIC, one clock for all processes on
+the machine), so the server's trace and the client's receive times share an axis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import av
+import torch
+from safetensors.torch import save as save_safetensors
+
+from vaecast.codecs.fmp4 import TopLevelBoxSplitter
+from vaecast.latent_sources import SceneSpec, scene_latents
+
+SERVER_START_TIMEOUT_S = 180.0
+SERVER_STOP_TIMEOUT_S = 30.0
+HTTP_TIMEOUT_S = 1800.0
+
+
+# ---------------------------------------------------------------------------
+# Latents
+
+
+def make_latents(
+    frames: int, width: int, height: int, cache_dir: Path, scene: str = "showcase"
+) -> torch.Tensor:
+    """Demo-scene latents (BCTHW) of `frames` = 1 + 4k frames, cached on disk.
+
+    Scenes longer than 81 frames are the 81-frame latents repeated in time (the
+    memory runs need length, not novelty, and rendering 1281 frames would take far
+    longer than decoding them).
+    """
+    if frames < 1 or (frames - 1) % 4:
+        raise ValueError(f"frames must be 1 + 4k, got {frames}")
+    base_frames = min(frames, 81)
+    path = cache_dir / f"latents_{scene}_{base_frames}_{width}x{height}.safetensors"
+    if path.exists():
+        from safetensors.torch import load_file
+
+        base = load_file(str(path))["latents"]
+    else:
+        base = scene_latents(SceneSpec(scene, base_frames, width, height, seed=0))
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(save_safetensors({"latents": base.contiguous()}))
+    steps = (frames - 1) // 4 + 1
+    repeats = -(-steps // base.shape[2])
+    return base.repeat(1, 1, repeats, 1, 1)[:, :, :steps].contiguous()
+
+
+def latents_body(latents: torch.Tensor, fps: int) -> bytes:
+    return save_safetensors({"latents": latents.contiguous()}, metadata={"fps": str(fps)})
+
+
+# ---------------------------------------------------------------------------
+# The server process
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@contextlib.contextmanager
+def server_process(
+    model: str, device: str, log_path: Path, host_frames: str = "rgb", tree: Path | None = None
+) -> Iterator[ServerProcess]:
+    """`python -m benchmarks.server` on a free loopback port; stopped with SIGTERM.
+
+    `tree`: another checkout to run the server from (default: this one).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    repo = tree or Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.server",
+                "--model",
+                model,
+                "--device",
+                device,
+                "--host-frames",
+                host_frames,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=repo,
+            env=env,
+        )
+    try:
+        url = _read_url(process)
+        yield ServerProcess(url, process)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(SERVER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _read_url(process: subprocess.Popen[bytes]) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        line = process.stdout.readline().decode()
+        if not line and process.poll() is not None:
+            raise RuntimeError(f"the bench server exited with {process.returncode} at start")
+        if line.startswith("bench server on "):
+            return line.split(" on ", 1)[1].strip()
+    raise RuntimeError("the bench server did not start in time")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's high-water resident set size (VmHWM), from /proc."""
+    return _proc_status_kib(pid, "VmHWM") * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    return _proc_status_kib(pid, "VmRSS") * 1024
+
+
+def _proc_status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU time of the process (all threads), or of its thread `tid`."""
+    path = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+
+
+# ---------------------------------------------------------------------------
+# A timed response
+
+
+@dataclass
+class Received:
+    """One response as the client saw it; times are monotonic seconds."""
+
+    started: float
+    headers_at: float = 0.0
+    first_byte_at: float | None = None
+    first_fragment_at: float | None = None  # ftyp + moov + the first moof/mdat complete
+    last_byte_at: float = 0.0
+    fragment_at: list[float] = field(default_factory=list)  # each mdat's completion
+    fragment_media_s: list[float] = field(default_factory=list)  # each fragment's tfdt
+    status: int = 0
+    size: int = 0
+    body: bytes = b""  # empty unless kept
+
+    def relative(self) -> dict[str, Any]:
+        def since(moment: float | None) -> float | None:
+            return None if moment is None else moment - self.started
+
+        return {
+            "status": self.status,
+            "headers_s": since(self.headers_at),
+            "ttfb_s": since(self.first_byte_at),
+            "ttff_s": since(self.first_fragment_at),
+            "last_byte_s": since(self.last_byte_at),
+            "fragment_s": [at - self.started for at in self.fragment_at],
+            "smooth_start_s": self.smooth_start_s(),
+            "bytes": self.size,
+        }
+
+    def smooth_start_s(self) -> float | None:
+        """The earliest start (s after the request) from which a player shows every
+        frame on time: each fragment must have arrived by start + its media time."""
+        if not self.fragment_at or len(self.fragment_media_s) != len(self.fragment_at):
+            return None
+        return max(
+            at - self.started - media
+            for at, media in zip(self.fragment_at, self.fragment_media_s, strict=True)
+        )
+
+
+def _mdhd_timescale(moov: bytes) -> int:
+    at = moov.index(b"mdhd") + 4
+    version = moov[at]
+    offset = at + 4 + (16 if version == 1 else 8)
+    return struct.unpack_from(">I", moov, offset)[0]
+
+
+def _tfdt_ticks(moof: bytes) -> int:
+    at = moof.index(b"tfdt") + 4
+    fmt = ">Q" if moof[at] == 1 else ">I"
+    return struct.unpack_from(fmt, moof, at + 4)[0]
+
+
+async def receive(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    data: bytes | None = None,
+    started: float | None = None,
+    keep_body: bool = True,
+) -> Received:
+    """Send a request and time its response body box by box."""
+    result = Received(started=time.monotonic() if started is None else started)
+    splitter = TopLevelBoxSplitter()
+    body = bytearray()
+    init_seen = False
+    timescale = 0
+    async with session.request(method, url, data=data) as response:
+        result.headers_at = time.monotonic()
+        result.status = response.status
+        is_mp4 = response.content_type == "video/mp4"
+        async for data_chunk in response.content.iter_any():
+            now = time.monotonic()
+            if result.first_byte_at is None:
+                result.first_byte_at = now
+            result.size += len(data_chunk)
+            if keep_body:
+                body += data_chunk
+            for box in splitter.feed(data_chunk) if is_mp4 else ():
+                kind = box[4:8]
+                if kind == b"moov":
+                    init_seen = True
+                    timescale = _mdhd_timescale(box)
+                elif kind == b"moof" and timescale:
+                    result.fragment_media_s.append(_tfdt_ticks(box) / timescale)
+                elif kind == b"mdat":
+                    result.fragment_at.append(now)
+                    if init_seen and result.first_fragment_at is None:
+                        result.first_fragment_at = now
+        result.last_byte_at = time.monotonic()
+    if is_mp4 and result.status == 200:
+        splitter.close()
+    result.body = bytes(body)
+    return result
+
+
+def client_session(connections: int = 0) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
+    )
+
+
+def count_frames(mp4: bytes) -> int:
+    """Frames PyAV decodes from an MP4 held in memory (0 if it cannot be opened)."""
+    try:
+        with av.open(io.BytesIO(mp4), format="mp4") as container:
+            return sum(1 for _ in container.decode(video=0))
+    except (av.error.FFmpegError, IndexError):
+        return 0

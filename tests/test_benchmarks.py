@@ -1,0 +1,139 @@
+"""`python -m benchmarks` at a tiny size: the report's structure, and every arm's video.
+
+No timing thresholds: the numbers live in the report. What is checked is what a
+reader of the report relies on: every arm and reference ran, every response is a
+video PyAV decodes to the planned frame count, the timeline has one point per chunk,
+and the Markdown table and PNG were written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import main
+from benchmarks.arms import ARMS, REFERENCES
+from benchmarks.profiling import summarize
+
+FRAMES, CHUNKS, WIDTH, HEIGHT = 9, 3, 64, 48
+REPEATS = 2
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_benchmark_smoke(tmp_path: Path) -> None:
+    main(
+        [
+            "--frames", str(FRAMES), "--width", str(WIDTH), "--height", str(HEIGHT),
+            "--repeats", str(REPEATS), "--out", str(tmp_path),
+            "--sections", "arms,fanout,memory,throughput",
+            "--fanout", "1,3", "--memory-frames", "5,9", "--memory-baseline-frames", "5",
+            "--throughput-sizes", f"{WIDTH}x{HEIGHT}", "--throughput-frames", "5",
+        ]
+    )  # fmt: skip
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert report["meta"]["frames"] == FRAMES
+
+    runs = report["arms"]["runs"]
+    assert sorted({r["arm"] for r in runs}) == sorted(ARMS + REFERENCES)
+    for arm in ARMS + REFERENCES:
+        assert [r["repeat"] for r in runs if r["arm"] == arm] == list(range(REPEATS)), arm
+    for run in (r for r in runs if r["arm"] in ARMS):
+        assert run["status"] == 200
+        assert run["frames_decoded"] == run["frames_planned"] == FRAMES, run["arm"]
+        assert 0 < run["ttfb_s"] <= run["ttff_s"] <= run["last_byte_s"], run["arm"]
+    for run in (r for r in runs if r["arm"] in REFERENCES):
+        assert len(run["result"]["chunk_s"]) == CHUNKS
+
+    summary = report["arms"]["summary"]
+    assert set(summary["arms"]) == set(ARMS)
+    for stats in summary["arms"].values():
+        assert stats["frames_ok"] is True
+        for key in ("ttff_over_first_chunk", "total_over_bound", "ttff_vs_vaecast"):
+            assert stats[key] > 0
+    assert summary["arms"]["vaecast"]["ttff_vs_vaecast"] == 1.0
+    assert summary["references"]["pipeline_bound_s"] > 0
+
+    timelines = {t["arm"]: t for t in report["arms"]["timelines"]}
+    assert set(timelines) == {"vaecast", "decode_then_encode"}
+    for line in timelines.values():
+        assert len(line["decoded_s"]) == len(line["encoded_s"]) == CHUNKS
+        assert len(line["received_s"]) == CHUNKS
+        assert None not in line["encoded_s"]
+
+    memory = report["memory"]["runs"]
+    assert [(r["arm"], r["frames"]) for r in memory] == [
+        ("vaecast", 5),
+        ("vaecast", 9),
+        ("decode_then_encode", 5),
+    ]
+    for run in memory:
+        assert run["frames_decoded"] == run["frames"]
+        assert run["peak_rss_mb"] >= run["idle_rss_mb"] > 0
+    assert "vaecast" in report["memory"]["per_100_frames"]
+
+    fanout = {r["viewers"]: r for r in report["fanout"]["runs"]}
+    assert set(fanout) == {0, 1, 3}
+    for viewers in (1, 3):
+        run = fanout[viewers]
+        assert run["status"] == "completed"
+        assert run["viewers_complete"] == viewers
+        assert len(run["ttff_s"]["all"]) == viewers
+        assert run["frames_decoded_first_viewer"] == FRAMES
+        assert "server_cpu_s_per_viewer" in run
+
+    (throughput,) = report["throughput"]["runs"]
+    for key in ("vaecast_path", "quantize_rgb", "swscale_rgb_to_yuv420", "ffmpeg_cli"):
+        assert throughput[key]["fps"] > 0, key
+
+    table = (tmp_path / "benchmarks.md").read_text()
+    for title in ("Time to watch", "Server memory", "Fan-out", "Encode throughput"):
+        assert title in table
+    assert (tmp_path / "timeline.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_profile_summary_of_collapsed_stacks() -> None:
+    collapsed = "\n".join(
+        [
+            "thread (11): vaecast-decode_0;run (vaecast/server/bridge.py:90);"
+            "forward (vaecast/models/tiny.py:120) 30",
+            "thread (11): vaecast-decode_0;run (vaecast/server/bridge.py:90);"
+            "quantize_to_host (vaecast/codecs/quantize.py:50) 10",
+            "thread (12): vaecast-encode_0;encode_chunk (vaecast/codecs/stream.py:110);"
+            "_to_yuv (vaecast/codecs/h264.py:455) 5",
+            "thread (12): vaecast-encode_0;encode_chunk (vaecast/codecs/stream.py:110);"
+            "encode (vaecast/codecs/h264.py:430) 5",
+        ]
+    )
+    summary = summarize(collapsed, elapsed_s=1.0)
+    assert summary["samples"] == 50
+    assert summary["by_thread"] == {"vaecast-decode": 40, "vaecast-encode": 10}
+    hot = summary["hot_path_samples"]
+    assert hot["decoder forward (torch)"] == 30
+    assert hot["quantize_to_host (float -> uint8 RGB)"] == 10
+    assert hot["swscale RGB -> YUV (H264Encoder._to_yuv)"] == 5
+    assert hot["x264 (self time of H264Encoder.encode)"] == 5
+    assert hot["stream encode_chunk (all of the encode thread)"] == 10
+    assert summary["top_self"][0] == ("forward (vaecast/models/tiny.py)", 30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_benchmark_arms_with_yuv420_host_frames(tmp_path: Path) -> None:
+    """The proposed bridge change (YUV 4:2:0 made in torch) through every arm."""
+    main(
+        [
+            "--frames", str(FRAMES), "--width", str(WIDTH), "--height", str(HEIGHT),
+            "--repeats", "1", "--out", str(tmp_path), "--sections", "arms",
+            "--host-frames", "yuv420", "--no-warmup",
+        ]
+    )  # fmt: skip
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert report["meta"]["host_frames"] == "yuv420"
+    arms = [r for r in report["arms"]["runs"] if r["arm"] in ARMS]
+    assert sorted(r["arm"] for r in arms) == sorted(ARMS)
+    for run in arms:
+        assert run["frames_decoded"] == run["frames_planned"] == FRAMES, run["arm"]
