@@ -82,7 +82,7 @@ def test_a_click_at_frame_k_is_heard_within_one_frame_of_it():
 
 def test_every_fragment_carries_both_tracks_with_continuous_decode_times():
     sample_rate = 48_000
-    init, fragments = encode(Soundtrack(clicks([], sample_rate), sample_rate))
+    _, fragments = encode(Soundtrack(clicks([], sample_rate), sample_rate))
     next_time = {VIDEO_TRACK_ID: 0, AUDIO_TRACK_ID: 0}
     for fragment in fragments:
         runs = {run.track_id: run for run in fmp4.parse_fragment(fragment).runs}
@@ -101,7 +101,7 @@ def test_every_fragment_carries_both_tracks_with_continuous_decode_times():
 def test_short_audio_is_padded_and_long_audio_trimmed_to_the_video(factor: float):
     sample_rate = 16_000
     wave = np.full((1, round(FRAMES / FPS * sample_rate * factor)), 0.5, np.float32)
-    init, fragments = encode(Soundtrack(wave, sample_rate))
+    _, fragments = encode(Soundtrack(wave, sample_rate))
     audio_ticks = sum(
         run.duration
         for fragment in fragments
