@@ -119,6 +119,24 @@ def check_latent_shape(
     return b, c, t, h, w
 
 
+def causal_plan(
+    latent_shape: Sequence[int],
+    latent_channels: int,
+    spatial_scale: int,
+    temporal_scale: int,
+    latents_per_chunk: int = 1,
+) -> DecodePlan:
+    """The plan of a causal decoder in Wan 2.1's convention: latent frame 0 decodes to
+    one frame and each later one to `temporal_scale`, one chunk per
+    `latents_per_chunk` latent frames."""
+    _, _, t, h, w = check_latent_shape(latent_shape, latent_channels)
+    per_latent = [1] + [temporal_scale] * (t - 1)
+    chunk_frames = tuple(
+        sum(per_latent[i : i + latents_per_chunk]) for i in range(0, t, latents_per_chunk)
+    )
+    return DecodePlan(height=h * spatial_scale, width=w * spatial_scale, chunk_frames=chunk_frames)
+
+
 DecoderFactory = Callable[..., ChunkedDecoder]
 
 _REGISTRY: dict[str, DecoderFactory] = {}

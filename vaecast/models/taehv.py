@@ -33,7 +33,7 @@ from vaecast.models.base import (
     ChunkCallback,
     DecodedChunk,
     DecodePlan,
-    check_latent_shape,
+    causal_plan,
     register_decoder,
 )
 from vaecast.models.weights_io import WeightsError, load_strict, read_state_dict
@@ -233,12 +233,13 @@ class TAEHVDecoder:
         self._net = net.to(self.device, torch.float32).eval().requires_grad_(False)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
-        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
-        per_latent = [1] + [TEMPORAL_SCALE] * (t - 1)
-        group = self.latents_per_chunk
-        chunk_frames = tuple(sum(per_latent[i : i + group]) for i in range(0, t, group))
-        scale = self.config.spatial_scale
-        return DecodePlan(height=h * scale, width=w * scale, chunk_frames=chunk_frames)
+        return causal_plan(
+            latent_shape,
+            self.latent_channels,
+            self.config.spatial_scale,
+            TEMPORAL_SCALE,
+            self.latents_per_chunk,
+        )
 
     def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
         plan = self.plan(latents.shape)

@@ -76,7 +76,7 @@ from vaecast.models.base import (
     ChunkCallback,
     DecodedChunk,
     DecodePlan,
-    check_latent_shape,
+    causal_plan,
     register_decoder,
 )
 
@@ -355,12 +355,7 @@ class TinyDecoder:
         _, self._net = _cached_nets(None if weights is None else str(weights), str(self.device))
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
-        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
-        return DecodePlan(
-            height=h * SPATIAL_SCALE,
-            width=w * SPATIAL_SCALE,
-            chunk_frames=(1,) + (TEMPORAL_SCALE,) * (t - 1),
-        )
+        return causal_plan(latent_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE)
 
     def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
         plan = self.plan(latents.shape)

@@ -40,7 +40,7 @@ from vaecast.models.base import (
     ChunkCallback,
     DecodedChunk,
     DecodePlan,
-    check_latent_shape,
+    causal_plan,
     register_decoder,
 )
 from vaecast.models.weights_io import (
@@ -167,11 +167,8 @@ class WanDecoder:
         self._lock = _lock_for(vae)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
-        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
-        return DecodePlan(
-            height=h * self.spatial_scale,
-            width=w * self.spatial_scale,
-            chunk_frames=(1,) + (self.temporal_scale,) * (t - 1),
+        return causal_plan(
+            latent_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
         )
 
     def _denormalize(self, latents: torch.Tensor) -> torch.Tensor:
