@@ -1,0 +1,30 @@
+"""The event stream stays open through a long chunk with keep-alive comments."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents
+from tests.server.conftest import StartServer
+
+
+async def test_an_idle_event_stream_gets_keep_alive_comments(start_server: StartServer):
+    decoder = GatedDecoder(hold_at=1)
+    server = await start_server(decoders={"linear": decoder}, events_keepalive_s=0.05)
+    async with server.client.post(
+        "/v1/videos", data=safetensors_bytes(latents=smooth_latents(frames=3))
+    ) as response:
+        job_id = (await response.json())["id"]
+    await asyncio.to_thread(decoder.holding.wait, 30)
+    async with server.client.get(f"/v1/videos/{job_id}/events") as events:
+        assert events.headers["Content-Type"] == "text/event-stream"
+        lines: list[str] = []
+        while lines.count(": keep-alive") < 2:  # the decode is held: nothing else to say
+            lines.append((await events.content.readline()).decode().rstrip("\n"))
+        assert lines[0] == "retry: 2000"
+        assert "event: state" in lines
+        assert not any(line.startswith("event: chunk") for line in lines)
+        decoder.gate.set()
+        rest = (await events.read()).decode()
+    assert rest.count("event: chunk") == 2  # chunks 1 and 2 of 3, after the hold
+    assert rest.count("event: done") == 1
