@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import functools
 import os
-import signal
 import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +42,7 @@ from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.latent_files import load_latents
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk, DecodePlan, get_decoder
-from vaecast.server.app import create_app
+from vaecast.server.app import create_app, serve_until_signalled
 from vaecast.server.config import MIB, Limits, ServerConfig
 from vaecast.server.uploads import parse_fps
 
@@ -254,20 +253,15 @@ async def serve(args: argparse.Namespace) -> None:
     app = create_app(config, {decoder.name: TimedDecoder(decoder, TRACE, VAECAST_ARM)})
     baselines = Baselines(decoder, config, args.host_frames)
     baselines.add_routes(app)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    print(f"bench server on http://{host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        await serve_until_signalled(
+            app,
+            args.host,
+            args.port,
+            lambda host, port: print(f"bench server on http://{host}:{port}", flush=True),
+            access_log=None,
+        )
     finally:
-        await runner.cleanup()
         baselines.close()
 
 

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -161,7 +160,7 @@ def _encoder_settings(args: argparse.Namespace) -> EncoderSettings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from vaecast.server.app import ACCESS_LOG_FORMAT, create_app
+    from vaecast.server.app import ACCESS_LOG_FORMAT, create_app, serve_until_signalled
     from vaecast.server.routes import MANAGER
 
     models = args.model or [DEFAULT_MODEL]
@@ -186,8 +185,6 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def serve() -> None:
-        from aiohttp import web
-
         # Weights load in a thread: the loop is already running signal handling.
         weights = _weights_by_model(args.weights, models)
         decoders = {
@@ -195,22 +192,17 @@ def _serve(args: argparse.Namespace) -> int:
             for name in models
         }
         app = create_app(config, decoders)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log_format=ACCESS_LOG_FORMAT)
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        try:
-            await stop.wait()
+
+        def announce(host: str, port: int) -> None:
+            print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)
+
+        async def drain() -> None:
             print("vaecast: shutting down: no new jobs, waiting for running ones", flush=True)
             await app[MANAGER].drain(config.shutdown_grace_s)
-        finally:
-            await runner.cleanup()
+
+        await serve_until_signalled(
+            app, args.host, args.port, announce, drain, access_log_format=ACCESS_LOG_FORMAT
+        )
 
     _run_loop(serve())
     return 0

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -38,3 +41,34 @@ def create_app(config: ServerConfig, decoders: Mapping[str, ChunkedDecoder]) -> 
 
     app.cleanup_ctx.append(job_manager)
     return app
+
+
+async def serve_until_signalled(
+    app: web.Application,
+    host: str,
+    port: int,
+    announce: Callable[[str, int], None],
+    on_signal: Callable[[], Awaitable[None]] | None = None,
+    **runner_options: Any,
+) -> None:
+    """Serve `app` on host:port (0 picks a free port, passed to `announce`) until
+    SIGINT or SIGTERM; then `on_signal()` (e.g. draining jobs) and a clean shutdown.
+
+    Handlers are cancelled when their client disconnects, so a stream whose viewer
+    left stops its decode at once rather than at its next write.
+    """
+    runner = web.AppRunner(app, handler_cancellation=True, **runner_options)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        announce(bound_host, bound_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        if on_signal is not None:
+            await on_signal()
+    finally:
+        await runner.cleanup()
