@@ -49,11 +49,15 @@ async def read_decode_request(request: web.Request, config: ServerConfig) -> Dec
     if request.content_type == "application/json":
         return await _read_demo_request(request, config)
     upload = await read_upload(request, config.limits.max_upload_bytes)
-    latent_file = load_latents(upload.data)
+    # Parsing and checking (a full pass for NaN/Inf) take seconds on a large upload:
+    # never on the loop.
+    latent_file = await asyncio.to_thread(load_latents, upload.data)
     params = {**latent_file.metadata, **request.query, **upload.fields}
     soundtrack = None
     if latent_file.audio is not None:
-        waveform, sample_rate = check_audio(latent_file.audio, params.get(AUDIO_RATE_KEY))
+        waveform, sample_rate = await asyncio.to_thread(
+            check_audio, latent_file.audio, params.get(AUDIO_RATE_KEY)
+        )
         soundtrack = Soundtrack(waveform, sample_rate)
     return DecodeRequest(
         latents=latent_file.latents,
