@@ -91,8 +91,8 @@ async def get_content(request: web.Request) -> web.StreamResponse:
     _refuse_if_broken(job)
     range_header = request.headers.get("Range")
     if not job.log.complete and range_header and not _FROM_START.match(range_header):
-        async for _ in job.log.follow():  # to the end; raises if the job breaks
-            pass
+        await job.wait()  # to the end of the decode, without reading what it wrote
+        _refuse_if_broken(job)
     if job.log.complete:
         return await _send_file(request, job)
     return await _send_stream(request, job)
