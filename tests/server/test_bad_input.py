@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
+from tests.helpers import decode_mp4, psnr, safetensors_bytes, smooth_latents
 from tests.server.conftest import StartServer
+from tests.test_latent_files import npy_with_header, padded_safetensors
 from vaecast.server.config import Limits
 
 SAFE_HINT = "save it with safetensors: safetensors.torch.save_file({'latents': z}, 'z.safetensors')"
@@ -34,6 +35,8 @@ def truncated_safetensors() -> bytes:
 
 
 GOOD = smooth_latents(frames=2)
+GOOD_NPY_HEADER = "{'descr': '<f4', 'fortran_order': False, 'shape': (16, 2, 6, 8), }\n"
+RATE_MESSAGE = "audio_sample_rate must be an integer from 16000 to 48000 Hz, got "
 
 CASES = [
     # (id, body, query, status, type, message)
@@ -182,6 +185,42 @@ CASES = [
         "payload_too_large",
         "the latents decode to 72x64 frames; this server allows 4096 pixels per frame",
     ),
+    (
+        "npy-header-truncated",
+        npy_bytes(GOOD[0].numpy())[:40],
+        "",
+        415,
+        "unsupported_media_type",
+        "the .npy file is corrupt: its header is truncated",
+    ),
+    (
+        "npy-huge-shape",
+        npy_with_header(
+            GOOD_NPY_HEADER.replace("(16, 2, 6, 8)", "(16, 1000000000000000, 1, 1)"),
+            GOOD[0].numpy().tobytes(),
+        ),
+        "",
+        415,
+        "unsupported_media_type",
+        "the .npy file is corrupt: its header declares shape (16, 1000000000000000, 1, 1) "
+        "of <f4, more than 6144 bytes of data, but the file holds 6144",
+    ),
+    (
+        "audio-rate-superscript-two",
+        safetensors_bytes({"audio_sample_rate": "\u00b2"}, latents=GOOD, audio=torch.zeros(99)),
+        "",
+        422,
+        "invalid_request",
+        f"{RATE_MESSAGE}'\u00b2'",
+    ),
+    (
+        "audio-rate-5000-digits",
+        safetensors_bytes({"audio_sample_rate": "4" * 5000}, latents=GOOD, audio=torch.zeros(99)),
+        "",
+        422,
+        "invalid_request",
+        f"{RATE_MESSAGE}'{'4' * 40}...'",
+    ),
 ]
 
 LIMITS = Limits(max_upload_bytes=200_000, max_frames=12, max_pixels_per_frame=64 * 64)
@@ -268,3 +307,29 @@ async def test_npy_latents_are_accepted(start_server: StartServer):
     async with server.client.post("/v1/videos/stream", data=buffer.getvalue()) as response:
         assert response.status == 200
         assert len(decode_mp4(await response.read())) == 5
+
+
+async def test_big_endian_npy_and_safetensors_that_start_like_a_pickle_are_accepted(
+    start_server: StartServer,
+):
+    server = await start_server()
+    latents = smooth_latents(frames=2, height=4, width=4)
+    looks_like_pickle = padded_safetensors(0x280, {"latents": latents})
+    assert looks_like_pickle[:2] == b"\x80\x02"  # a protocol-2 pickle's first bytes
+    bodies = {
+        "little-endian f4": npy_bytes(latents[0].numpy()),
+        ">f4": npy_bytes(latents[0].numpy().astype(">f4")),
+        ">f8": npy_bytes(latents[0].numpy().astype(">f8")),
+        ">f2": npy_bytes(latents[0].numpy().astype(">f2")),
+        "0x80 safetensors": looks_like_pickle,
+    }
+    decoded = {}
+    for name, body in bodies.items():
+        async with server.client.post("/v1/videos/stream", data=body) as response:
+            assert response.status == 200, name
+            decoded[name] = decode_mp4(await response.read())
+    reference = decoded.pop("little-endian f4")
+    assert len(reference) == 5
+    for name, frames in decoded.items():
+        assert len(frames) == 5, name
+        assert min(psnr(a, b) for a, b in zip(frames, reference, strict=True)) > 40, name
