@@ -36,15 +36,14 @@ import torch
 from aiohttp import web
 
 import vaecast.server.bridge
-import vaecast.server.jobs
 from benchmarks import pipelines
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.latent_files import load_latents
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk, DecodePlan, get_decoder
-from vaecast.server.app import create_app, serve_until_signalled
+from vaecast.params import parse_fps
+from vaecast.server.app import create_app, runner_settings, serve_until_signalled
 from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.uploads import parse_fps
 
 TRACE = pipelines.Trace()
 VAECAST_ARM = "vaecast"
@@ -235,8 +234,6 @@ class Baselines:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    # Instrumentation only: the job builds its encoder through this module attribute.
-    vaecast.server.jobs.VideoStreamEncoder = TimedStreamEncoder  # type: ignore[misc]
     # What the decode thread hands the encoder, the same for every arm: the bridge
     # looks up whichever of the two names it imported; both point at the choice.
     to_host = pipelines.HOST_FORMATS[args.host_frames]
@@ -250,7 +247,11 @@ async def serve(args: argparse.Namespace) -> None:
         limits=Limits(max_upload_bytes=1024 * MIB, max_frames=100_000),
         max_queued_jobs=8,
     )
-    app = create_app(config, {decoder.name: TimedDecoder(decoder, TRACE, VAECAST_ARM)})
+    app = create_app(
+        config,
+        {decoder.name: TimedDecoder(decoder, TRACE, VAECAST_ARM)},
+        encoder_factory=TimedStreamEncoder,
+    )
     baselines = Baselines(decoder, config, args.host_frames)
     baselines.add_routes(app)
     try:
@@ -260,6 +261,7 @@ async def serve(args: argparse.Namespace) -> None:
             args.port,
             lambda host, port: print(f"bench server on http://{host}:{port}", flush=True),
             access_log=None,
+            **runner_settings(config),
         )
     finally:
         baselines.close()

@@ -9,7 +9,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import av
 import pytest
+import torch
 
 from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
 from vaecast.cli import main
@@ -31,6 +33,31 @@ def test_decode_writes_a_playable_mp4(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "3/3 chunks 9/9 frames" in captured.err
     assert captured.out.strip() == f"wrote {output} (9 frames, 64x48, 8 fps)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
+
+
+def test_decode_keeps_the_soundtrack_the_server_would_mux(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    rate = 16000
+    audio = torch.sin(torch.linspace(0, 2000, rate * 9 // 8)).unsqueeze(0) * 0.5  # 9 frames
+    path = tmp_path / "z.safetensors"
+    path.write_bytes(
+        safetensors_bytes(
+            metadata={"fps": "8", "audio_sample_rate": str(rate)},
+            latents=smooth_latents(3),
+            audio=audio,
+        )
+    )
+    output = tmp_path / "out.mp4"
+    assert main(["decode", str(path), "-o", str(output), "--model", "linear"]) == 0
+    with av.open(str(output)) as container:
+        (stream,) = container.streams.audio
+        assert (stream.codec_context.name, stream.sample_rate, stream.channels) == ("aac", rate, 1)
+        heard = sum(frame.samples for frame in container.decode(audio=0))
+    assert abs(heard - audio.shape[1]) <= 1024  # within one AAC frame of the video's length
+    assert capsys.readouterr().out.strip() == (
+        f"wrote {output} (9 frames, 64x48, 8 fps, 1 audio channel(s))"
+    )
 
 
 def test_decode_of_bad_latents_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

@@ -10,17 +10,25 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import quantize_yuv420_to_host
-from vaecast.codecs.stream import VideoStreamEncoder
+from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
 from vaecast.errors import InvalidRequestError, VaecastError
-from vaecast.latent_files import load_latents
+from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
+from vaecast.params import parse_fps
 from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.uploads import parse_fps
+from vaecast.server.security import (
+    API_KEY_ENV,
+    SecurityConfig,
+    check_api_key,
+    for_bind_address,
+    normalize_host_pattern,
+    normalize_origin,
+)
 
 DEFAULT_MODEL = "tiny"
 DEFAULTS = ServerConfig()
@@ -74,6 +82,21 @@ def _parser() -> argparse.ArgumentParser:
         help="drop a viewer whose socket accepts nothing for this long",
     )
     serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULTS.header_timeout_s,
+        metavar="SECONDS",
+        help="close a connection whose request head is not complete this long after it "
+        "opened or after its previous response (idle keep-alive connections too)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULTS.body_timeout_s,
+        metavar="SECONDS",
+        help="answer 408 when no part of a request body arrives for this long",
+    )
+    serve.add_argument(
         "--retention",
         type=float,
         default=DEFAULTS.retention_s,
@@ -99,6 +122,31 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULTS.shutdown_grace_s,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, let running jobs finish this long before cancelling them",
+    )
+    # Security (vaecast.server.security; README: Security).
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        type=_option_type(check_api_key),
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1 (the page, /healthz and /metrics "
+        f"stay open); default ${API_KEY_ENV}, which other users cannot read in `ps`",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        type=_option_type(normalize_host_pattern),
+        metavar="NAME",
+        help="also answer to this Host (repeatable): a name, '*.domain', an IP address or "
+        "network, or '*' for any; others get 421 (default: localhost and loopback addresses)",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        type=_option_type(normalize_origin),
+        metavar="ORIGIN",
+        help="let pages of this origin (https://app.example.com) call the API (repeatable); "
+        "other origins' POST and DELETE get 403",
     )
     _add_common(serve)
 
@@ -159,11 +207,39 @@ def _encoder_settings(args: argparse.Namespace) -> EncoderSettings:
     )
 
 
+def _option_type(parse: Callable[[str], str]) -> Callable[[str], str]:
+    """`parse` as an argparse type: argparse shows the message of a ValueError only
+    when it is an ArgumentTypeError."""
+
+    def convert(text: str) -> str:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from vaecast.server.app import ACCESS_LOG_FORMAT, create_app, serve_until_signalled
+    from vaecast.server.app import (
+        ACCESS_LOG_FORMAT,
+        create_app,
+        runner_settings,
+        serve_until_signalled,
+    )
     from vaecast.server.routes import MANAGER
 
     models = args.model or [DEFAULT_MODEL]
+    security, warnings = for_bind_address(
+        SecurityConfig(
+            api_key=args.api_key,
+            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+            cors_origins=tuple(args.cors_origin or ()),
+        ),
+        args.host,
+    )
+    for warning in warnings:
+        print(f"vaecast: warning: {warning}", file=sys.stderr, flush=True)
     config = ServerConfig(
         default_model=models[0],
         default_fps=parse_fps(args.fps, DEFAULTS.default_fps),
@@ -177,11 +253,14 @@ def _serve(args: argparse.Namespace) -> int:
         decode_slots=args.decode_slots,
         max_queued_jobs=args.max_queued,
         reader_write_timeout_s=args.reader_timeout,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
         retention_s=args.retention,
         retention_memory_bytes=args.retention_memory_mb * MIB,
         spill_threshold_bytes=args.spill_threshold_mb * MIB,
         spill_dir=args.spill_dir,
         shutdown_grace_s=args.shutdown_grace,
+        security=security,
     )
 
     async def serve() -> None:
@@ -201,7 +280,13 @@ def _serve(args: argparse.Namespace) -> int:
             await app[MANAGER].drain(config.shutdown_grace_s)
 
         await serve_until_signalled(
-            app, args.host, args.port, announce, drain, access_log_format=ACCESS_LOG_FORMAT
+            app,
+            args.host,
+            args.port,
+            announce,
+            drain,
+            access_log_format=ACCESS_LOG_FORMAT,
+            **runner_settings(config),
         )
 
     _run_loop(serve())
@@ -289,10 +374,23 @@ def _decode(args: argparse.Namespace) -> int:
     output: Path = args.output
     latent_file = load_latents(args.latents.read_bytes())
     fps = parse_fps(args.fps or latent_file.metadata.get("fps"), DEFAULTS.default_fps)
+    soundtrack = None
+    if latent_file.audio is not None:  # muxed as the server muxes it
+        waveform, sample_rate = check_audio(
+            latent_file.audio, latent_file.metadata.get(AUDIO_RATE_KEY)
+        )
+        soundtrack = Soundtrack(waveform, sample_rate)
     weights = _weights_by_model(args.weights, [args.model])
     decoder = _load_decoder(args.model, args.device, weights.get(args.model))
     plan = decoder.plan(latent_file.latents.shape)
-    encoder = VideoStreamEncoder(plan.width, plan.height, fps, _encoder_settings(args))
+    encoder = VideoStreamEncoder(
+        plan.width,
+        plan.height,
+        fps,
+        _encoder_settings(args),
+        soundtrack=soundtrack,
+        total_frames=plan.frames,
+    )
     progress = _ProgressBar(plan.chunks, plan.frames)
     fd, partial_name = tempfile.mkstemp(
         dir=output.parent, prefix=f".{output.name}.", suffix=".part"
@@ -318,7 +416,11 @@ def _decode(args: argparse.Namespace) -> int:
     finally:
         encoder.close()
     progress.finish(ok=True)
-    print(f"wrote {output} ({plan.frames} frames, {plan.width}x{plan.height}, {float(fps):g} fps)")
+    sound = "" if soundtrack is None else f", {soundtrack.channels} audio channel(s)"
+    print(
+        f"wrote {output} ({plan.frames} frames, {plan.width}x{plan.height}, "
+        f"{float(fps):g} fps{sound})"
+    )
     return 0
 
 

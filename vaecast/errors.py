@@ -77,6 +77,13 @@ class DecodeCancelled(VaecastError):
     type = "cancelled"
 
 
+class CancelledByShutdown(DecodeCancelled):
+    """The decode was stopped because the server is shutting down: try another server."""
+
+    status = 503
+    type = "shutting_down"
+
+
 class DecodeFailedError(VaecastError):
     """The decoder or the encoder raised; the job records the reason."""
 
@@ -93,6 +100,13 @@ class ServerBusyError(VaecastError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class RequestTimeoutError(VaecastError):
+    """The client sent its request body too slowly (nothing arrived for the body timeout)."""
+
+    status = 408
+    type = "request_timeout"
 
 
 class ShuttingDownError(VaecastError):
@@ -114,3 +128,24 @@ class WeightsError(VaecastError):
 
     status = 500
     type = "invalid_weights"
+
+
+class UnauthorizedError(VaecastError):
+    """The server needs an API key and the request brought none, or a wrong one."""
+
+    status = 401
+    type = "unauthorized"
+
+
+class ForbiddenError(VaecastError):
+    """A page of another origin tried to change something (or to preflight) here."""
+
+    status = 403
+    type = "forbidden"
+
+
+class MisdirectedRequestError(VaecastError):
+    """The request names a host this server does not answer to (DNS rebinding guard)."""
+
+    status = 421
+    type = "misdirected_request"

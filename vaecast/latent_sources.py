@@ -29,6 +29,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "seed": 0,
 }
 SPATIAL_MULTIPLE = 8
+MAX_SEED = 2**32 - 1  # what torch.Generator.manual_seed takes without overflow
 TEMPORAL_STEP = 4
 
 
@@ -51,6 +52,8 @@ def parse_scene_spec(body: dict[str, Any]) -> SceneSpec:
     for name in ("frames", "width", "height", "seed"):
         if not isinstance(values[name], int) or isinstance(values[name], bool):
             raise InvalidRequestError(f"{name} must be an integer, got {values[name]!r}")
+    if not 0 <= values["seed"] <= MAX_SEED:
+        raise InvalidRequestError(f"seed must be an integer from 0 to {MAX_SEED}")
     spec = SceneSpec(**values)
     check_video_geometry(spec.frames, spec.width, spec.height)
     return spec

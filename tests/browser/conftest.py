@@ -23,7 +23,7 @@ from aiohttp import web
 from tests.browser.cdp import CHROMIUM, Browser, launch_chromium
 from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan
 from vaecast.models.tiny import TinyDecoder
-from vaecast.server.app import create_app
+from vaecast.server.app import create_app, runner_settings
 from vaecast.server.config import ServerConfig
 from vaecast.server.jobs import Job, JobManager
 from vaecast.server.routes import MANAGER
@@ -115,7 +115,7 @@ async def server() -> AsyncIterator[Server]:
     """A vaecast server on 127.0.0.1 serving the gated `tiny` decoder (gate open)."""
     decoder = GatedTinyDecoder()
     app = create_app(CONFIG, {"tiny": decoder})
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, **runner_settings(CONFIG))
     await runner.setup()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ from aiohttp import web
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.models.base import ChunkedDecoder
 from vaecast.models.linear import LinearDecoder
-from vaecast.server.app import create_app
+from vaecast.server.app import create_app, runner_settings
 from vaecast.server.config import ServerConfig
 from vaecast.server.jobs import JobManager
 from vaecast.server.routes import MANAGER
@@ -55,7 +55,9 @@ async def start_server() -> AsyncIterator[StartServer]:
     ) -> Server:
         config = replace(TEST_CONFIG, **config_changes)  # type: ignore[arg-type]
         app = create_app(config, decoders or {"linear": LinearDecoder()})
-        runner = web.AppRunner(app, handler_cancellation=handler_cancellation)
+        runner = web.AppRunner(
+            app, **{**runner_settings(config), "handler_cancellation": handler_cancellation}
+        )
         await runner.setup()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
-from tests.helpers import decode_mp4
+import numpy as np
+
+from tests.helpers import decode_mp4, psnr
 from tests.server.conftest import StartServer
+from vaecast.models.linear import LinearDecoder
+from vaecast.models.scenes import render_scene
+from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import Limits
 
 SMALL_DEMO = {"scene": "shapes", "frames": 5, "width": 64, "height": 48, "fps": 8}
 
 
+def with_tiny() -> dict:
+    """Demo latents are tiny's; the default model stays `linear`, as in the other tests."""
+    return {"linear": LinearDecoder(), "tiny": TinyDecoder()}
+
+
 async def test_a_demo_request_streams_the_rendered_scene(start_server: StartServer):
-    server = await start_server()
+    server = await start_server(decoders=with_tiny())
     async with server.client.post("/v1/videos", json=SMALL_DEMO) as response:
         assert response.status == 201
         job = await response.json()
     assert (job["frames"], job["width"], job["height"], job["fps"]) == (5, 64, 48, 8.0)
+    assert job["model"] == "tiny"
     async with server.client.get(job["urls"]["content"]) as response:
         frames = decode_mp4(await response.read())
     assert len(frames) == 5
     assert frames[0].shape == (48, 64, 3)
+    # Decoded with the model whose latent space the demo is in, it looks like the scene
+    # (with the default `linear` decoder it was noise, ~7 dB).
+    scene = render_scene("shapes", 5, 48, 64)[0].permute(1, 2, 3, 0).numpy()
+    rendered = np.round(scene.clip(0, 1) * 255).astype(np.uint8)
+    assert psnr(np.stack(frames), rendered) > 20
 
 
 async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
@@ -65,7 +81,7 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
 
 
 async def test_the_job_list_is_newest_first(start_server: StartServer):
-    server = await start_server()
+    server = await start_server(decoders=with_tiny())
     ids = []
     for _ in range(3):
         async with server.client.post("/v1/videos", json={**SMALL_DEMO, "frames": 1}) as r:
@@ -88,7 +104,7 @@ async def test_a_demo_is_heard_where_it_is_seen(start_server: StartServer):
     from vaecast.models.scenes import scene_motions
 
     demo = {"scene": "shapes", "frames": 33, "width": 128, "height": 96, "fps": 16, "seed": 3}
-    server = await start_server()
+    server = await start_server(decoders=with_tiny())
     async with server.client.post("/v1/videos/stream", json=demo) as response:
         assert response.headers["Content-Type"].endswith(', mp4a.40.2"')
         data = await response.read()

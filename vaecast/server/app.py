@@ -9,11 +9,14 @@ from typing import Any
 
 from aiohttp import web
 
+from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.base import ChunkedDecoder
 from vaecast.server.config import ServerConfig
 from vaecast.server.http_errors import json_errors
-from vaecast.server.jobs import JobManager
+from vaecast.server.jobs import EncoderFactory, JobManager
+from vaecast.server.loop_lag import watch_loop_lag
 from vaecast.server.routes import MANAGER, add_routes
+from vaecast.server.security import SecurityGuard
 
 # Bodies are read by vaecast.server.uploads with the configured limit; aiohttp's own
 # cap (client_max_size) only guards request.read()/post(), which the app never calls
@@ -25,22 +28,51 @@ ACCESS_LOG_FORMAT = (
 )
 
 
-def create_app(config: ServerConfig, decoders: Mapping[str, ChunkedDecoder]) -> web.Application:
+def create_app(
+    config: ServerConfig,
+    decoders: Mapping[str, ChunkedDecoder],
+    encoder_factory: EncoderFactory = VideoStreamEncoder,
+) -> web.Application:
     """An app serving `decoders` (already loaded: model loading is the caller's job,
-    done off the event loop)."""
+    done off the event loop). `encoder_factory` replaces VideoStreamEncoder (same
+    signature) for every job, e.g. to inject faults or measure the encoder."""
     if config.default_model not in decoders:
         raise ValueError(f"default model {config.default_model!r} is not among {sorted(decoders)}")
-    app = web.Application(middlewares=[json_errors], client_max_size=config.limits.max_upload_bytes)
+    # The guard sits inside json_errors (its refusals are JSON) and before every
+    # handler, so a refused request never reaches one nor has its body read.
+    guard = SecurityGuard(config.security)
+    app = web.Application(
+        middlewares=[json_errors, guard.middleware],
+        client_max_size=config.limits.max_upload_bytes,
+    )
+    app.on_response_prepare.append(guard.add_cors_headers)
     add_routes(app)
 
     async def job_manager(app: web.Application) -> AsyncIterator[None]:
-        app[MANAGER] = JobManager(config, decoders)
-        app[MANAGER].start()
+        app[MANAGER] = manager = JobManager(config, decoders, encoder_factory)
+        manager.start()
+        lag_watch = asyncio.create_task(
+            watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"
+        )
         yield
-        await app[MANAGER].close()
+        lag_watch.cancel()
+        await asyncio.gather(lag_watch, return_exceptions=True)
+        await manager.close()
 
     app.cleanup_ctx.append(job_manager)
     return app
+
+
+def runner_settings(config: ServerConfig) -> dict[str, Any]:
+    """What every AppRunner of this app needs, the CLI's and the tests' alike.
+
+    aiohttp closes a connection whose request head is still incomplete when its
+    keep-alive timer fires (the timer starts when the connection opens and after
+    each response, and is not pushed back by bytes that trickle in), so its
+    keep-alive timeout is exactly a header timeout: a slow-header client is cut
+    after `header_timeout_s`, and so is an idle keep-alive connection.
+    """
+    return {"handler_cancellation": True, "keepalive_timeout": config.header_timeout_s}
 
 
 async def serve_until_signalled(
@@ -57,7 +89,7 @@ async def serve_until_signalled(
     Handlers are cancelled when their client disconnects, so a stream whose viewer
     left stops its decode at once rather than at its next write.
     """
-    runner = web.AppRunner(app, handler_cancellation=True, **runner_options)
+    runner = web.AppRunner(app, **{"handler_cancellation": True, **runner_options})
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from vaecast.codecs.h264 import EncoderSettings
+from vaecast.server.security import SecurityConfig
 
 MIB = 1024 * 1024
 
@@ -36,6 +37,11 @@ class ServerConfig:
     events_keepalive_s: float = 15.0
     # A viewer whose socket accepts nothing for this long is dropped (only it).
     reader_write_timeout_s: float = 30.0
+    # A connection must deliver a whole request head within this long of opening (or
+    # of its previous response), and a request body may pause at most this long
+    # between two reads: nginx's client_header_timeout and client_body_timeout.
+    header_timeout_s: float = 60.0
+    body_timeout_s: float = 60.0
     # Finished jobs stay fetchable this long, and while their bytes in RAM fit the
     # budget (oldest evicted first); a job's MP4 past the spill threshold goes to a
     # temporary file in spill_dir (None: the system's temp dir).
@@ -45,3 +51,5 @@ class ServerConfig:
     spill_dir: str | None = None
     # On SIGTERM/SIGINT: refuse new jobs, let running ones finish this long, then cancel.
     shutdown_grace_s: float = 30.0
+    # API key, host names answered to, CORS origins (vaecast.server.security).
+    security: SecurityConfig = field(default_factory=SecurityConfig)

@@ -13,7 +13,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from vaecast.errors import ServerBusyError, VaecastError
+from vaecast.errors import (
+    RequestTimeoutError,
+    ServerBusyError,
+    UnauthorizedError,
+    VaecastError,
+)
 
 log = logging.getLogger("vaecast.http")
 
@@ -31,6 +36,16 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except ServerBusyError as error:
         response = error_response(error.status, error.type, error.message)
         response.headers["Retry-After"] = str(error.retry_after_s)
+        return response
+    except UnauthorizedError as error:
+        # RFC 9110: a 401 names the authentication scheme the server takes.
+        response = error_response(error.status, error.type, error.message)
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+    except RequestTimeoutError as error:
+        # The rest of the body may never come: do not wait for it to reuse the connection.
+        response = error_response(error.status, error.type, error.message)
+        response.force_close()
         return response
     except VaecastError as error:
         return error_response(error.status, error.type, error.message)

@@ -11,7 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+_SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*([0-9]*)\s*-\s*([0-9]*)\s*$", re.IGNORECASE)
+# Past this many digits a position is beyond any resource: read it as this bound
+# instead of building (or failing to build, past 4,300 digits) a huge int.
+_MAX_POSITION_DIGITS = 18
+_BEYOND_ANY_SIZE = 10**_MAX_POSITION_DIGITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +49,21 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
     if not first_text:
         if not last_text:
             return None
-        suffix = int(last_text)
+        suffix = _position(last_text)
         if suffix == 0 or size == 0:
             raise Unsatisfiable
         return ByteRange(max(size - suffix, 0), size - 1)
-    first = int(first_text)
-    if last_text and int(last_text) < first:
+    first = _position(first_text)
+    if last_text and _position(last_text) < first:
         return None  # invalid syntax: ignored
     if first >= size:
         raise Unsatisfiable
-    last = int(last_text) if last_text else size - 1
+    last = _position(last_text) if last_text else size - 1
     return ByteRange(first, min(last, size - 1))
+
+
+def _position(digits: str) -> int:
+    return _BEYOND_ANY_SIZE if len(digits) > _MAX_POSITION_DIGITS else int(digits)
 
 
 def etag_matches(if_none_match: str | None, etag: str) -> bool:

@@ -20,10 +20,10 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
 from fractions import Fraction
 from typing import Any
 
@@ -31,9 +31,11 @@ import torch
 
 from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
 from vaecast.errors import (
+    CancelledByShutdown,
     DecodeCancelled,
     DecodeFailedError,
     GoneError,
+    JobStateError,
     NotFoundError,
     PayloadTooLargeError,
     ServerBusyError,
@@ -51,6 +53,10 @@ log = logging.getLogger("vaecast.jobs")
 
 DEFAULT_RETRY_AFTER_S = 5.0
 RETENTION_SWEEP_MAX_S = 10.0
+
+# What builds a job's encoder: VideoStreamEncoder's signature. Injected so a caller
+# can wrap or replace it (fault injection, measurements) without monkeypatching.
+EncoderFactory = Callable[..., VideoStreamEncoder]
 
 
 class JobStatus(StrEnum):
@@ -72,6 +78,21 @@ class DecodeRequest:
     soundtrack: Soundtrack | None = None
 
 
+class EvictionReason(Enum):
+    """Why a job's video is no longer kept: the 410 message and the metric label."""
+
+    AGE = "age"
+    MEMORY = "memory"
+    DELETED = "deleted"
+
+    def describe(self, retention_s: float) -> str:
+        if self is EvictionReason.AGE:
+            return f"evicted {retention_s:g} s after it ended"
+        if self is EvictionReason.MEMORY:
+            return "evicted to stay within the memory budget"
+        return "deleted by request"
+
+
 class Job:
     def __init__(
         self,
@@ -81,6 +102,7 @@ class Job:
         config: ServerConfig,
         metrics: Metrics,
         queue: list[Job],
+        encoder_factory: EncoderFactory = VideoStreamEncoder,
     ) -> None:
         self.id = "video_" + secrets.token_hex(12)
         self.metrics = metrics
@@ -88,7 +110,18 @@ class Job:
         # our queue position.
         self._queue = queue
         self.readers = 0  # viewers being streamed to right now
-        self.request = request
+        # The latents and the waveform are dropped when the job ends: a finished job
+        # keeps only its MP4, which retention accounts for.
+        self._request: DecodeRequest | None = request
+        self.model = request.model
+        self.fps = request.fps
+        soundtrack = request.soundtrack
+        self.audio = (
+            None
+            if soundtrack is None
+            else {"sample_rate": soundtrack.sample_rate, "channels": soundtrack.channels}
+        )
+        self._encoder_factory = encoder_factory
         self.decoder = decoder
         self.plan = plan
         self.config = config
@@ -138,6 +171,7 @@ class Job:
         if self.finished_at is not None:
             return
         self._finished = self.finished_at = time.perf_counter()
+        self._request = None
         if self in self._queue:
             self._queue.remove(self)
         self.events.finish()
@@ -158,11 +192,22 @@ class Job:
     def finished(self) -> bool:
         return self.status in FINAL_STATUSES
 
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Stop the job: a queued one never starts, a running one stops at its next chunk."""
+    @property
+    def run_seconds(self) -> float | None:
+        """From the start of decoding to the end; None unless both happened."""
+        if self._started is None or self._finished is None:
+            return None
+        return self._finished - self._started
+
+    def cancel(self, reason: str = "cancelled", *, by_shutdown: bool = False) -> None:
+        """Stop the job: a queued one never starts, a running one stops at its next chunk.
+
+        A job stopped by shutdown records CancelledByShutdown (503: try again
+        elsewhere), any other cancel DecodeCancelled (409).
+        """
         if self.finished:
             return
-        self.error = DecodeCancelled(reason)
+        self.error = CancelledByShutdown(reason) if by_shutdown else DecodeCancelled(reason)
         if self._bridge is not None:
             self._bridge.cancel()
         if self._task is not None:
@@ -177,7 +222,7 @@ class Job:
         return {
             "id": self.id,
             "object": "video",
-            "model": self.request.model,
+            "model": self.model,
             "status": self.status.value,
             "queue_position": self.queue_position,
             "progress": self.progress,
@@ -185,16 +230,9 @@ class Job:
             "frames": plan.frames,
             "width": plan.width,
             "height": plan.height,
-            "fps": float(self.request.fps),
-            "audio": (
-                None
-                if self.request.soundtrack is None
-                else {
-                    "sample_rate": self.request.soundtrack.sample_rate,
-                    "channels": self.request.soundtrack.channels,
-                }
-            ),
-            "seconds": round(float(plan.frames / self.request.fps), 3),
+            "fps": float(self.fps),
+            "audio": self.audio,
+            "seconds": round(float(plan.frames / self.fps), 3),
             "chunks": {"done": self.chunks_done, "total": plan.chunks},
             "frames_done": self.frames_done,
             "bytes": self.log.size,
@@ -263,11 +301,12 @@ class Job:
         self, decode_pool: ThreadPoolExecutor, encode_pool: ThreadPoolExecutor
     ) -> None:
         loop = asyncio.get_running_loop()
-        plan, request = self.plan, self.request
+        plan, request = self.plan, self._request
+        assert request is not None, "a job runs once"
         encoder = await loop.run_in_executor(
             encode_pool,
             functools.partial(
-                VideoStreamEncoder,
+                self._encoder_factory,
                 plan.width,
                 plan.height,
                 request.fps,
@@ -280,6 +319,7 @@ class Job:
             loop, self.decoder.value_range, max_chunks=self.config.queue_chunks
         )
         latents = request.latents
+        del request  # the job's reference goes at close-out; keep no other
 
         def decode(on_chunk: Any) -> None:
             self.decoder.decode_chunks(latents.to(self.decoder.device), on_chunk)
@@ -287,7 +327,7 @@ class Job:
         decoding = loop.run_in_executor(decode_pool, bridge.run, decode)
         try:
             self.content_type = encoder.content_type
-            await self.log.append(encoder.init_segment)
+            await self._append(encoder.init_segment)
             while True:
                 waited_from = time.perf_counter()
                 item = await bridge.get()
@@ -304,7 +344,7 @@ class Job:
                 encode_s = time.perf_counter() - encode_from
                 self.encode_s += encode_s
                 self.metrics.chunk_encode_seconds.observe(encode_s)
-                await self.log.append(fragment)
+                await self._append(fragment)
                 self.chunks_done += 1
                 self.frames_done += item.frame_count
                 if self._first_fragment is None:
@@ -335,6 +375,12 @@ class Job:
                 await _join(decoding)
             await _join(loop.run_in_executor(encode_pool, encoder.close))
 
+    async def _append(self, segment: bytes) -> None:
+        try:
+            await self.log.append(segment)
+        except OSError as error:  # the spill file: disk full, file too large, I/O error
+            raise DecodeFailedError(f"the video could not be stored: {error}") from error
+
     def _check_against_plan(self, chunk: HostChunk) -> None:
         plan, index = self.plan, self.chunks_done
         expected = (
@@ -353,7 +399,7 @@ class Job:
         timings = self._timings()
         error = self.error.message if self.error and self.status is not JobStatus.COMPLETED else ""
         return (
-            f"id={self.id} model={self.request.model} status={self.status.value} "
+            f"id={self.id} model={self.model} status={self.status.value} "
             f"frames={self.frames_done}/{self.plan.frames} "
             f"chunks={self.chunks_done}/{self.plan.chunks} bytes={self.log.size} "
             f"ttff_s={timings['time_to_first_fragment_s']} total_s={timings['total_s']} "
@@ -379,11 +425,44 @@ async def _join(future: asyncio.Future[Any]) -> Any:
     return future.result()
 
 
+class Admission:
+    """A place reserved for one job while its request is still being read.
+
+    Taken before the body is read (`JobManager.admit`), so a burst of large uploads
+    or demo renders is refused at once instead of being read into memory first;
+    `submit` turns it into a job, and leaving the `with` block without submitting
+    gives the place back.
+    """
+
+    def __init__(self, manager: JobManager) -> None:
+        self._manager: JobManager | None = manager
+
+    def __enter__(self) -> Admission:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._give_back()
+
+    def submit(self, request: DecodeRequest) -> Job:
+        manager = self._manager
+        if manager is None:
+            raise RuntimeError("an admission is used once")
+        job = manager._start_job(request)
+        self._give_back()
+        return job
+
+    def _give_back(self) -> None:
+        if self._manager is not None:
+            self._manager._reserved -= 1
+            self._manager = None
+
+
 class JobManager:
     """Admits jobs, runs them in a bounded number of decode slots, keeps and evicts them.
 
     Admission: `decode_slots` jobs decode at once; up to `max_queued_jobs` more
     wait in FIFO order; past that a request is refused (429 with Retry-After).
+    Requests still being read count as queued (see Admission).
     Retention: a finished job stays fetchable for `retention_s` while the bytes
     that finished jobs hold in RAM fit `retention_memory_bytes` (oldest first out);
     a job with a viewer attached is never evicted. Evicted ids answer 410.
@@ -392,12 +471,20 @@ class JobManager:
     # Evicted ids remembered for 410 answers; older ones fall back to 404.
     EVICTED_IDS_KEPT = 10_000
 
-    def __init__(self, config: ServerConfig, decoders: Mapping[str, ChunkedDecoder]) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        decoders: Mapping[str, ChunkedDecoder],
+        encoder_factory: EncoderFactory = VideoStreamEncoder,
+    ) -> None:
         self.config = config
         self.decoders = dict(decoders)
         self.jobs: dict[str, Job] = {}
         self.draining = False
+        self._encoder_factory = encoder_factory
         self._queue: list[Job] = []
+        self._unfinished = 0  # jobs submitted and not yet ended
+        self._reserved = 0  # admissions whose request is still being read
         self.metrics = Metrics(self._state_for_metrics)
         self._evicted: OrderedDict[str, str] = OrderedDict()
         self._slots = asyncio.Semaphore(config.decode_slots)
@@ -430,23 +517,43 @@ class JobManager:
                 f"model {name!r} is not served here; this server serves: {served}"
             ) from None
 
-    def check_admission(self) -> None:
-        """Refuse early (before reading an upload) when no job could be admitted."""
+    @property
+    def capacity(self) -> int:
+        """Jobs that may exist unfinished at once: the running ones and the queued ones."""
+        return self.config.decode_slots + self.config.max_queued_jobs
+
+    @property
+    def capacity_left(self) -> int:
+        """Jobs that could still be admitted now."""
+        return max(0, self.capacity - self._unfinished - self._reserved)
+
+    def admit(self) -> Admission:
+        """Reserve a place for a job before reading its request (see Admission).
+
+        Raises ShuttingDownError while draining and ServerBusyError (429) when every
+        slot and queue place is taken, counting requests still being read.
+        """
         if self.draining:
             self.metrics.jobs_rejected.labels("shutting_down").inc()
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
-        if len(self._queue) >= self.config.max_queued_jobs:
+        if self.capacity_left == 0:
             self.metrics.jobs_rejected.labels("busy").inc()
+            waiting = max(0, self._unfinished + self._reserved - self.config.decode_slots)
             raise ServerBusyError(
                 f"all {self.config.decode_slots} decode slot(s) are busy and "
-                f"{len(self._queue)} job(s) are queued; try again later",
+                f"{waiting} job(s) are queued; try again later",
                 retry_after_s=self._retry_after_s(),
             )
+        self._reserved += 1
+        return Admission(self)
 
     def plan_for(self, request: DecodeRequest) -> DecodePlan:
         """Check a request against its model and the limits, before any work starts."""
-        _, decoder = self.decoder_for(request.model)
-        plan = decoder.plan(request.latents.shape)
+        return self._plan_within_limits(request.model, tuple(request.latents.shape))
+
+    def _plan_within_limits(self, model: str | None, latent_shape: tuple[int, ...]) -> DecodePlan:
+        _, decoder = self.decoder_for(model)
+        plan = decoder.plan(latent_shape)
         limits = self.config.limits
         if plan.frames > limits.max_frames:
             raise PayloadTooLargeError(
@@ -460,11 +567,42 @@ class JobManager:
             )
         return plan
 
+    def check_latent_shape(self, model: str | None, latent_shape: tuple[int, ...]) -> None:
+        """The size limits on a latent shape as declared, before the tensor is converted.
+
+        With the model known, its plan decides. Without it (it may still come from
+        the file's metadata), the shape passes if any served model would take it:
+        this check only bounds the cost of reading the file; the job's own plan
+        check runs again on the model finally chosen.
+        """
+        names = [model] if model else list(self.decoders)
+        too_large: PayloadTooLargeError | None = None
+        for name in names:
+            try:
+                self._plan_within_limits(name, latent_shape)
+                return
+            except PayloadTooLargeError as error:
+                too_large = too_large or error
+            except VaecastError:
+                if model:
+                    raise
+        if too_large is not None:
+            raise too_large
+
     def submit(self, request: DecodeRequest) -> Job:
+        """Start a job now, outside any admission (tools and tests)."""
+        with self.admit() as admission:
+            return admission.submit(request)
+
+    def _start_job(self, request: DecodeRequest) -> Job:
         plan = self.plan_for(request)
-        self.check_admission()
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down and takes no new jobs")
         _, decoder = self.decoder_for(request.model)
-        job = Job(request, decoder, plan, self.config, self.metrics, self._queue)
+        job = Job(
+            request, decoder, plan, self.config, self.metrics, self._queue, self._encoder_factory
+        )
+        self._unfinished += 1
         self._queue.append(job)
         self.jobs[job.id] = job
         task = job.start(self._slots, self._decode_pool, self._encode_pool)
@@ -484,6 +622,7 @@ class JobManager:
 
     def _job_task_done(self, task: asyncio.Task[None], job: Job) -> None:
         self._tasks.discard(task)
+        self._unfinished -= 1
         if self.draining:
             return  # close() frees everything
         if job.status is not JobStatus.COMPLETED and job.readers == 0:
@@ -501,9 +640,9 @@ class JobManager:
         """A guess at when a queue place frees up: when a running job ends, about
         one recent job's decode time divided among the slots."""
         recent = [
-            job._finished - job._started
+            seconds
             for job in list(self.jobs.values())[-20:]
-            if job._finished is not None and job._started is not None
+            if (seconds := job.run_seconds) is not None
         ]
         per_job_s = sum(recent) / len(recent) if recent else DEFAULT_RETRY_AFTER_S
         return max(1, math.ceil(per_job_s / self.config.decode_slots))
@@ -514,7 +653,12 @@ class JobManager:
         interval_s = max(0.05, min(self.config.retention_s / 4, RETENTION_SWEEP_MAX_S))
         while True:
             await asyncio.sleep(interval_s)
-            await self.sweep()
+            try:
+                await self.sweep()
+            except Exception:
+                # One bad job (a spill file that cannot be removed, say) must not end
+                # eviction for every later one: log it and sweep again next time.
+                log.exception("retention sweep failed; retrying in %g s", interval_s)
 
     async def sweep(self) -> None:
         """Evict finished jobs past their retention time, then any over the memory budget."""
@@ -524,7 +668,7 @@ class JobManager:
             if job.status is not JobStatus.COMPLETED and not job.log.released:
                 await job.log.release()
             if now - job.finished_at >= self.config.retention_s:
-                await self._evict(job, f"evicted {self.config.retention_s:g} s after it ended")
+                await self._evict(job, EvictionReason.AGE)
         self._evict_over_budget()
 
     def _evictable(self) -> list[Job]:
@@ -541,15 +685,24 @@ class JobManager:
             if held <= budget:
                 break
             held -= job.log.memory_bytes
-            self._in_background(self._evict(job, "evicted to stay within the memory budget"))
+            self._in_background(self._evict(job, EvictionReason.MEMORY))
 
-    async def _evict(self, job: Job, reason: str) -> None:
+    async def delete(self, job: Job) -> None:
+        """Delete a finished job: free its bytes now; its id answers 410 from then on.
+
+        Viewers still reading it are cut, as a deleted file's readers would be.
+        """
+        if not job.finished:
+            raise JobStateError(f"video {job.id} is {job.status.value}: cancel it first")
+        await self._evict(job, EvictionReason.DELETED)
+
+    async def _evict(self, job: Job, reason: EvictionReason) -> None:
         if self.jobs.pop(job.id, None) is None:
             return
-        self._evicted[job.id] = reason
+        self._evicted[job.id] = reason.describe(self.config.retention_s)
         while len(self._evicted) > self.EVICTED_IDS_KEPT:
             self._evicted.popitem(last=False)
-        self.metrics.jobs_evicted.labels("memory" if "memory" in reason else "age").inc()
+        self.metrics.jobs_evicted.labels(reason.value).inc()
         await job.log.release()
 
     # Shutdown.
@@ -562,7 +715,7 @@ class JobManager:
         if running:
             await asyncio.wait(running, timeout=grace_s)
         for job in list(self.jobs.values()):
-            job.cancel("server shutting down")
+            job.cancel("server shutting down", by_shutdown=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def close(self) -> None:
@@ -572,7 +725,7 @@ class JobManager:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
         for job in list(self.jobs.values()):
-            job.cancel("server shutting down")
+            job.cancel("server shutting down", by_shutdown=True)
         await asyncio.gather(*self._tasks, *self._tasks_side, return_exceptions=True)
         for job in list(self.jobs.values()):
             await job.log.release()

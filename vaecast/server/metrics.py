@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -18,6 +18,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Latency buckets from a 10 ms chunk to a minute-long decode.
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Event-loop lag: a healthy loop is late by a millisecond or two; 100 ms is felt.
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
 class _StateCollector(Collector):
@@ -81,6 +83,25 @@ class Metrics:
             buckets=SECONDS_BUCKETS,
             registry=r,
         )
+
+        self.loop_lag = Histogram(
+            "vaecast_event_loop_lag_seconds",
+            "How late a periodic event-loop tick fired (anything that blocks the loop shows here)",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag_max = Gauge(
+            "vaecast_event_loop_lag_max_seconds",
+            "The worst event-loop lag seen since the server started",
+            registry=r,
+        )
+        self._worst_lag_s = 0.0
+
+    def record_loop_lag(self, lag_s: float) -> None:
+        self.loop_lag.observe(lag_s)
+        if lag_s > self._worst_lag_s:
+            self._worst_lag_s = lag_s
+            self.loop_lag_max.set(lag_s)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

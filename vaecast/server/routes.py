@@ -14,7 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.errors import InvalidRequestError, JobStateError, VaecastError
+from vaecast.errors import JobStateError, NotFoundError, VaecastError
+from vaecast.params import leading_int, parse_int
 from vaecast.server.http_errors import error_response
 from vaecast.server.http_ranges import ByteRange, Unsatisfiable, etag_matches, parse_range
 from vaecast.server.jobs import Job, JobManager, JobStatus
@@ -30,16 +31,19 @@ LIST_DEFAULT = 20
 LIST_MAX = 100
 SSE_RETRY_MS = 2000
 STATIC_DIR = Path(str(importlib.resources.files("vaecast.static")))
+# The page's assets by name: the folder is also a Python package, whose other files
+# (__init__.py, caches) are nobody's business.
+STATIC_SUFFIXES = frozenset({".html", ".js", ".css"})
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/", index)
-    app.router.add_static("/static/", STATIC_DIR, append_version=False)
+    app.router.add_get("/static/{name}", static_asset)
     app.router.add_post("/v1/videos", create_video)
     app.router.add_get("/v1/videos", list_videos)
     app.router.add_post("/v1/videos/stream", stream_video)
     app.router.add_get("/v1/videos/{video_id}", get_video)
-    app.router.add_delete("/v1/videos/{video_id}", cancel_video)
+    app.router.add_delete("/v1/videos/{video_id}", delete_video)
     app.router.add_get("/v1/videos/{video_id}/content", get_content)
     app.router.add_get("/v1/videos/{video_id}/events", get_events)
     app.router.add_get("/healthz", healthz)
@@ -50,19 +54,32 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+async def static_asset(request: web.Request) -> web.FileResponse:
+    name = request.match_info["name"]
+    path = STATIC_DIR / name
+    if (
+        Path(name).suffix not in STATIC_SUFFIXES
+        or name.startswith(".")
+        or path.parent != STATIC_DIR
+    ):
+        raise NotFoundError(f"no static asset {name[:80]!r}")
+    # FileResponse stats and reads in a thread, and answers 404 for a missing file.
+    return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
+
+
 async def list_videos(request: web.Request) -> web.Response:
     """The most recent jobs first: `?limit=N` (default 20, at most 100)."""
-    limit_text = request.query.get("limit", str(LIST_DEFAULT))
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= LIST_MAX:
-        raise InvalidRequestError(f"limit must be an integer from 1 to {LIST_MAX}")
-    jobs = list(request.app[MANAGER].jobs.values())[::-1][: int(limit_text)]
+    limit = parse_int(request.query.get("limit", str(LIST_DEFAULT)), "limit", 1, LIST_MAX)
+    jobs = list(request.app[MANAGER].jobs.values())[::-1][:limit]
     return web.json_response({"object": "list", "data": [job.to_json() for job in jobs]})
 
 
 async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
-    manager.check_admission()  # before reading a large upload for nothing
-    job = manager.submit(await read_decode_request(request, manager.config))
+    with manager.admit() as admission:  # before reading a large upload for nothing
+        job = admission.submit(
+            await read_decode_request(request, manager.config, manager.check_latent_shape)
+        )
     return web.json_response(
         job.to_json(), status=201, headers={"Location": f"/v1/videos/{job.id}"}
     )
@@ -73,11 +90,20 @@ async def get_video(request: web.Request) -> web.Response:
     return web.json_response(job.to_json())
 
 
-async def cancel_video(request: web.Request) -> web.Response:
-    job = request.app[MANAGER].get(request.match_info["video_id"])
-    job.cancel("cancelled by request")
-    await job.wait()
-    return web.json_response(job.to_json())
+async def delete_video(request: web.Request) -> web.Response:
+    """Cancel a queued or running job (it stays, cancelled); delete a finished one.
+
+    As in OpenAI's videos API, DELETE of a finished video deletes it: its bytes are
+    freed and its id answers 410 from then on.
+    """
+    manager = request.app[MANAGER]
+    job = manager.get(request.match_info["video_id"])
+    if not job.finished:
+        job.cancel("cancelled by request")
+        await job.wait()
+        return web.json_response(job.to_json())
+    await manager.delete(job)
+    return web.json_response({"id": job.id, "object": "video.deleted", "deleted": True})
 
 
 async def get_content(request: web.Request) -> web.StreamResponse:
@@ -112,8 +138,10 @@ def _refuse_if_broken(job: Job) -> None:
 async def stream_video(request: web.Request) -> web.StreamResponse:
     """Upload latents; the response body is the progressive MP4 of their decode."""
     manager = request.app[MANAGER]
-    manager.check_admission()  # before reading a large upload for nothing
-    job = manager.submit(await read_decode_request(request, manager.config))
+    with manager.admit() as admission:  # before reading a large upload for nothing
+        job = admission.submit(
+            await read_decode_request(request, manager.config, manager.check_latent_shape)
+        )
     try:
         return await _send_stream(request, job, extra_headers={"X-Video-Id": job.id})
     finally:
@@ -222,9 +250,9 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     """
     manager = request.app[MANAGER]
     job = manager.get(request.match_info["video_id"])
-    last_id = request.headers.get("Last-Event-ID", "")
-    resuming = last_id.isdigit()
-    start = int(last_id) + 1 if resuming else len(job.events)
+    last_id = leading_int(request.headers.get("Last-Event-ID", ""))
+    resuming = last_id is not None
+    start = min(last_id + 1, len(job.events)) if last_id is not None else len(job.events)
     if resuming and job.events.closed and start >= len(job.events):
         return web.Response(status=204)
     response = web.StreamResponse(

@@ -10,33 +10,52 @@ Three request shapes:
 - any other body: the latent file itself as the raw body, parameters in the query
   string (`curl --data-binary @z.safetensors '.../v1/videos/stream?fps=16'`).
 Parameters in the query string also apply to multipart requests; a form field wins.
+
+The event loop only moves bytes: the body is read with a size limit and an idle
+timeout, and everything that costs CPU in proportion to what a client sent
+(multipart parsing, tensor parsing and checks, demo rendering) runs in a thread.
+The caller holds an admission (a reserved job place) while this runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
+from typing import Any
 
-from aiohttp import BodyPartReader, web
+from aiohttp import web
 
 from vaecast.codecs.stream import Soundtrack
-from vaecast.errors import InvalidRequestError, MalformedRequestError, PayloadTooLargeError
+from vaecast.errors import (
+    InvalidRequestError,
+    MalformedRequestError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+)
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.latent_sources import DEMO_DEFAULTS, parse_scene_spec, scene_audio, scene_latents
 from vaecast.models.soundtrack import DEFAULT_SAMPLE_RATE_HZ
+from vaecast.params import parse_fps
 from vaecast.server.config import ServerConfig
 from vaecast.server.jobs import DecodeRequest
+from vaecast.server.multipart import boundary_of, parse_form
 
-MIN_FPS = Fraction(1)
-MAX_FPS = Fraction(240)
 FILE_FIELDS = ("file", "latents")
 READ_CHUNK_BYTES = 256 * 1024
 MAX_FIELD_BYTES = 1024
+MAX_FORM_PARTS = 32
 MAX_JSON_BYTES = 64 * 1024
 DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound"}
+# Demo latents are in the embedded model's latent space: decode them with it.
+DEMO_MODEL = "tiny"
+# A demo scene is rendered whole as float32 RGB before it is encoded: bound that to
+# the default demo's size (81 frames at 832x480, ~390 MB), whatever the limits.
+MAX_DEMO_FRAME_PIXELS = 81 * 832 * 480
+
+# (model or None, declared BCTHW latent shape) -> None, or raises PayloadTooLargeError.
+ShapeCheck = Callable[[str | None, tuple[int, ...]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,22 +64,29 @@ class Upload:
     fields: dict[str, str]
 
 
-async def read_decode_request(request: web.Request, config: ServerConfig) -> DecodeRequest:
+async def read_decode_request(
+    request: web.Request, config: ServerConfig, check_shape: ShapeCheck
+) -> DecodeRequest:
     if request.content_type == "application/json":
         return await _read_demo_request(request, config)
-    upload = await read_upload(request, config.limits.max_upload_bytes)
-    # Parsing and checking (a full pass for NaN/Inf) take seconds on a large upload:
-    # never on the loop.
-    latent_file = await asyncio.to_thread(load_latents, upload.data)
-    params = {**latent_file.metadata, **request.query, **upload.fields}
-    soundtrack = None
-    if latent_file.audio is not None:
-        waveform, sample_rate = await asyncio.to_thread(
-            check_audio, latent_file.audio, params.get(AUDIO_RATE_KEY)
+    upload = await read_upload(request, config)
+    named_model = upload.fields.get("model") or request.query.get("model") or None
+
+    def load_and_check() -> tuple[Any, dict[str, str], Soundtrack | None]:
+        latent_file = load_latents(
+            upload.data, check_shape=lambda shape: check_shape(named_model, shape)
         )
-        soundtrack = Soundtrack(waveform, sample_rate)
+        params = {**latent_file.metadata, **request.query, **upload.fields}
+        soundtrack = None
+        if latent_file.audio is not None:
+            waveform, sample_rate = check_audio(latent_file.audio, params.get(AUDIO_RATE_KEY))
+            soundtrack = Soundtrack(waveform, sample_rate)
+        return latent_file.latents, params, soundtrack
+
+    # Parsing and checking (a full pass for NaN/Inf) take seconds on a large upload.
+    latents, params, soundtrack = await asyncio.to_thread(load_and_check)
     return DecodeRequest(
-        latents=latent_file.latents,
+        latents=latents,
         model=params.get("model") or config.default_model,
         fps=parse_fps(params.get("fps"), config.default_fps),
         soundtrack=soundtrack,
@@ -68,10 +94,10 @@ async def read_decode_request(request: web.Request, config: ServerConfig) -> Dec
 
 
 async def _read_demo_request(request: web.Request, config: ServerConfig) -> DecodeRequest:
-    body_bytes = await _read_limited(request.content.iter_chunked(READ_CHUNK_BYTES), MAX_JSON_BYTES)
+    body_bytes = await _read_limited(_body_chunks(request, config), MAX_JSON_BYTES)
     try:
         body = json.loads(body_bytes)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: "[[[[..." nested deep
         raise MalformedRequestError(f"the JSON body cannot be parsed: {error}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("a demo request is a JSON object")
@@ -88,8 +114,13 @@ async def _read_demo_request(request: web.Request, config: ServerConfig) -> Deco
             f"{spec.frames} frames of {spec.width}x{spec.height} is over this server's limits "
             f"({limits.max_frames} frames, {limits.max_pixels_per_frame} pixels per frame)"
         )
-    fps_field = body.get("fps")
-    fps = parse_fps(None if fps_field is None else str(fps_field), config.default_fps)
+    if spec.frames * spec.width * spec.height > MAX_DEMO_FRAME_PIXELS:
+        raise PayloadTooLargeError(
+            f"a demo renders at most {MAX_DEMO_FRAME_PIXELS} pixels in all (81 frames at "
+            f"832x480); {spec.frames} frames of {spec.width}x{spec.height} is more"
+        )
+    model = _text_field(body, "model") or DEMO_MODEL
+    fps = parse_fps(_text_field(body, "fps", numbers=True), config.default_fps)
     sound = body.get("sound", True)
     if not isinstance(sound, bool):
         raise InvalidRequestError(f"sound must be true or false, got {sound!r}")
@@ -99,39 +130,42 @@ async def _read_demo_request(request: web.Request, config: ServerConfig) -> Deco
     if sound:
         waveform = await asyncio.to_thread(scene_audio, spec, fps)
         soundtrack = Soundtrack(waveform, DEFAULT_SAMPLE_RATE_HZ)
-    return DecodeRequest(
-        latents=latents,
-        model=body.get("model") or config.default_model,
-        fps=fps,
-        soundtrack=soundtrack,
-    )
+    return DecodeRequest(latents=latents, model=model, fps=fps, soundtrack=soundtrack)
 
 
-async def read_upload(request: web.Request, max_bytes: int) -> Upload:
+def _text_field(body: Mapping[str, Any], name: str, numbers: bool = False) -> str | None:
+    """A JSON field that must be a string (or, with `numbers`, a number): None if absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    kind = "a string or a number" if numbers else "a string"
+    raise InvalidRequestError(f"{name} must be {kind}, got {type(value).__name__}")
+
+
+async def read_upload(request: web.Request, config: ServerConfig) -> Upload:
+    max_bytes = config.limits.max_upload_bytes
     if request.content_length is not None and request.content_length > max_bytes:
         raise _too_large(max_bytes)
-    if request.content_type.startswith("multipart/"):
-        return await _read_multipart(request, max_bytes)
-    return Upload(
-        await _read_limited(request.content.iter_chunked(READ_CHUNK_BYTES), max_bytes), {}
-    )
-
-
-async def _read_multipart(request: web.Request, max_bytes: int) -> Upload:
-    try:
-        reader = await request.multipart()
-        data: bytes | None = None
-        fields: dict[str, str] = {}
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader):
-                raise MalformedRequestError("nested multipart bodies are not supported")
-            if part.name in FILE_FIELDS:
-                data = await _read_limited(_part_chunks(part), max_bytes)
-            elif part.name:
-                value = await _read_limited(_part_chunks(part), MAX_FIELD_BYTES)
-                fields[part.name] = value.decode("utf-8", "replace").strip()
-    except (ValueError, AssertionError) as error:
-        raise MalformedRequestError(f"the multipart body cannot be parsed: {error}") from None
+    body = await _read_limited(_body_chunks(request, config), max_bytes)
+    if not request.content_type.startswith("multipart/"):
+        return Upload(body, {})
+    boundary = boundary_of(request.headers.get("Content-Type", ""))
+    parts = await asyncio.to_thread(parse_form, body, boundary, max_parts=MAX_FORM_PARTS)
+    data: bytes | None = None
+    fields: dict[str, str] = {}
+    for part in parts:
+        if part.name in FILE_FIELDS:
+            data = bytes(part.data)
+        elif len(part.data) > MAX_FIELD_BYTES:
+            raise PayloadTooLargeError(
+                f"form field {part.name[:40]!r} is over {MAX_FIELD_BYTES} bytes"
+            )
+        else:
+            fields[part.name] = bytes(part.data).decode("utf-8", "replace").strip()
     if data is None:
         raise InvalidRequestError(
             "the form has no latent file; send it in a part named 'file' or 'latents'"
@@ -139,8 +173,23 @@ async def _read_multipart(request: web.Request, max_bytes: int) -> Upload:
     return Upload(data, fields)
 
 
-async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
-    while chunk := await part.read_chunk(READ_CHUNK_BYTES):
+async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncIterator[bytes]:
+    """The body as it arrives; RequestTimeoutError when nothing comes for a while.
+
+    The timeout is between two reads, as nginx's client_body_timeout: a slow but
+    steady upload is fine, a client that stops sending is not.
+    """
+    timeout_s = config.body_timeout_s
+    while True:
+        try:
+            async with asyncio.timeout(timeout_s):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no part of the request body arrived for {timeout_s:g} s"
+            ) from None
+        if not chunk:
+            return
         yield chunk
 
 
@@ -155,18 +204,3 @@ async def _read_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
 
 def _too_large(max_bytes: int) -> PayloadTooLargeError:
     return PayloadTooLargeError(f"the upload is over this server's limit of {max_bytes} bytes")
-
-
-def parse_fps(value: str | None, default: Fraction) -> Fraction:
-    if value is None or value == "":
-        return default
-    try:
-        fps = Fraction(value)
-    except (ValueError, ZeroDivisionError):
-        raise InvalidRequestError(
-            f"fps must be a number or a ratio like 30000/1001, got {value!r}"
-        ) from None
-    if not MIN_FPS <= fps <= MAX_FPS:
-        raise InvalidRequestError(f"fps must be between {MIN_FPS} and {MAX_FPS}, got {value}")
-    # Media time uses an integer timescale derived from fps: keep it representable.
-    return fps.limit_denominator(1001)

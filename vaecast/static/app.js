@@ -176,7 +176,7 @@ async function play(session, contentUrl) {
     await video.play().catch((error) => fail(session, `playback: ${error.message}`));
     return;
   }
-  const response = await fetch(contentUrl, { signal: session.abort.signal });
+  const response = await apiFetch(contentUrl, { signal: session.abort.signal });
   if (!response.ok) throw new Error(await errorMessage(response));
   const type = response.headers.get("Content-Type");
   state.contentType = type;
@@ -440,10 +440,63 @@ function cell(text, title) {
   return td;
 }
 
+// ---------------------------------------------------------------- API key
+
+// A server started with --api-key answers 401 to /v1 without it. The page then asks
+// for the key once, keeps it in localStorage, and sends it as "Authorization: Bearer"
+// with fetch(); EventSource, <video src> and download links cannot send a header, so
+// the key also goes into the cookie vaecast_api_key, SameSite=Strict: the browser
+// attaches it only to requests this site's own pages start (the server's docstring,
+// vaecast/server/security.py, says why that is safe).
+const KEY_STORAGE = "vaecast_api_key";
+const KEY_COOKIE = "vaecast_api_key";
+let apiKey = localStorage.getItem(KEY_STORAGE);
+let keyAsked = null; // the one pending question, shared by every request that got 401
+
+function keepApiKey(key) {
+  apiKey = key;
+  localStorage.setItem(KEY_STORAGE, key);
+  document.cookie = `${KEY_COOKIE}=${encodeURIComponent(key)}; SameSite=Strict; Path=/`;
+}
+
+// fetch() with the key; on 401 asks the user for it and tries again.
+async function apiFetch(url, options = {}) {
+  for (;;) {
+    const sent = apiKey;
+    const headers = new Headers(options.headers);
+    if (sent) headers.set("Authorization", `Bearer ${sent}`);
+    const response = await fetch(url, { ...options, headers });
+    if (response.status !== 401) return response;
+    await response.body?.cancel();
+    // A key typed in while this request was on its way: try that one first.
+    if (apiKey === sent) {
+      await askForKey(sent ? "That key was not accepted." : "This server needs an API key.");
+    }
+  }
+}
+
+function askForKey(reason) {
+  keyAsked ??= new Promise((resolve) => {
+    const form = $("key-form");
+    $("key-reason").textContent = reason;
+    form.hidden = false;
+    form.key.focus();
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      keepApiKey(form.key.value.trim());
+      form.reset();
+      form.hidden = true;
+      keyAsked = null;
+      resolve();
+    }, { once: true });
+  });
+  return keyAsked;
+}
+
 // ---------------------------------------------------------------- HTTP
 
 async function fetchJson(url, options) {
-  const response = await fetch(url, options);
+  const response = await apiFetch(url, options);
   if (!response.ok) throw new Error(await errorMessage(response));
   return response.json();
 }
@@ -539,6 +592,7 @@ function busy(form, task) {
 }
 
 function setup() {
+  if (apiKey) keepApiKey(apiKey); // the cookie may have gone with the browser session
   $("scene").replaceChildren(...SCENES.map((name) => new Option(name)));
   $("demo-form").addEventListener("submit", (event) => {
     event.preventDefault();

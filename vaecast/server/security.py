@@ -1,0 +1,393 @@
+"""The server protects itself: an optional API key, a Host check, and an Origin check.
+
+Three threats, three fences, all in one middleware that runs before any handler (and
+so before any body is read); what it refuses leaves through `json_errors` as JSON.
+
+**Host check (DNS rebinding).** A web page on `evil.example` can make its own name
+resolve to 127.0.0.1 and then read this server's answers as "same-origin": the job
+list, the videos. Its requests still carry `Host: evil.example`, so the server only
+answers to host names it knows; others get 421. By default those are the loopback
+names: `localhost`, `*.localhost` (RFC 6761 reserves them for loopback and browsers
+resolve them without DNS, so no page can rebind them), 127.0.0.0/8 and ::1, any port.
+`allowed_hosts` adds names (`vaecast.example.com`), subdomain wildcards (`*.lan`),
+addresses or networks (`192.168.0.0/16`), or `*` (any host). IP addresses are always
+safe to allow: a rebinding page is reached by a name, never by an address, so a
+server bound beyond loopback (`for_bind_address`) also answers to any IP address.
+
+**Origin check (cross-site requests).** Uploads are sniffed, not trusted by
+Content-Type, so a form or a `text/plain` fetch from any site (a "simple" request,
+sent without a CORS preflight) would create jobs. A state-changing request (POST,
+PUT, PATCH, DELETE) whose `Origin` is present and is neither this server's own origin
+(scheme://host:port as the request's Host says; the scheme from `X-Forwarded-Proto`
+when a proxy sets it, which a cross-site page cannot do without a preflight) nor
+listed in `cors_origins` is refused 403; so is `Origin: null` (sandboxed frames,
+files, redirects). Requests without Origin (curl, Python clients) pass. Listed
+origins get CORS headers and their preflights answered; unlisted ones get no CORS
+headers, so the browser hides the answers to their GETs from them.
+
+**API key.** With `api_key` set, everything but the page (`/`, `/static/`), `/healthz`
+and `/metrics` (every `/v1` route, and any route added later) needs
+`Authorization: Bearer KEY`, compared in constant time; otherwise 401 with
+`WWW-Authenticate: Bearer`. CORS preflights need no key (browsers never send one).
+The preview page sends the header with fetch(), but EventSource, `<video src>` and
+download links cannot send headers, so the key is also taken from the cookie
+`vaecast_api_key` (URL-encoded) that the page sets with `SameSite=Strict; Path=/`.
+That cookie is safe against other sites because:
+- SameSite=Strict: the browser attaches it only to requests that a page of the same
+  site starts; a cross-site page's forms, fetches, images and videos go without it.
+- A request carrying a foreign `Origin` never authenticates by the cookie, and the
+  Origin check refuses its state-changing requests anyway. This matters for pages
+  of the *same site* on another port (cookies are not isolated by port): they get
+  the cookie attached, but cannot use it to change anything or to read an answer.
+What it does not stop: any other server on the same host name (another port) is
+sent the cookie and so learns the key; run vaecast on a host name of its own when
+other local services are not trusted.
+Listed CORS origins authenticate with their own `Authorization` header, and are not
+sent `Access-Control-Allow-Credentials`: with it, a listed site could act with the
+key a user typed into this server's page, which it was never given.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from urllib.parse import unquote, urlsplit
+
+from aiohttp import hdrs, web
+
+from vaecast.errors import ForbiddenError, MisdirectedRequestError, UnauthorizedError
+
+API_KEY_ENV = "VAECAST_API_KEY"
+API_KEY_COOKIE = "vaecast_api_key"
+# What a server bound to a loopback address answers to by default (any port).
+LOOPBACK_HOSTS = ("localhost", "*.localhost", "127.0.0.0/8", "::1/128")
+# Added for a server bound beyond loopback: any IP address (never a rebinding name).
+ANY_ADDRESS = ("0.0.0.0/0", "::/0")
+# Routes (aiohttp's canonical paths) served without the key, and the static prefix.
+OPEN_RESOURCES = frozenset({"/", "/healthz", "/metrics"})
+OPEN_PREFIX = "/static"
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CORS_ALLOW_METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
+CORS_ALLOW_HEADERS = "Authorization, Content-Type, Range, Last-Event-ID, X-Push-Token"
+CORS_EXPOSE_HEADERS = "Location, X-Video-Id, Content-Range, Content-Length, ETag, Retry-After"
+CORS_MAX_AGE_S = 600
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
+_KEY = re.compile(r"[\x21-\x7e]+")  # visible ASCII: sendable in a header and a cookie
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+# An origin as compared: (scheme, host, port), the port made explicit.
+Origin = tuple[str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """What the server demands of a request (see the module docstring)."""
+
+    # None: no key needed.
+    api_key: str | None = None
+    # Host names, `*.domain` wildcards, IP addresses or networks, or "*", answered to
+    # on top of LOOPBACK_HOSTS; None (or empty): LOOPBACK_HOSTS alone.
+    allowed_hosts: tuple[str, ...] | None = None
+    # Origins (scheme://host[:port]) whose pages may call the API: CORS.
+    cors_origins: tuple[str, ...] = ()
+
+
+def check_api_key(key: str) -> str:
+    """`key` if it can be an API key; ValueError says why not."""
+    if not _KEY.fullmatch(key):
+        raise ValueError(
+            f"the API key (--api-key or {API_KEY_ENV}) must be printable ASCII "
+            "without spaces, and not empty"
+        )
+    return key
+
+
+def normalize_host_pattern(text: str) -> str:
+    """An allowed-host pattern in the form it is compared in; ValueError if it is none."""
+    pattern = text.strip().lower()
+    if pattern == "*":
+        return pattern
+    try:
+        if "/" in pattern:
+            return str(ipaddress.ip_network(pattern))
+        return str(ipaddress.ip_address(pattern.removeprefix("[").removesuffix("]")))
+    except ValueError:
+        pass
+    name = pattern.removeprefix("*.").removesuffix(".")
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            f"{text!r} is not a host name, an IP address or network, '*.' and a domain, "
+            "or '*' (give it without a port)"
+        )
+    return pattern.removesuffix(".")
+
+
+def normalize_origin(text: str) -> str:
+    """An origin as browsers write it (`https://app.example.com`); ValueError if it is none."""
+    origin = _parse_origin(text.strip().removesuffix("/"))
+    if origin is None:
+        raise ValueError(
+            f"{text!r} is not an origin: give scheme://host[:port], e.g. https://app.example.com"
+        )
+    scheme, host, port = origin
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}" if DEFAULT_PORTS[scheme] == port else f"{scheme}://{shown}:{port}"
+
+
+def for_bind_address(config: SecurityConfig, bind_host: str) -> tuple[SecurityConfig, list[str]]:
+    """The config a server listening on `bind_host` runs with, and warnings for its operator.
+
+    On a loopback address: `config` as it is. Beyond loopback, any IP address is
+    answered to as well (rebinding needs a name), so the server is reachable by
+    address without any option; names must be listed with --allowed-host.
+    """
+    if _is_loopback_bind(bind_host):
+        return config, []
+    where = bind_host or "all interfaces"
+    warnings = []
+    if not config.allowed_hosts:
+        warnings.append(
+            f"listening on {where}, beyond this machine: requests are answered for any IP "
+            "address and for localhost; list the host names clients use with --allowed-host"
+        )
+    if config.api_key is None:
+        warnings.append(
+            f"no --api-key: anyone who can reach {where} can decode on this server and read "
+            f"its videos; set --api-key (or {API_KEY_ENV}) and put a TLS proxy in front "
+            "(README: Exposing vaecast beyond localhost)"
+        )
+    hosts = (*ANY_ADDRESS, *(config.allowed_hosts or ()))
+    return replace(config, allowed_hosts=hosts), warnings
+
+
+class SecurityGuard:
+    """The checks of one server: `middleware` (inside `json_errors`, so what it refuses
+    is JSON) and `add_cors_headers` (an `on_response_prepare` signal, so every answer
+    to a listed origin carries them, errors included)."""
+
+    def __init__(self, config: SecurityConfig) -> None:
+        self._key = None if config.api_key is None else check_api_key(config.api_key).encode()
+        self._hosts = _HostRule((*LOOPBACK_HOSTS, *(config.allowed_hosts or ())))
+        self._cors = frozenset(_parse_origin(normalize_origin(o)) for o in config.cors_origins)
+
+        @web.middleware
+        async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+            self._check_host(request)
+            origin = request.headers.get(hdrs.ORIGIN)
+            if origin is not None and _is_preflight(request):
+                return self._preflight(origin)
+            if origin is not None and request.method in STATE_CHANGING:
+                self._check_origin(request, origin)
+            if self._key is not None and not _is_open(request):
+                self._check_key(request, origin)
+            return await handler(request)
+
+        self.middleware: Middleware = middleware
+
+    async def add_cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        if not self._cors:
+            return
+        # The answer depends on Origin whenever origins are listed: caches must know.
+        _add_vary(response, hdrs.ORIGIN)
+        origin = request.headers.get(hdrs.ORIGIN)
+        if origin is not None and _parse_origin(origin) in self._cors:
+            response.headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = origin
+            response.headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = CORS_EXPOSE_HEADERS
+
+    def _check_host(self, request: web.Request) -> None:
+        if self._hosts.any_host:
+            return
+        header = request.headers.get(hdrs.HOST)
+        if header is None:
+            raise MisdirectedRequestError("the request has no Host header")
+        name = _split_host(header)[0]
+        if name is None:
+            raise MisdirectedRequestError(f"the Host header {header!r} is not a host name")
+        if not self._hosts.allows(name):
+            raise MisdirectedRequestError(
+                f"this server does not answer to the host name {name!r} "
+                "(vaecast serve --allowed-host NAME adds one)"
+            )
+
+    def _preflight(self, origin: str) -> web.Response:
+        if _parse_origin(origin) not in self._cors:
+            raise ForbiddenError(_foreign(origin))
+        return web.Response(
+            status=204,
+            headers={
+                hdrs.ACCESS_CONTROL_ALLOW_METHODS: CORS_ALLOW_METHODS,
+                hdrs.ACCESS_CONTROL_ALLOW_HEADERS: CORS_ALLOW_HEADERS,
+                hdrs.ACCESS_CONTROL_MAX_AGE: str(CORS_MAX_AGE_S),
+            },
+        )
+
+    def _check_origin(self, request: web.Request, origin: str) -> None:
+        parsed = _parse_origin(origin)
+        if parsed is None or (parsed not in self._cors and parsed != _own_origin(request)):
+            raise ForbiddenError(_foreign(origin))
+
+    def _check_key(self, request: web.Request, origin: str | None) -> None:
+        presented = _presented_key(request, origin)
+        if presented is None:
+            raise UnauthorizedError(
+                "this server needs an API key: send the header 'Authorization: Bearer KEY'"
+            )
+        assert self._key is not None
+        if not hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), self._key):
+            raise UnauthorizedError("the API key is not valid")
+
+
+def _presented_key(request: web.Request, origin: str | None) -> str | None:
+    """The key from `Authorization: Bearer`, else from the page's cookie; None if neither."""
+    header = request.headers.get(hdrs.AUTHORIZATION)
+    if header is not None:
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise UnauthorizedError("the Authorization header must be 'Bearer KEY'")
+        return token.strip()
+    cookie = request.cookies.get(API_KEY_COOKIE)
+    # The cookie rides along with every same-site request, other ports' pages
+    # included: it counts only for this server's own (no Origin, or its own).
+    if cookie is None or (origin is not None and _parse_origin(origin) != _own_origin(request)):
+        return None
+    return unquote(cookie)
+
+
+class _HostRule:
+    """Host patterns compiled: exact names, `*.domain` suffixes, IP networks, or any."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        normalized = [normalize_host_pattern(pattern) for pattern in patterns]
+        self.any_host = "*" in normalized
+        names = [p for p in normalized if p != "*" and _ip_network(p) is None]
+        self.names = frozenset(p for p in names if not p.startswith("*."))
+        self.suffixes = tuple(p[1:] for p in names if p.startswith("*."))
+        self.networks = tuple(n for n in map(_ip_network, normalized) if n is not None)
+
+    def allows(self, name: str) -> bool:
+        address = _ip_address(name)
+        if address is not None:
+            return any(address in network for network in self.networks)
+        return name in self.names or name.endswith(self.suffixes)
+
+
+def _ip_network(pattern: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    if pattern == "*" or pattern.startswith("*."):
+        return None
+    try:
+        return ipaddress.ip_network(pattern)
+    except ValueError:
+        return None
+
+
+def _ip_address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return None
+    # ::ffff:127.0.0.1 is 127.0.0.1 spoken over IPv6.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _split_host(header: str) -> tuple[str | None, int | None]:
+    """(name, port) of a Host header: lower case, IPv6 without brackets, no trailing
+    dot; name None if the header is not `name[:port]` or `[ipv6][:port]`."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        name, bracket, rest = host[1:].partition("]")
+        try:
+            if not bracket or ipaddress.ip_address(name).version != 6:
+                return None, None
+        except ValueError:
+            return None, None
+    else:
+        name, colon, rest = host.partition(":")
+        rest = colon + rest
+    port = None
+    if rest:
+        if not re.fullmatch(r":[0-9]{1,5}", rest) or int(rest[1:]) > 65535:
+            return None, None
+        port = int(rest[1:])
+    name = name.removesuffix(".")
+    return (name or None), port
+
+
+def _parse_origin(text: str) -> Origin | None:
+    """(scheme, host, port) of a serialized http(s) origin; None for `null` or anything else."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        return None
+    if (
+        parts.scheme not in DEFAULT_PORTS
+        or not parts.hostname
+        or parts.path
+        or parts.query
+        or parts.fragment
+        or "@" in parts.netloc
+    ):
+        return None
+    return parts.scheme, parts.hostname.removesuffix("."), port or DEFAULT_PORTS[parts.scheme]
+
+
+def _own_origin(request: web.Request) -> Origin | None:
+    """This server's origin as the request addressed it: its Host, and the scheme the
+    client used (a TLS proxy in front says it in X-Forwarded-Proto)."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    scheme = forwarded if forwarded in DEFAULT_PORTS else request.scheme
+    name, port = _split_host(request.headers.get(hdrs.HOST, ""))
+    if name is None:
+        return None
+    return scheme, name, port or DEFAULT_PORTS.get(scheme, 80)
+
+
+def _is_preflight(request: web.Request) -> bool:
+    return (
+        request.method == hdrs.METH_OPTIONS
+        and hdrs.ACCESS_CONTROL_REQUEST_METHOD in request.headers
+    )
+
+
+def _is_open(request: web.Request) -> bool:
+    """Served without the key: judged by the resource the router matched, so a new
+    route needs the key unless it is added here, and unknown paths need it too."""
+    resource = request.match_info.route.resource
+    if resource is None:  # no route matched: 404 or 405 only for those with the key
+        return False
+    canonical = resource.canonical
+    return canonical in OPEN_RESOURCES or f"{canonical}/".startswith(f"{OPEN_PREFIX}/")
+
+
+def _is_loopback_bind(host: str) -> bool:
+    name = host.strip().lower().removeprefix("[").removesuffix("]").removesuffix(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    address = _ip_address(name)
+    return address is not None and address.is_loopback
+
+
+def _foreign(origin: str) -> str:
+    if origin == "null":
+        return (
+            "requests from an opaque origin (Origin: null: a sandboxed frame, a file, "
+            "a redirect) are not allowed"
+        )
+    return (
+        f"requests from the origin {origin!r} are not allowed "
+        "(vaecast serve --cors-origin ORIGIN allows one)"
+    )
+
+
+def _add_vary(response: web.StreamResponse, name: str) -> None:
+    present = [v.strip() for v in response.headers.get(hdrs.VARY, "").split(",") if v.strip()]
+    if name.lower() not in (v.lower() for v in present) and "*" not in present:
+        response.headers[hdrs.VARY] = ", ".join([*present, name])
