@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
 import struct
@@ -15,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import safetensors_bytes
+from tests.helpers.files import npy_bytes, npy_with_header, padded_safetensors, torch_save_bytes
 from vaecast.errors import (
     InvalidRequestError,
     PayloadTooLargeError,
@@ -26,54 +26,6 @@ SAFE_HINT = "save it with safetensors: safetensors.torch.save_file({'latents': z
 PICKLE_REFUSED = f"pickle and torch.save files are refused (loading them can run code); {SAFE_HINT}"
 NOT_A_TENSOR_FILE = f"the upload is not a safetensors or .npy file; {SAFE_HINT}"
 SMALL = torch.arange(16 * 2 * 3 * 4, dtype=torch.float32).reshape(16, 2, 3, 4) / 100 - 0.5
-
-
-def padded_safetensors(
-    header_length: int,
-    tensors: dict[str, torch.Tensor],
-    metadata: dict[str, str] | None = None,
-) -> bytes:
-    """A safetensors file whose header is exactly `header_length` bytes.
-
-    Built by hand (8-byte little-endian length, JSON, spaces, data) because
-    safetensors' writer pads to a multiple of 8. Metadata `pad` takes the room when
-    there is enough for it, trailing spaces the rest, so both kinds of padding occur.
-    """
-    entries: dict[str, object] = {}
-    data = b""
-    for name, tensor in tensors.items():
-        raw = tensor.contiguous().view(torch.uint8).numpy().tobytes()
-        dtype = {torch.float32: "F32", torch.float16: "F16"}[tensor.dtype]
-        entries[name] = {
-            "dtype": dtype,
-            "shape": list(tensor.shape),
-            "data_offsets": [len(data), len(data) + len(raw)],
-        }
-        data += raw
-    plain = json.dumps(
-        {**({"__metadata__": metadata} if metadata else {}), **entries}, separators=(",", ":")
-    )
-    with_pad = json.dumps(
-        {"__metadata__": {**(metadata or {}), "pad": ""}, **entries}, separators=(",", ":")
-    )
-    if len(with_pad) < header_length:
-        header = with_pad.replace('"pad":""', f'"pad":"{"p" * (header_length - len(with_pad))}"')
-    else:
-        header = plain + " " * (header_length - len(plain))
-    assert len(header) == header_length, (len(header), header_length)
-    return struct.pack("<Q", header_length) + header.encode() + data
-
-
-def npy_bytes(array: np.ndarray, allow_pickle: bool = False) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=allow_pickle)
-    return buffer.getvalue()
-
-
-def npy_with_header(header: str, data: bytes, version: int = 1) -> bytes:
-    encoded = header.encode("latin-1")
-    length = struct.pack("<H" if version == 1 else "<I", len(encoded))
-    return b"\x93NUMPY" + bytes([version, 0]) + length + encoded + data
 
 
 def refusal(data: bytes, **kwargs: object) -> VaecastError:
@@ -311,12 +263,6 @@ def test_bad_npy_files_are_refused_with_their_reason(data: bytes, status: int, m
 
 
 # --- pickles and torch.save --------------------------------------------------------------
-
-
-def torch_save_bytes(obj: object, zip_format: bool = True) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer, _use_new_zipfile_serialization=zip_format)
-    return buffer.getvalue()
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])

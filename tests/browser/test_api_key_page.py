@@ -11,15 +11,17 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from tests.browser.cdp import Browser, Page
-from tests.browser.conftest import CONFIG, GatedTinyDecoder, Server
-from tests.browser.test_preview_page import (
+from tests.helpers.browser import (
+    CONFIG,
     PLAY_TIMEOUT_S,
     STATE,
     VIDEO_FACTS,
+    GatedTinyDecoder,
+    Server,
     assert_no_script_errors,
     start_demo,
 )
+from tests.helpers.cdp import Browser, Page
 from vaecast.latent_sources import SceneSpec
 from vaecast.server.app import create_app, runner_settings
 from vaecast.server.security import SecurityConfig

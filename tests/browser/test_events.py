@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.browser.conftest import Server, until_set
+from tests.helpers.browser import Server, until_set
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

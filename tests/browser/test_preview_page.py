@@ -19,8 +19,16 @@ import pytest_asyncio
 import torch
 from safetensors.torch import save_file
 
-from tests.browser.cdp import Browser, CDPError, Page
-from tests.browser.conftest import Server, until_set
+from tests.helpers.browser import (
+    PLAY_TIMEOUT_S,
+    STATE,
+    VIDEO_FACTS,
+    Server,
+    assert_no_script_errors,
+    start_demo,
+    until_set,
+)
+from tests.helpers.cdp import Browser, CDPError, Page
 from vaecast.codecs.quantize import quantize_to_host
 from vaecast.latent_sources import SceneSpec, scene_latents
 from vaecast.models.tiny import TinyDecoder
@@ -38,21 +46,7 @@ FRAMES_BEFORE_HOLD = 1 + 4 + 4
 # this scene differ by 40 and more around the frame compared.
 COLOUR_TOLERANCE = 4.0
 GRID = 4
-PLAY_TIMEOUT_S = 30.0
 
-VIDEO_FACTS = """(v => ({
-  readyState: v.readyState,
-  error: v.error && v.error.message,
-  ended: v.ended,
-  duration: v.duration,
-  buffered: Array.from(
-    {length: v.buffered.length}, (_, i) => [v.buffered.start(i), v.buffered.end(i)]
-  ),
-  totalVideoFrames: v.getVideoPlaybackQuality().totalVideoFrames,
-  droppedVideoFrames: v.getVideoPlaybackQuality().droppedVideoFrames,
-  videoWidth: v.videoWidth,
-  videoHeight: v.videoHeight,
-}))(document.getElementById("video"))"""
 
 # Seek to `t`, draw the frame shown to a canvas, and return its RGBA bytes.
 READ_FRAME = """(async (t) => {
@@ -68,8 +62,6 @@ READ_FRAME = """(async (t) => {
   return Array.from(context.getImageData(0, 0, canvas.width, canvas.height).data);
 })(%r)"""
 
-STATE = "window.vaecast.state"
-
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def page(browser: Browser) -> AsyncIterator[Page]:
@@ -83,29 +75,6 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
 async def open_preview(page: Page, server: Server) -> None:
     await page.navigate(server.url + "/")
     await page.wait_for("window.vaecast && window.vaecast.state.ready")
-
-
-async def start_demo(page: Page, spec: SceneSpec, fps: int) -> None:
-    await page.evaluate(
-        f"""(() => {{
-          const form = document.getElementById("demo-form");
-          form.scene.value = {spec.scene!r};
-          form.frames.value = "{spec.frames}";
-          form.size.value = "{spec.width}x{spec.height}";
-          form.fps.value = "{fps}";
-          form.seed.value = "{spec.seed}";
-          // A select given a value it does not offer turns blank: fail loudly instead.
-          for (const field of ["scene", "frames", "size", "fps"]) {{
-            if (!form[field].value) throw new Error(`the form offers no such ${{field}}`);
-          }}
-          document.getElementById("start").click();
-        }})()"""
-    )
-
-
-def assert_no_script_errors(page: Page) -> None:
-    """No uncaught exception, rejected promise or console.error in the page."""
-    assert [line for line in page.console if line.startswith(("exception", "error"))] == []
 
 
 def region_means(image: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from tests.codecs import gradient_frames
+from tests.helpers.media import gradient_frames
 from vaecast.codecs import fmp4
 from vaecast.codecs.aac import AacEncoder, fit_to_length
 from vaecast.codecs.stream import AUDIO_TRACK_ID, VIDEO_TRACK_ID, Soundtrack, VideoStreamEncoder

@@ -11,7 +11,7 @@ import pytest
 import torch
 from av.video.reformatter import ColorRange, Colorspace
 
-from tests.codecs import gradient_frames
+from tests.helpers.media import gradient_frames
 from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.h264 import H264Encoder
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host

@@ -10,7 +10,7 @@ import av
 import numpy as np
 import pytest
 
-from tests.codecs import gradient_frames
+from tests.helpers.media import gradient_frames
 from vaecast.codecs import h264
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder, media_timescale
 

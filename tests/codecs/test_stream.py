@@ -10,7 +10,7 @@ import av
 import numpy as np
 import pytest
 
-from tests.codecs import gradient_frames
+from tests.helpers.media import gradient_frames
 from vaecast.codecs.fmp4 import iter_boxes, parse_fragment, parse_init_segment
 from vaecast.codecs.stream import VIDEO_TRACK_ID, VideoStreamEncoder
 

@@ -11,28 +11,14 @@ import pytest
 import torch
 from diffusers import AutoencoderKLMiniMaxH3
 
+from tests.helpers.models import MINIMAX_LATENT_CHANNELS as LATENT_CHANNELS
+from tests.helpers.models import MINIMAX_TINY_CONFIG as TINY_CONFIG
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
 from vaecast.models.minimax import MiniMaxH3Decoder, check_internals
 from vaecast.models.weights_io import WeightsError
 
-LATENT_CHANNELS = 4
 # The real temporal geometry (17-frame clips, 4x in time, 3 latents dropped), tiny widths.
-TINY_CONFIG = {
-    "latent_channels": LATENT_CHANNELS,
-    "block_out_channels": (8, 8, 8),
-    "layers_per_block": 1,
-    "spatial_downsample_factors": (2, 2, 1),
-    "temporal_downsample_factors": (1, 2, 2),
-    "norm_num_groups": 4,
-    "decoder_num_layers": 1,
-    "decoder_num_attention_heads": 2,
-    "decoder_attention_head_dim": 8,
-    "decoder_num_register_tokens": 2,
-    "decoder_ffn_mult": 2,
-    "latents_mean": (0.1, -0.2, 0.3, 0.0),
-    "latents_std": (0.5, 1.5, 1.0, 2.0),
-}
 
 
 @pytest.fixture(autouse=True, scope="module")

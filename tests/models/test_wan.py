@@ -18,18 +18,12 @@ from safetensors.torch import save_file
 
 import vaecast.models.minimax
 import vaecast.models.wan
+from tests.helpers.models import WAN_TINY_CONFIG as TINY_CONFIG
 from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
 from vaecast.models.wan import WanDecoder, check_internals
 from vaecast.models.weights_io import WeightsError
 
 # diffusers' own tiny Wan test configuration.
-TINY_CONFIG = {
-    "base_dim": 3,
-    "z_dim": 16,
-    "dim_mult": [1, 1, 1, 1],
-    "num_res_blocks": 1,
-    "temperal_downsample": [False, True, True],
-}
 WAIT_S = 30.0
 
 

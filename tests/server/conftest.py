@@ -3,44 +3,19 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from vaecast.codecs.h264 import EncoderSettings
+from tests.helpers.server import TEST_CONFIG, Server, StartServer
 from vaecast.models.base import ChunkedDecoder
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app, runner_settings
-from vaecast.server.config import ServerConfig
-from vaecast.server.jobs import JobManager
-from vaecast.server.routes import MANAGER
 
 # Tests compare pixels: a low CRF keeps H.264 error well under their thresholds.
-TEST_CONFIG = ServerConfig(default_model="linear", encoder=replace(EncoderSettings(), crf=18))
-
-
-@dataclass
-class Server:
-    url: str
-    client: aiohttp.ClientSession
-    app: web.Application
-    runner: web.AppRunner
-
-    @property
-    def lost_connections(self) -> int:
-        """Connections whose socket the server has seen close (peeks at aiohttp's handlers)."""
-        assert self.runner.server is not None
-        return sum(handler.transport is None for handler in self.runner.server.connections)
-
-    @property
-    def manager(self) -> JobManager:
-        return self.app[MANAGER]
-
-
-StartServer = Callable[..., Awaitable[Server]]
 
 
 @pytest.fixture

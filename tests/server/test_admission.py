@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents
-from tests.server.conftest import StartServer
+from tests.helpers.server import StartServer
 
 
 async def test_one_slot_one_queue_place_then_429(start_server: StartServer):

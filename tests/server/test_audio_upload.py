@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers import safetensors_bytes, smooth_latents
-from tests.server.conftest import StartServer
+from tests.helpers.server import StartServer
 
 LATENTS = smooth_latents(frames=3)  # 9 frames, 0.5625 s at 16 fps
 

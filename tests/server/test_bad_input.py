@@ -10,17 +10,11 @@ import pytest
 import torch
 
 from tests.helpers import decode_mp4, psnr, safetensors_bytes, smooth_latents
-from tests.server.conftest import StartServer
-from tests.test_latent_files import npy_with_header, padded_safetensors
+from tests.helpers.files import npy_with_header, padded_safetensors, torch_save_bytes
+from tests.helpers.server import StartServer
 from vaecast.server.config import Limits
 
 SAFE_HINT = "save it with safetensors: safetensors.torch.save_file({'latents': z}, 'z.safetensors')"
-
-
-def torch_save_bytes(obj: object) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -16,20 +16,10 @@ from tests.helpers import (
     until,
     vaecast_threads,
 )
-from tests.server.conftest import Server, StartServer
-from vaecast.codecs.fmp4 import TopLevelBoxSplitter
+from tests.helpers.server import Server, StartServer, read_boxes
 from vaecast.errors import DecodeCancelled
 
 LATENT_FRAMES = 30  # 30 chunks: a decode that runs to the end would publish them all
-
-
-async def read_boxes(response: aiohttp.ClientResponse, count: int) -> list[bytes]:
-    splitter, boxes = TopLevelBoxSplitter(), []
-    while len(boxes) < count:
-        data = await response.content.readany()
-        assert data, "stream ended early"
-        boxes += splitter.feed(data)
-    return boxes
 
 
 async def warm_up(server: Server) -> None:

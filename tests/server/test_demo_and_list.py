@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.helpers import decode_mp4, psnr
-from tests.server.conftest import StartServer
+from tests.helpers.server import StartServer
 from vaecast.models.linear import LinearDecoder
 from vaecast.models.scenes import render_scene
 from vaecast.models.tiny import TinyDecoder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents
-from tests.server.conftest import StartServer
+from tests.helpers.server import StartServer
 
 
 async def test_an_idle_event_stream_gets_keep_alive_comments(start_server: StartServer):

@@ -18,16 +18,9 @@ from tests.helpers import (
     split_stream,
     until,
 )
-from tests.server.conftest import TEST_CONFIG, Server, StartServer
-from tests.server.test_cancel import read_boxes
+from tests.helpers.server import TEST_CONFIG, Server, StartServer, noisy_latents, read_boxes
 
 VIEWERS = 50
-
-
-def noisy_latents(frames: int, height: int, width: int) -> torch.Tensor:
-    """Random 8x8 colour blocks every frame: expensive to encode, so the MP4 is large."""
-    generator = torch.Generator().manual_seed(1)
-    return torch.rand(1, 16, frames, height, width, generator=generator) * 2 - 1
 
 
 async def create_job(server: Server, latents: torch.Tensor) -> dict:

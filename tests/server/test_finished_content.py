@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents
-from tests.server.conftest import Server, StartServer
+from tests.helpers.server import Server, StartServer
 
 
 async def finished_video(server: Server) -> tuple[str, bytes]:

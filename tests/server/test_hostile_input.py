@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents, until
-from tests.server.conftest import StartServer
+from tests.helpers.server import StartServer
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import Limits
 

@@ -15,8 +15,7 @@ from tests.helpers import (
     until,
     vaecast_threads,
 )
-from tests.server.conftest import StartServer
-from tests.server.test_cancel import read_boxes
+from tests.helpers.server import StartServer, read_boxes
 
 
 async def test_metrics_describe_what_happened(start_server: StartServer):

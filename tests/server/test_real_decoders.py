@@ -14,9 +14,9 @@ from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLWan
 from safetensors.torch import save_file
 
 from tests.helpers import decode_mp4, psnr, safetensors_bytes, split_stream
-from tests.models.test_minimax import TINY_CONFIG as MINIMAX_CONFIG
-from tests.models.test_wan import TINY_CONFIG as WAN_CONFIG
-from tests.server.conftest import StartServer
+from tests.helpers.models import MINIMAX_TINY_CONFIG as MINIMAX_CONFIG
+from tests.helpers.models import WAN_TINY_CONFIG as WAN_CONFIG
+from tests.helpers.server import StartServer
 from vaecast.codecs.quantize import quantize_to_host
 from vaecast.models.base import ChunkedDecoder
 from vaecast.models.minimax import MiniMaxH3Decoder

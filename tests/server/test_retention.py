@@ -8,8 +8,7 @@ import tracemalloc
 from pathlib import Path
 
 from tests.helpers import safetensors_bytes, until
-from tests.server.conftest import Server, StartServer
-from tests.server.test_fanout import noisy_latents
+from tests.helpers.server import Server, StartServer, noisy_latents
 
 SPILL_THRESHOLD = 32 * 1024
 

@@ -21,7 +21,7 @@ import pytest
 from multidict import CIMultiDictProxy
 
 from tests.helpers import safetensors_bytes, smooth_latents
-from tests.server.conftest import Server, StartServer
+from tests.helpers.server import Server, StartServer
 from vaecast.cli import main
 from vaecast.server.security import SecurityConfig, for_bind_address
 

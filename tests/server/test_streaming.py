@@ -16,7 +16,7 @@ from tests.helpers import (
     smooth_latents,
     split_stream,
 )
-from tests.server.conftest import StartServer
+from tests.helpers.server import StartServer
 from vaecast.codecs.fmp4 import TopLevelBoxSplitter, parse_fragment, parse_init_segment
 from vaecast.codecs.quantize import quantize_to_host
 from vaecast.models.linear import LinearDecoder

@@ -1,0 +1,146 @@
+"""The preview page's test server, its gated decoder, and driving the page in headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import torch
+from aiohttp import web
+
+from tests.helpers.cdp import Page
+from vaecast.latent_sources import SceneSpec
+from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan
+from vaecast.models.tiny import TinyDecoder
+from vaecast.server.config import ServerConfig
+from vaecast.server.jobs import Job, JobManager
+from vaecast.server.routes import MANAGER
+
+GATE_TIMEOUT_S = 60.0
+
+
+CONFIG = ServerConfig(default_model="tiny")
+
+
+class GatedTinyDecoder:
+    """The real `tiny` decoder under its own name, holding chunk `hold_at` (and so
+    every later one) back until the test opens `gate`.
+
+    Re-armed by `hold(at)` for each job; teardown opens the gate so no decoder
+    thread waits out its timeout.
+    """
+
+    name = "tiny"
+
+    def __init__(self) -> None:
+        self.inner = TinyDecoder()
+        self.latent_channels = self.inner.latent_channels
+        self.value_range = self.inner.value_range
+        self.device = self.inner.device
+        self.hold_at: int | None = None
+        self.error: BaseException | None = None  # raised instead of publishing the held chunk
+        self.gate = threading.Event()
+        self.holding = threading.Event()  # set while chunk `hold_at` waits for the gate
+
+    def hold(self, at: int) -> None:
+        self.hold_at = at
+        self.error = None
+        self.holding.clear()
+        self.gate.clear()
+
+    def release(self, error: BaseException | None = None) -> None:
+        """Let the decode go on, or make it fail with `error` at the held chunk."""
+        self.error = error
+        self.gate.set()
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        return self.inner.plan(latent_shape)
+
+    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        def gated(chunk: DecodedChunk) -> None:
+            if chunk.index == self.hold_at:
+                self.holding.set()
+                if not self.gate.wait(GATE_TIMEOUT_S):
+                    raise TimeoutError("the test never opened the gate")
+                if self.error is not None:
+                    raise self.error
+            on_chunk(chunk)
+
+        self.inner.decode_chunks(latents, gated)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.inner.decode(latents)
+
+
+@dataclass
+class Server:
+    url: str
+    client: aiohttp.ClientSession
+    app: web.Application
+    decoder: GatedTinyDecoder
+
+    @property
+    def manager(self) -> JobManager:
+        return self.app[MANAGER]
+
+    def job(self, job_id: str) -> Job:
+        return self.manager.get(job_id)
+
+    async def create_demo(self, **body: Any) -> dict[str, Any]:
+        async with self.client.post("/v1/videos", json=body) as response:
+            assert response.status == 201, await response.text()
+            return await response.json()
+
+
+async def until_set(event: threading.Event, timeout_s: float = 30.0) -> None:
+    """Wait for a thread's event without blocking the loop; fail after `timeout_s`."""
+    if not await asyncio.to_thread(event.wait, timeout_s):
+        raise TimeoutError(f"not set within {timeout_s} s")
+
+
+PLAY_TIMEOUT_S = 30.0
+
+
+VIDEO_FACTS = """(v => ({
+  readyState: v.readyState,
+  error: v.error && v.error.message,
+  ended: v.ended,
+  duration: v.duration,
+  buffered: Array.from(
+    {length: v.buffered.length}, (_, i) => [v.buffered.start(i), v.buffered.end(i)]
+  ),
+  totalVideoFrames: v.getVideoPlaybackQuality().totalVideoFrames,
+  droppedVideoFrames: v.getVideoPlaybackQuality().droppedVideoFrames,
+  videoWidth: v.videoWidth,
+  videoHeight: v.videoHeight,
+}))(document.getElementById("video"))"""
+
+
+STATE = "window.vaecast.state"
+
+
+async def start_demo(page: Page, spec: SceneSpec, fps: int) -> None:
+    await page.evaluate(
+        f"""(() => {{
+          const form = document.getElementById("demo-form");
+          form.scene.value = {spec.scene!r};
+          form.frames.value = "{spec.frames}";
+          form.size.value = "{spec.width}x{spec.height}";
+          form.fps.value = "{fps}";
+          form.seed.value = "{spec.seed}";
+          // A select given a value it does not offer turns blank: fail loudly instead.
+          for (const field of ["scene", "frames", "size", "fps"]) {{
+            if (!form[field].value) throw new Error(`the form offers no such ${{field}}`);
+          }}
+          document.getElementById("start").click();
+        }})()"""
+    )
+
+
+def assert_no_script_errors(page: Page) -> None:
+    """No uncaught exception, rejected promise or console.error in the page."""
+    assert [line for line in page.console if line.startswith(("exception", "error"))] == []

@@ -1,0 +1,54 @@
+"""A real vaecast server per test (`start_server`, tests/server/conftest.py) and its streams."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import aiohttp
+import torch
+from aiohttp import web
+
+from vaecast.codecs.fmp4 import TopLevelBoxSplitter
+from vaecast.codecs.h264 import EncoderSettings
+from vaecast.server.config import ServerConfig
+from vaecast.server.jobs import JobManager
+from vaecast.server.routes import MANAGER
+
+TEST_CONFIG = ServerConfig(default_model="linear", encoder=replace(EncoderSettings(), crf=18))
+
+
+@dataclass
+class Server:
+    url: str
+    client: aiohttp.ClientSession
+    app: web.Application
+    runner: web.AppRunner
+
+    @property
+    def lost_connections(self) -> int:
+        """Connections whose socket the server has seen close (peeks at aiohttp's handlers)."""
+        assert self.runner.server is not None
+        return sum(handler.transport is None for handler in self.runner.server.connections)
+
+    @property
+    def manager(self) -> JobManager:
+        return self.app[MANAGER]
+
+
+StartServer = Callable[..., Awaitable[Server]]
+
+
+async def read_boxes(response: aiohttp.ClientResponse, count: int) -> list[bytes]:
+    splitter, boxes = TopLevelBoxSplitter(), []
+    while len(boxes) < count:
+        data = await response.content.readany()
+        assert data, "stream ended early"
+        boxes += splitter.feed(data)
+    return boxes
+
+
+def noisy_latents(frames: int, height: int, width: int) -> torch.Tensor:
+    """Random 8x8 colour blocks every frame: expensive to encode, so the MP4 is large."""
+    generator = torch.Generator().manual_seed(1)
+    return torch.rand(1, 16, frames, height, width, generator=generator) * 2 - 1
