@@ -24,8 +24,8 @@ import av
 import torch
 from safetensors.torch import save as save_safetensors
 
-from vaecast.codecs.fmp4 import TopLevelBoxSplitter
-from vaecast.latent_sources import SceneSpec, scene_latents
+from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
+from vaecast.demo.sources import SceneSpec, scene_latents
 
 SERVER_START_TIMEOUT_S = 180.0
 SERVER_STOP_TIMEOUT_S = 30.0

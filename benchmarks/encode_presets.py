@@ -1,11 +1,12 @@
 """Encode throughput of libx264 presets at 832x480, as vaecast runs it.
 
-Measures `H264Encoder.encode` (tune=zerolatency, RGB->yuv420p conversion
-included) on two stand-ins for decoded VAE frames, which bracket real content:
-a drifting smooth gradient, and the same with fixed per-pixel texture (Gaussian,
-sigma 4 levels) that costs x264 far more bits and time. Prints frames/s and
-bitrate per content, preset and CRF; the numbers behind the defaults in
-vaecast/codecs/h264.py come from this script.
+Measures `H264Encoder.encode` (tune=zerolatency, RGB->yuv420p conversion by
+`colour.from_rgb` included) on two stand-ins for decoded VAE frames, which
+bracket real content: a drifting smooth gradient, and the same with fixed
+per-pixel texture (Gaussian, sigma 4 levels) that costs x264 far more bits and
+time. Prints frames/s and bitrate per content, preset and CRF; the numbers behind
+the defaults in vaecast/codecs/h264.py (benchmarks/results/codecs_notes.md) come
+from this script.
 
     python benchmarks/encode_presets.py [--frames 120] [--width 832] [--height 480]
 """
@@ -18,6 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from vaecast.codecs.colour import from_rgb
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
 
 PRESETS = ("ultrafast", "superfast", "veryfast")
@@ -54,9 +56,9 @@ def main() -> None:
 def report(content: str, frames: np.ndarray, preset: str, crf: int) -> None:
     height, width = frames.shape[1:3]
     encoder = H264Encoder(width, height, FPS, EncoderSettings(preset, crf))
-    encoder.encode(frames[:2])  # the first frames pay one-off allocations
+    encoder.encode(from_rgb(frames[:2]))  # the first frames pay one-off allocations
     start = time.perf_counter()
-    samples = encoder.encode(frames)
+    samples = encoder.encode(from_rgb(frames))
     elapsed = time.perf_counter() - start
     encoder.close()
     mbps = 8 * sum(len(s.data) for s in samples) / (len(samples) / FPS) / 1e6

@@ -32,7 +32,7 @@ HOT_PATH: dict[str, tuple[bool, tuple[str, ...]]] = {
     "decoder forward (torch)": (False, ("forward (vaecast/models/",)),
     "quantize_to_host (float -> uint8 RGB)": (False, ("quantize_to_host (",)),
     "quantize_yuv420_to_host (float -> I420)": (False, ("quantize_yuv420_to_host (",)),
-    "swscale RGB -> YUV (H264Encoder._to_yuv)": (False, ("_to_yuv (vaecast/codecs/h264.py",)),
+    "swscale RGB -> YUV (colour.from_rgb)": (False, ("from_rgb (vaecast/codecs/colour.py",)),
     "x264 (self time of H264Encoder.encode)": (True, ("encode (vaecast/codecs/h264.py",)),
     "I420 planes -> AVFrame (_from_i420)": (False, ("_from_i420 (vaecast/codecs/h264.py",)),
     "Annex B -> AVC sample": (False, ("annexb_to_sample (",)),
@@ -41,7 +41,10 @@ HOT_PATH: dict[str, tuple[bool, tuple[str, ...]]] = {
         False,
         ("encode_chunk (vaecast/codecs/stream.py",),
     ),
-    "upload parsing (latent_files)": (False, ("(vaecast/latent_files.py",)),
+    "upload parsing (latent_files)": (
+        False,
+        ("(vaecast/latent_files/", "(vaecast/safetensors_header.py"),
+    ),
     "aiohttp (HTTP parsing and writing)": (False, ("(aiohttp/",)),
 }
 

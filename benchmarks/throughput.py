@@ -2,8 +2,8 @@
 
 The frames are a rendered demo scene (float BCTHW in [0, 1], what a decoder hands
 over), so no VAE time is in these numbers. vaecast's path, per 4-frame chunk as the
-server runs it: `quantize_to_host` (float -> uint8 RGB, THWC), then
-`VideoStreamEncoder.encode_chunk` (swscale RGB -> yuv420p, x264, fMP4 boxes). Its
+server runs it: `quantize_to_host` (float -> uint8 RGB, THWC), then `colour.from_rgb`
+(swscale RGB -> yuv420p) and `VideoStreamEncoder.encode_chunk` (x264, fMP4 boxes). Its
 stages are also timed alone, so the colour conversion's share is visible. Where
 `vaecast.codecs.quantize` offers `quantize_yuv420_to_host` (RGB -> YUV 4:2:0 in torch
 on the decoder's device), that path is measured as well. The ffmpeg CLI gets the
@@ -26,9 +26,10 @@ import torch
 
 from benchmarks.pipelines import ffmpeg_command
 from vaecast.codecs import quantize
-from vaecast.codecs.h264 import EncoderSettings, H264Encoder
+from vaecast.codecs.colour import from_rgb
+from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
-from vaecast.models.scenes import render_scene
+from vaecast.demo.scenes import render_scene
 
 CHUNK_FRAMES = 4
 
@@ -68,7 +69,7 @@ def _measures(
     measures: dict[str, Callable[[], float]] = {
         "quantize_rgb": lambda: _time(lambda: [_q_rgb(c) for c in chunks]),
         "quantize_rgb_before": lambda: _time(lambda: [_quantize_before(c) for c in chunks]),
-        "swscale_rgb_to_yuv420": lambda: _swscale(rgb, rate, settings),
+        "swscale_rgb_to_yuv420": lambda: _time(lambda: from_rgb(rgb)),
         "encode_chunk_rgb": lambda: _encode_rgb(rgb, rate, settings),
         "vaecast_path": lambda: _vaecast_path(chunks, rate, settings),
         "ffmpeg_cli": lambda: _ffmpeg(rgb, rate, settings),
@@ -104,17 +105,12 @@ def _q_yuv(chunk: torch.Tensor) -> Any:
     return quantize.quantize_yuv420_to_host(chunk, (0.0, 1.0))  # type: ignore[attr-defined]
 
 
-def _swscale(rgb: np.ndarray, fps: Fraction, settings: EncoderSettings) -> float:
-    encoder = H264Encoder(rgb.shape[2], rgb.shape[1], fps, settings)
-    seconds = _time(lambda: [encoder._to_yuv(frame) for frame in rgb])
-    encoder.close()
-    return seconds
-
-
 def _encode_rgb(rgb: np.ndarray, fps: Fraction, settings: EncoderSettings) -> float:
     stream = VideoStreamEncoder(rgb.shape[2], rgb.shape[1], fps, settings)
     seconds = _time(
-        lambda: [stream.encode_chunk(rgb[s : s + CHUNK_FRAMES]) for s in range(0, len(rgb), 4)]
+        lambda: [
+            stream.encode_chunk(from_rgb(rgb[s : s + CHUNK_FRAMES])) for s in range(0, len(rgb), 4)
+        ]
     )
     stream.close()
     return seconds
@@ -123,7 +119,7 @@ def _encode_rgb(rgb: np.ndarray, fps: Fraction, settings: EncoderSettings) -> fl
 def _vaecast_path(chunks: list[torch.Tensor], fps: Fraction, settings: EncoderSettings) -> float:
     height, width = chunks[0].shape[-2:]
     stream = VideoStreamEncoder(width, height, fps, settings)
-    seconds = _time(lambda: [stream.encode_chunk(_q_rgb(chunk)) for chunk in chunks])
+    seconds = _time(lambda: [stream.encode_chunk(from_rgb(_q_rgb(chunk))) for chunk in chunks])
     stream.close()
     return seconds
 

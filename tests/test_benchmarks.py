@@ -103,7 +103,7 @@ def test_profile_summary_of_collapsed_stacks() -> None:
             "thread (11): vaecast-decode_0;run (vaecast/server/bridge.py:90);"
             "quantize_to_host (vaecast/codecs/quantize.py:50) 10",
             "thread (12): vaecast-encode_0;encode_chunk (vaecast/codecs/stream.py:110);"
-            "_to_yuv (vaecast/codecs/h264.py:455) 5",
+            "from_rgb (vaecast/codecs/colour.py:100) 5",
             "thread (12): vaecast-encode_0;encode_chunk (vaecast/codecs/stream.py:110);"
             "encode (vaecast/codecs/h264.py:430) 5",
         ]
@@ -114,7 +114,7 @@ def test_profile_summary_of_collapsed_stacks() -> None:
     hot = summary["hot_path_samples"]
     assert hot["decoder forward (torch)"] == 30
     assert hot["quantize_to_host (float -> uint8 RGB)"] == 10
-    assert hot["swscale RGB -> YUV (H264Encoder._to_yuv)"] == 5
+    assert hot["swscale RGB -> YUV (colour.from_rgb)"] == 5
     assert hot["x264 (self time of H264Encoder.encode)"] == 5
     assert hot["stream encode_chunk (all of the encode thread)"] == 10
     assert summary["top_self"][0] == ("forward (vaecast/models/tiny.py)", 30)

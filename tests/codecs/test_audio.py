@@ -9,8 +9,8 @@ import av
 import numpy as np
 import pytest
 
-from tests.helpers.media import gradient_frames
-from vaecast.codecs import fmp4
+from tests.helpers.media import gradient_yuv
+from vaecast.codecs import fmp4, fmp4_reader
 from vaecast.codecs.aac import AacEncoder, fit_to_length
 from vaecast.codecs.stream import AUDIO_TRACK_ID, VIDEO_TRACK_ID, Soundtrack, VideoStreamEncoder
 
@@ -32,7 +32,7 @@ def clicks(frames_with_click: list[int], sample_rate: int, channels: int = 2) ->
 
 def encode(soundtrack: Soundtrack) -> tuple[bytes, list[bytes]]:
     encoder = VideoStreamEncoder(64, 48, FPS, soundtrack=soundtrack, total_frames=FRAMES)
-    frames, start, fragments = gradient_frames(FRAMES), 0, []
+    frames, start, fragments = gradient_yuv(FRAMES), 0, []
     for count in CHUNKS:
         fragments.append(encoder.encode_chunk(frames[start : start + count]))
         start += count
@@ -58,7 +58,7 @@ def video_seconds(data: bytes) -> float:
 def test_both_tracks_decode_and_last_equally_long(sample_rate: int, channels: int):
     init, fragments = encode(Soundtrack(clicks([], sample_rate, channels), sample_rate))
     data = init + b"".join(fragments)
-    tracks = fmp4.parse_init_segment(init).tracks
+    tracks = fmp4_reader.parse_init_segment(init).tracks
     assert [type(t).__name__ for t in tracks] == ["VideoTrack", "AudioTrack"]
     assert (tracks[1].sample_rate, tracks[1].channels) == (sample_rate, channels)
     samples, rate, first_time = decoded_audio(data)
@@ -85,7 +85,7 @@ def test_every_fragment_carries_both_tracks_with_continuous_decode_times():
     _, fragments = encode(Soundtrack(clicks([], sample_rate), sample_rate))
     next_time = {VIDEO_TRACK_ID: 0, AUDIO_TRACK_ID: 0}
     for fragment in fragments:
-        runs = {run.track_id: run for run in fmp4.parse_fragment(fragment).runs}
+        runs = {run.track_id: run for run in fmp4_reader.parse_fragment(fragment).runs}
         assert sorted(runs) == [VIDEO_TRACK_ID, AUDIO_TRACK_ID]
         for track_id, run in runs.items():
             assert run.base_media_decode_time == next_time[track_id]
@@ -105,7 +105,7 @@ def test_short_audio_is_padded_and_long_audio_trimmed_to_the_video(factor: float
     audio_ticks = sum(
         run.duration
         for fragment in fragments
-        for run in fmp4.parse_fragment(fragment).runs
+        for run in fmp4_reader.parse_fragment(fragment).runs
         if run.track_id == AUDIO_TRACK_ID
     )
     assert audio_ticks == round(FRAMES / FPS * sample_rate)
@@ -126,7 +126,8 @@ def test_esds_carries_the_audio_specific_config_and_round_trips():
         "000000276573647300000000031900000004114015000000000000000000000005021190060102"
     )
     video = fmp4.VideoTrack(1, 16_000, 64, 48, bytes.fromhex("0142c00affe100000100"))
-    assert fmp4.parse_init_segment(fmp4.init_segment([video, track])).tracks == (video, track)
+    init = fmp4.init_segment([video, track])
+    assert fmp4_reader.parse_init_segment(init).tracks == (video, track)
 
 
 def test_bad_audio_settings_are_refused():

@@ -1,4 +1,4 @@
-"""RGB -> YUV 4:2:0 on the tensor's device, and the encoder taking those planes."""
+"""RGB -> YUV 4:2:0 on the tensor's device or through swscale, and the encoder taking the planes."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import av
 import numpy as np
 import pytest
 import torch
-from av.video.reformatter import ColorRange, Colorspace
 
 from tests.helpers.media import gradient_frames
-from vaecast.codecs.colour import Yuv420Frames
+from vaecast.codecs.colour import Yuv420Frames, from_rgb
 from vaecast.codecs.h264 import H264Encoder
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
@@ -36,17 +35,19 @@ def psnr_db(a: np.ndarray, b: np.ndarray) -> float:
     return float(10 * np.log10(255**2 / mse))
 
 
+# BT.601 limited range, the textbook 8-bit values.
+TEXTBOOK_COLOURS = [
+    ((0.0, 0.0, 0.0), (16, 128, 128)),
+    ((1.0, 1.0, 1.0), (235, 128, 128)),
+    ((1.0, 0.0, 0.0), (81, 90, 240)),
+    ((0.0, 1.0, 0.0), (145, 54, 34)),
+    ((0.0, 0.0, 1.0), (41, 240, 110)),
+]
+
+
 @pytest.mark.parametrize(
     ("rgb", "yuv"),
-    [
-        # BT.601 limited range, the textbook 8-bit values.
-        ((0.0, 0.0, 0.0), (16, 128, 128)),
-        ((1.0, 1.0, 1.0), (235, 128, 128)),
-        ((1.0, 0.0, 0.0), (81, 90, 240)),
-        ((0.0, 1.0, 0.0), (145, 54, 34)),
-        ((0.0, 0.0, 1.0), (41, 240, 110)),
-        ((2.0, -1.0, -3.0), (81, 90, 240)),  # clamped to red
-    ],
+    [*TEXTBOOK_COLOURS, ((2.0, -1.0, -3.0), (81, 90, 240))],  # the last clamped to red
 )
 def test_textbook_colours(rgb: tuple[float, float, float], yuv: tuple[int, int, int]) -> None:
     for value_range, values in (((0.0, 1.0), rgb), ((-1.0, 1.0), tuple(2 * v - 1 for v in rgb))):
@@ -54,6 +55,32 @@ def test_textbook_colours(rgb: tuple[float, float, float], yuv: tuple[int, int, 
         assert out.planes.shape == (2, 6, 6)
         for plane, expected in enumerate(yuv):
             assert np.all(out.plane(1, plane) == expected), (value_range, plane)
+
+
+@pytest.mark.parametrize(("rgb", "yuv"), TEXTBOOK_COLOURS)
+def test_from_rgb_textbook_colours(
+    rgb: tuple[float, float, float], yuv: tuple[int, int, int]
+) -> None:
+    pixels = np.broadcast_to(np.array(rgb) * 255, (2, 4, 6, 3)).astype(np.uint8)
+    out = from_rgb(pixels)
+    assert (out.planes.shape, out.height, out.width) == ((2, 6, 6), 4, 6)
+    for plane, expected in enumerate(yuv):
+        assert np.all(out.plane(1, plane) == expected), plane
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        np.zeros((2, 4, 6, 3), np.float32),
+        np.zeros((4, 6, 3), np.uint8),
+        np.zeros((2, 4, 6, 4), np.uint8),
+        np.zeros((2, 3, 6, 3), np.uint8),
+        np.zeros((2, 4, 5, 3), np.uint8),
+    ],
+)
+def test_from_rgb_refuses_what_is_not_even_uint8_rgb(frames: np.ndarray) -> None:
+    with pytest.raises(ValueError, match=r"uint8 array of shape \(T, H, W, 3\) with even H and W"):
+        from_rgb(frames)
 
 
 def test_planes_against_a_float64_reference() -> None:
@@ -76,15 +103,9 @@ def test_planes_against_a_float64_reference() -> None:
 def test_close_to_swscale() -> None:
     rgb = gradient_frames(3, WIDTH, HEIGHT)
     ours = quantize_yuv420_to_host(as_float(rgb), (0.0, 1.0))
-    for index, frame in enumerate(rgb):
-        theirs = (
-            av.VideoFrame.from_ndarray(frame, format="rgb24")
-            .reformat(format="yuv420p", dst_colorspace=Colorspace.ITU601,
-                      dst_color_range=ColorRange.MPEG)
-            .to_ndarray()
-            .astype(np.int16)
-        )  # fmt: skip
-        difference = np.abs(ours.planes[index].astype(np.int16) - theirs)
+    theirs = from_rgb(rgb)
+    for index in range(len(rgb)):
+        difference = np.abs(ours.planes[index].astype(np.int16) - theirs.planes[index])
         assert difference[:HEIGHT].max() <= 1
         assert difference[HEIGHT:].mean() < 0.5
 
@@ -133,10 +154,10 @@ def test_stream_of_yuv_chunks_decodes_to_the_source() -> None:
         assert psnr_db(frame, source[index]) > PSNR_FLOOR_DB, index
 
 
-def test_rgb_and_yuv_chunks_mix_in_one_stream() -> None:
+def test_swscale_and_torch_chunks_mix_in_one_stream() -> None:
     source = gradient_frames(8, WIDTH, HEIGHT)
     encoder = H264Encoder(WIDTH, HEIGHT, Fraction(16))
-    samples = encoder.encode(source[:4])
+    samples = encoder.encode(from_rgb(source[:4]))
     samples += encoder.encode(quantize_yuv420_to_host(as_float(source[4:]), (0.0, 1.0)))
     encoder.close()
     assert len(samples) == 8 and encoder.frames_encoded == 8

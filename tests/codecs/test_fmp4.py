@@ -1,34 +1,33 @@
-"""The fMP4 box writer and reader: golden bytes, round trips, and stream splitting."""
+"""The fMP4 box writer: golden bytes, and round trips through the reader."""
 
 from __future__ import annotations
 
-import itertools
 import struct
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.media import X264_BASELINE_AVCC
 from vaecast.codecs import fmp4
 from vaecast.codecs.fmp4 import (
     Sample,
-    TopLevelBoxSplitter,
     TrackRun,
     VideoTrack,
     box,
     fragment,
     full_box,
     init_segment,
+)
+from vaecast.codecs.fmp4_reader import (
+    children,
+    find_child,
     iter_boxes,
     parse_fragment,
     parse_init_segment,
 )
 
-# A real SPS/PPS pair from libx264 (ultrafast, 64x48) as an avcC payload.
-AVCC = bytes.fromhex(
-    "0142c00affe100196742c00ada11e9a830302a000003000200000300411e244d4001000468ce0fc8"
-)
-TRACK = VideoTrack(track_id=1, timescale=16000, width=64, height=48, avcc=AVCC)
+TRACK = VideoTrack(track_id=1, timescale=16000, width=64, height=48, avcc=X264_BASELINE_AVCC)
 
 
 def test_box_golden() -> None:
@@ -115,19 +114,19 @@ def test_init_segment_layout() -> None:
 
 
 def test_init_segment_round_trip_two_tracks() -> None:
-    second = VideoTrack(track_id=3, timescale=30000, width=832, height=480, avcc=AVCC)
+    second = VideoTrack(track_id=3, timescale=30000, width=832, height=480, avcc=TRACK.avcc)
     data = init_segment([TRACK, second])
     parsed = parse_init_segment(data)
     assert parsed.major_brand == "isom"
     assert parsed.compatible_brands == ("isom", "iso6", "avc1", "mp41")
     assert parsed.tracks == (TRACK, second)
     moov = next(b for b in iter_boxes(data) if b.type == "moov")
-    mvhd = fmp4.find_child(data, moov, "mvhd")
+    mvhd = find_child(data, moov, "mvhd")
     # next_track_ID is the last field of mvhd.
     assert struct.unpack_from(">I", data, mvhd.end - 4) == (4,)
     trex_ids = [
         struct.unpack_from(">I", data, b.payload_offset + 4)[0]
-        for b in fmp4.children(data, fmp4.find_child(data, moov, "mvex"))
+        for b in children(data, find_child(data, moov, "mvex"))
     ]
     assert trex_ids == [1, 3]
 
@@ -201,124 +200,3 @@ def test_fragment_round_trip_property(
     parsed = parse_fragment(fragment(sequence_number, [run]))
     assert parsed.sequence_number == sequence_number
     assert parsed.runs[0].run == run
-
-
-def test_parse_fragment_rejects_data_offset_outside_mdat() -> None:
-    data = bytearray(fragment(1, [TrackRun(1, 0, samples_of(b"abcd"))]))
-    trun = data.index(b"trun")
-    # data_offset follows size/type (already passed), version/flags and sample_count.
-    struct.pack_into(">i", data, trun + 4 + 4 + 4, 4)
-    with pytest.raises(ValueError, match="outside the mdat"):
-        parse_fragment(bytes(data))
-
-
-def test_parse_fragment_needs_moof_then_mdat() -> None:
-    with pytest.raises(ValueError, match="moof \\+ mdat"):
-        parse_fragment(box(b"mdat", b"x"))
-
-
-def test_iter_boxes_sizes_and_nesting() -> None:
-    inner = box(b"abcd", b"12") + box(b"efgh")
-    data = box(b"free", b"xyz") + box(b"wrap", inner)
-    boxes = list(iter_boxes(data))
-    assert boxes == [fmp4.Box("free", 0, 11, 8), fmp4.Box("wrap", 11, 26, 8)]
-    assert boxes[0].payload(data) == b"xyz"
-    assert list(iter_boxes(data, boxes[1].payload_offset, boxes[1].end)) == [
-        fmp4.Box("abcd", 19, 10, 8),
-        fmp4.Box("efgh", 29, 8, 8),
-    ]
-
-
-def test_iter_boxes_largesize_and_size_zero() -> None:
-    large = b"\x00\x00\x00\x01free" + struct.pack(">Q", 18) + b"ab"
-    assert list(iter_boxes(large)) == [fmp4.Box("free", 0, 18, 16)]
-    to_end = b"\x00\x00\x00\x00mdat" + b"xyz"
-    assert list(iter_boxes(to_end)) == [fmp4.Box("mdat", 0, 11, 8)]
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        (box(b"free", b"abc")[:-1], "truncated box"),
-        (b"\x00\x00\x00\x08fr", "truncated box header"),
-        (b"\x00\x00\x00\x01free\x00\x00", "truncated largesize"),
-        (b"\x00\x00\x00\x04free", "impossible size"),
-        (b"\x00\x00\x00\x08\x00\x01\x02\x03", "not a box"),
-    ],
-)
-def test_iter_boxes_rejects_truncation_and_garbage(data: bytes, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        list(iter_boxes(data))
-
-
-def test_truncated_fragment_raises() -> None:
-    data = fragment(1, [TrackRun(1, 0, samples_of(b"abcdef"))])
-    with pytest.raises(ValueError, match="truncated"):
-        parse_fragment(data[:-1])
-
-
-def stream_bytes() -> tuple[bytes, list[bytes]]:
-    parts = [
-        fmp4.ftyp(),
-        init_segment([TRACK])[len(fmp4.ftyp()) :],
-        *iter_top_level(fragment(1, [TrackRun(1, 0, samples_of(b"one"))])),
-        *iter_top_level(fragment(2, [TrackRun(1, 1000, samples_of(b"two", b"three"))])),
-    ]
-    return b"".join(parts), parts
-
-
-def iter_top_level(data: bytes) -> list[bytes]:
-    return [data[b.offset : b.end] for b in iter_boxes(data)]
-
-
-def test_splitter_all_at_once_and_byte_by_byte_agree() -> None:
-    data, parts = stream_bytes()
-    whole = TopLevelBoxSplitter()
-    assert whole.feed(data) == parts
-    whole.close()
-
-    bytewise = TopLevelBoxSplitter()
-    boxes = []
-    for index in range(len(data)):
-        boxes += bytewise.feed(data[index : index + 1])
-    assert boxes == parts
-    assert bytewise.pending == 0
-    assert bytewise.bytes_emitted == len(data)
-
-
-@settings(max_examples=30, deadline=None)
-@given(cuts=st.lists(st.integers(0, 2000), max_size=12))
-def test_splitter_any_split_agrees(cuts: list[int]) -> None:
-    data, parts = stream_bytes()
-    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    splitter = TopLevelBoxSplitter()
-    boxes = []
-    for start, end in itertools.pairwise(bounds):
-        boxes += splitter.feed(data[start:end])
-    assert boxes == parts
-
-
-def test_splitter_largesize_box() -> None:
-    large = b"\x00\x00\x00\x01free" + struct.pack(">Q", 18) + b"ab"
-    splitter = TopLevelBoxSplitter()
-    assert [splitter.feed(large[i : i + 1]) for i in range(len(large))][-1] == [large]
-
-
-def test_splitter_garbage_fails_for_good() -> None:
-    splitter = TopLevelBoxSplitter()
-    with pytest.raises(ValueError, match="not a box"):
-        splitter.feed(b"\x00\x00\x00\x08\x00\x01\x02\x03")
-    with pytest.raises(ValueError, match="cannot resync"):
-        splitter.feed(box(b"free"))
-
-
-def test_splitter_refuses_size_zero_box() -> None:
-    with pytest.raises(ValueError, match="size 0"):
-        TopLevelBoxSplitter().feed(b"\x00\x00\x00\x00mdatxyz")
-
-
-def test_splitter_close_detects_truncated_stream() -> None:
-    splitter = TopLevelBoxSplitter()
-    assert splitter.feed(box(b"free", b"abc")[:-1]) == []
-    with pytest.raises(ValueError, match="stream ended inside a box: 10 bytes"):
-        splitter.close()

@@ -10,14 +10,15 @@ import av
 import numpy as np
 import pytest
 
-from tests.helpers.media import gradient_frames
-from vaecast.codecs.fmp4 import iter_boxes, parse_fragment, parse_init_segment
+from tests.helpers.media import gradient_frames, gradient_yuv
+from vaecast.codecs.colour import Yuv420Frames, from_rgb
+from vaecast.codecs.fmp4_reader import iter_boxes, parse_fragment, parse_init_segment
 from vaecast.codecs.stream import VIDEO_TRACK_ID, VideoStreamEncoder
 
 WIDTH, HEIGHT = 64, 48
 CHUNK_FRAMES = (1, 4, 4)
-# Measured 2026-11-29 with the default settings on this clip: 35.9-36.8 dB per frame.
-# A frame out of place or a colour-matrix mismatch lands near 20 dB.
+# The default settings keep this clip well above it (benchmarks/results/codecs_notes.md);
+# a frame out of place or a colour-matrix mismatch lands near 20 dB.
 PSNR_FLOOR_DB = 32.0
 
 
@@ -41,9 +42,9 @@ def stream() -> Iterator[VideoStreamEncoder]:
 def encode_chunks(
     stream: VideoStreamEncoder, source: np.ndarray, counts: tuple[int, ...] = CHUNK_FRAMES
 ) -> list[bytes]:
-    fragments, start = [], 0
+    fragments, start, frames = [], 0, from_rgb(source)
     for count in counts:
-        fragments.append(stream.encode_chunk(source[start : start + count]))
+        fragments.append(stream.encode_chunk(frames[start : start + count]))
         start += count
     return fragments
 
@@ -97,7 +98,7 @@ def test_init_segment_and_content_type(stream: VideoStreamEncoder) -> None:
 def test_ntsc_rate_timestamps() -> None:
     encoder = VideoStreamEncoder(WIDTH, HEIGHT, Fraction(30000, 1001))
     try:
-        data = encoder.init_segment + encoder.encode_chunk(gradient_frames(3, WIDTH, HEIGHT))
+        data = encoder.init_segment + encoder.encode_chunk(gradient_yuv(3, WIDTH, HEIGHT))
     finally:
         encoder.close()
     frames = decode_all(data)
@@ -107,11 +108,13 @@ def test_ntsc_rate_timestamps() -> None:
 
 def test_bad_chunks_are_refused_before_the_codec(stream: VideoStreamEncoder) -> None:
     with pytest.raises(ValueError, match="at least one frame"):
-        stream.encode_chunk(np.zeros((0, HEIGHT, WIDTH, 3), np.uint8))
-    with pytest.raises(ValueError, match="uint8 array"):
-        stream.encode_chunk(np.zeros((1, HEIGHT, WIDTH, 3), np.float32))
+        stream.encode_chunk(
+            Yuv420Frames(np.zeros((0, HEIGHT * 3 // 2, WIDTH), np.uint8), HEIGHT, WIDTH)
+        )
+    with pytest.raises(ValueError, match="must be Yuv420Frames"):
+        stream.encode_chunk(np.zeros((1, HEIGHT, WIDTH, 3), np.uint8))  # type: ignore[arg-type]
     # Nothing reached the encoder, so the stream goes on with sequence number 1.
-    data = stream.encode_chunk(gradient_frames(2, WIDTH, HEIGHT))
+    data = stream.encode_chunk(gradient_yuv(2, WIDTH, HEIGHT))
     assert parse_fragment(data).sequence_number == 1
     assert stream.frames_encoded == 2
 
@@ -120,6 +123,6 @@ def test_closed_stream_refuses_chunks(stream: VideoStreamEncoder) -> None:
     stream.close()
     stream.close()
     with pytest.raises(RuntimeError, match="closed"):
-        stream.encode_chunk(gradient_frames(1, WIDTH, HEIGHT))
+        stream.encode_chunk(gradient_yuv(1, WIDTH, HEIGHT))
     with pytest.raises(RuntimeError, match="closed"):
-        stream.encode_chunk(gradient_frames(1, WIDTH, HEIGHT))
+        stream.encode_chunk(gradient_yuv(1, WIDTH, HEIGHT))

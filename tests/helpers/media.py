@@ -1,8 +1,19 @@
-"""Media generated on the fly for codec tests."""
+"""Media generated on the fly for codec tests, and real parameter sets from libx264."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from vaecast.codecs.colour import Yuv420Frames, from_rgb
+
+# libx264's SPS/PPS for 64x48: ultrafast (Constrained Baseline) and veryfast (High).
+X264_BASELINE_SPS = bytes.fromhex("6742c00ada11e9a830302a000003000200000300411e244d40")
+X264_BASELINE_PPS = bytes.fromhex("68ce0fc8")
+X264_HIGH_SPS = bytes.fromhex("6764000aacb423d350606054000003000400000300823c489a80")
+# The baseline pair as an avcC payload, as an `avc1` sample entry carries it.
+X264_BASELINE_AVCC = (
+    bytes.fromhex("0142c00affe10019") + X264_BASELINE_SPS + b"\x01\x00\x04" + X264_BASELINE_PPS
+)
 
 
 def gradient_frames(count: int, width: int = 64, height: int = 48) -> np.ndarray:
@@ -17,3 +28,8 @@ def gradient_frames(count: int, width: int = 64, height: int = 48) -> np.ndarray
     green = 128 + 90 * np.cos(2 * np.pi * (y / height + 0.03 * t))
     blue = np.broadcast_to(64 + 60 * (x + y) / (width + height), red.shape)
     return np.stack([red, green, blue], axis=-1).round().astype(np.uint8)
+
+
+def gradient_yuv(count: int, width: int = 64, height: int = 48) -> Yuv420Frames:
+    """`gradient_frames` as the encoder takes them (swscale's BT.601 4:2:0)."""
+    return from_rgb(gradient_frames(count, width, height))

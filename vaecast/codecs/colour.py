@@ -3,14 +3,18 @@
 The H.264 stream says (in its SPS VUI) BT.601 matrix, limited ("MPEG") range, 4:2:0
 with the default chroma location (type 0: chroma co-sited with the even luma
 columns, midway between two luma rows). `quantize.quantize_yuv420_to_host` produces
-exactly that on the decoder's device, so the encoder can skip swscale.
+exactly that on the decoder's device, so the encoder can skip swscale. `from_rgb`
+makes the same from 8-bit RGB on the host through swscale, for callers that hold RGB
+frames (tests, benchmarks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import av
 import numpy as np
+from av.video.reformatter import ColorRange, Colorspace
 
 # BT.601 luma weights (ITU-R BT.601-7, 2.5.1).
 KR, KB = 0.299, 0.114
@@ -85,3 +89,30 @@ class Yuv420Frames:
             return flat[: h * w].reshape(h, w)
         start = h * w + (index - 1) * (h // 2) * (w // 2)
         return flat[start : start + (h // 2) * (w // 2)].reshape(h // 2, w // 2)
+
+
+def from_rgb(frames: np.ndarray) -> Yuv420Frames:
+    """(T, H, W, 3) uint8 RGB -> `Yuv420Frames`, converted by swscale (BT.601, limited range)."""
+    if (
+        not isinstance(frames, np.ndarray)
+        or frames.dtype != np.uint8
+        or frames.ndim != 4
+        or frames.shape[3] != 3
+        or frames.shape[1] % 2
+        or frames.shape[2] % 2
+    ):
+        raise ValueError(
+            "frames must be a uint8 array of shape (T, H, W, 3) with even H and W, got "
+            f"{getattr(frames, 'dtype', type(frames).__name__)} {getattr(frames, 'shape', None)}"
+        )
+    count, height, width = frames.shape[:3]
+    planes = np.empty((count, height * 3 // 2, width), np.uint8)
+    for index, rgb in enumerate(frames):
+        planes[index] = (
+            av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+            .reformat(
+                format="yuv420p", dst_colorspace=Colorspace.ITU601, dst_color_range=ColorRange.MPEG
+            )
+            .to_ndarray()
+        )
+    return Yuv420Frames(planes, height, width)

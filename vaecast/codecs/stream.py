@@ -1,5 +1,5 @@
-"""One stream: RGB chunks (and optionally a soundtrack) in, an init segment and one
-fMP4 fragment per chunk out.
+"""One stream: YUV 4:2:0 chunks (and optionally a soundtrack) in, an init segment and
+one fMP4 fragment per chunk out.
 
 Pure glue between `h264.H264Encoder`, `aac.AacEncoder` and `fmp4`: no I/O and no
 threads. The caller (the server's job task) runs `encode_chunk` in an executor and
@@ -107,9 +107,8 @@ class VideoStreamEncoder:
         self._failed = False
         self._closed = False
 
-    def encode_chunk(self, frames: np.ndarray | Yuv420Frames) -> bytes:
-        """(T, H, W, 3) uint8 RGB or `Yuv420Frames`, T >= 1 -> exactly one moof + mdat
-        for these frames."""
+    def encode_chunk(self, frames: Yuv420Frames) -> bytes:
+        """`Yuv420Frames` of T >= 1 frames -> exactly one moof + mdat for these frames."""
         if self._closed:
             raise RuntimeError("stream encoder is closed")
         if self._failed:

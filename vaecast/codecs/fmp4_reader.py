@@ -1,0 +1,411 @@
+"""Fragmented MP4 boxes read back, without I/O: box walking, parsing, stream splitting.
+
+The counterpart of `fmp4` for tests and tools (vaecast itself only writes):
+`iter_boxes` walks a buffer's boxes, `parse_init_segment` and `parse_fragment`
+read back the values `fmp4` wrote, and `TopLevelBoxSplitter` cuts a byte stream
+into whole top-level boxes as it arrives. It reads what `fmp4` writes plus the
+common optional fields of other writers, and raises ValueError on anything
+truncated or malformed rather than guessing.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from vaecast.codecs.fmp4 import (
+    DECODER_CONFIG_DESCRIPTOR_TAG,
+    DECODER_SPECIFIC_INFO_TAG,
+    ES_DESCRIPTOR_TAG,
+    SAMPLE_IS_NON_SYNC_SAMPLE,
+    TFHD_BASE_DATA_OFFSET_PRESENT,
+    TFHD_DEFAULT_BASE_IS_MOOF,
+    TFHD_DEFAULT_SAMPLE_DURATION_PRESENT,
+    TFHD_DEFAULT_SAMPLE_FLAGS_PRESENT,
+    TFHD_DEFAULT_SAMPLE_SIZE_PRESENT,
+    TFHD_SAMPLE_DESCRIPTION_INDEX_PRESENT,
+    TRUN_DATA_OFFSET_PRESENT,
+    TRUN_FIRST_SAMPLE_FLAGS_PRESENT,
+    TRUN_SAMPLE_COMPOSITION_TIME_OFFSET_PRESENT,
+    TRUN_SAMPLE_DURATION_PRESENT,
+    TRUN_SAMPLE_FLAGS_PRESENT,
+    TRUN_SAMPLE_SIZE_PRESENT,
+    AudioTrack,
+    Sample,
+    Track,
+    TrackRun,
+    VideoTrack,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """Where a box lies in a buffer: `offset` of its first byte, total `size`."""
+
+    type: str
+    offset: int
+    size: int
+    header_size: int
+
+    @property
+    def payload_offset(self) -> int:
+        return self.offset + self.header_size
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+    def payload(self, data: bytes) -> bytes:
+        return bytes(data[self.payload_offset : self.end])
+
+
+def _parse_box_header(data: bytes | bytearray, offset: int, end: int) -> tuple[str, int, int]:
+    """(type, size, header_size) of the box at `offset`; size 0 means "to the end"."""
+    if end - offset < 8:
+        raise ValueError(f"truncated box header at offset {offset}: {end - offset} bytes left")
+    size, raw_type = struct.unpack_from(">I4s", data, offset)
+    if any(byte < 0x20 or byte == 0x7F for byte in raw_type):
+        raise ValueError(f"not a box at offset {offset}: type bytes {raw_type!r}")
+    header_size = 8
+    if size == 1:
+        if end - offset < 16:
+            raise ValueError(f"truncated largesize at offset {offset}")
+        (size,) = struct.unpack_from(">Q", data, offset + 8)
+        header_size = 16
+    if raw_type == b"uuid":
+        header_size += 16  # extended_type follows
+    if size != 0 and size < header_size:
+        raise ValueError(f"box {raw_type!r} at offset {offset} has impossible size {size}")
+    return raw_type.decode("latin-1"), size, header_size
+
+
+def iter_boxes(data: bytes | bytearray, start: int = 0, end: int | None = None) -> Iterator[Box]:
+    """The boxes that tile data[start:end] exactly, in order (not descending into them)."""
+    end = len(data) if end is None else end
+    offset = start
+    while offset < end:
+        box_type, size, header_size = _parse_box_header(data, offset, end)
+        if size == 0:
+            size = end - offset
+        if offset + size > end:
+            raise ValueError(
+                f"truncated box {box_type!r} at offset {offset}: size {size}, "
+                f"{end - offset} bytes available"
+            )
+        yield Box(box_type, offset, size, header_size)
+        offset += size
+
+
+def children(data: bytes | bytearray, parent: Box, skip: int = 0) -> list[Box]:
+    """The boxes inside `parent`, after `skip` bytes of its own fields."""
+    return list(iter_boxes(data, parent.payload_offset + skip, parent.end))
+
+
+def find_child(data: bytes | bytearray, parent: Box, box_type: str, skip: int = 0) -> Box:
+    for child in children(data, parent, skip):
+        if child.type == box_type:
+            return child
+    raise ValueError(f"{parent.type!r} at offset {parent.offset} has no {box_type!r}")
+
+
+def _full_box_header(data: bytes | bytearray, b: Box) -> tuple[int, int]:
+    if b.size - b.header_size < 4:
+        raise ValueError(f"full box {b.type!r} at offset {b.offset} too short")
+    (word,) = struct.unpack_from(">I", data, b.payload_offset)
+    return word >> 24, word & 0xFFFFFF
+
+
+class _Cursor:
+    """Reads big-endian fields from a box payload; raises ValueError past its end."""
+
+    __slots__ = ("_data", "_end", "pos")
+
+    def __init__(self, data: bytes | bytearray, start: int, end: int) -> None:
+        self._data, self.pos, self._end = data, start, end
+
+    def read(self, fmt: str) -> tuple[int, ...]:
+        size = struct.calcsize(">" + fmt)
+        if self.pos + size > self._end:
+            raise ValueError(f"box field runs past its box end at offset {self.pos}")
+        values = struct.unpack_from(">" + fmt, self._data, self.pos)
+        self.pos += size
+        return values
+
+    def one(self, fmt: str) -> int:
+        return self.read(fmt)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class InitSegment:
+    major_brand: str
+    compatible_brands: tuple[str, ...]
+    tracks: tuple[Track, ...]
+
+
+def parse_init_segment(data: bytes) -> InitSegment:
+    """Read back ftyp and the tracks of a moov (as the value objects that wrote them)."""
+    top = {b.type: b for b in iter_boxes(data)}
+    if "ftyp" not in top or "moov" not in top:
+        raise ValueError(f"init segment needs ftyp and moov, found {sorted(top)}")
+    ftyp_payload = top["ftyp"].payload(data)
+    if len(ftyp_payload) < 8 or len(ftyp_payload) % 4:
+        raise ValueError("malformed ftyp")
+    brands = tuple(
+        ftyp_payload[i : i + 4].decode("latin-1") for i in range(8, len(ftyp_payload), 4)
+    )
+    tracks = tuple(_parse_trak(data, b) for b in children(data, top["moov"]) if b.type == "trak")
+    find_child(data, top["moov"], "mvex")  # a moov without mvex cannot be fragmented
+    return InitSegment(ftyp_payload[:4].decode("latin-1"), brands, tracks)
+
+
+def _parse_trak(data: bytes, trak: Box) -> Track:
+    tkhd_box = find_child(data, trak, "tkhd")
+    version, _ = _full_box_header(data, tkhd_box)
+    cursor = _Cursor(data, tkhd_box.payload_offset + 4, tkhd_box.end)
+    cursor.read("QQ" if version == 1 else "II")  # creation, modification
+    track_id = cursor.one("I")
+    mdia = find_child(data, trak, "mdia")
+    mdhd_box = find_child(data, mdia, "mdhd")
+    version, _ = _full_box_header(data, mdhd_box)
+    cursor = _Cursor(data, mdhd_box.payload_offset + 4, mdhd_box.end)
+    cursor.read("QQ" if version == 1 else "II")
+    timescale = cursor.one("I")
+    hdlr_box = find_child(data, mdia, "hdlr")
+    handler_type = data[hdlr_box.payload_offset + 8 : hdlr_box.payload_offset + 12]
+    stbl = find_child(data, find_child(data, mdia, "minf"), "stbl")
+    stsd = find_child(data, stbl, "stsd")
+    # stsd: full box header + entry_count before the sample entries.
+    entries = children(data, stsd, skip=8)
+    if not entries:
+        raise ValueError("stsd has no sample entry")
+    entry = entries[0]
+    match handler_type, entry.type:
+        case b"vide", "avc1" | "avc3":
+            # VisualSampleEntry: 6 reserved + 2 dri + 16 pre_defined/reserved, then w, h;
+            # child boxes start after its 78 bytes of fields.
+            width, height = struct.unpack_from(">HH", data, entry.payload_offset + 24)
+            avcc = find_child(data, entry, "avcC", skip=78).payload(data)
+            return VideoTrack(track_id, timescale, width, height, avcc)
+        case b"soun", "mp4a":
+            # AudioSampleEntry: 6 reserved + 2 dri + 8 reserved, then channelcount,
+            # samplesize, 4 bytes, samplerate (16.16); child boxes after 28 bytes.
+            channels = struct.unpack_from(">H", data, entry.payload_offset + 16)[0]
+            sample_rate = struct.unpack_from(">I", data, entry.payload_offset + 24)[0] >> 16
+            esds_box = find_child(data, entry, "esds", skip=28)
+            config = _audio_specific_config(esds_box.payload(data)[4:])
+            return AudioTrack(track_id, sample_rate, channels, config)
+    raise ValueError(f"unsupported track: handler {handler_type!r}, sample entry {entry.type!r}")
+
+
+def _read_descriptor(data: bytes, offset: int) -> tuple[int, int, int]:
+    """(tag, payload start, payload end) of the 14496-1 descriptor at `offset`."""
+    tag, size, position = data[offset], 0, offset + 1
+    while True:
+        byte = data[position]
+        position += 1
+        size = (size << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return tag, position, position + size
+
+
+def _audio_specific_config(es_descriptor: bytes) -> bytes:
+    tag, start, _ = _read_descriptor(es_descriptor, 0)
+    if tag != ES_DESCRIPTOR_TAG:
+        raise ValueError(f"esds holds descriptor tag {tag}, expected an ES_Descriptor")
+    tag, start, end = _read_descriptor(es_descriptor, start + 3)  # after ES_ID and flags
+    if tag != DECODER_CONFIG_DESCRIPTOR_TAG:
+        raise ValueError(f"expected a DecoderConfigDescriptor, found tag {tag}")
+    tag, start, end = _read_descriptor(es_descriptor, start + 13)  # after its fixed fields
+    if tag != DECODER_SPECIFIC_INFO_TAG:
+        raise ValueError(f"expected a DecoderSpecificInfo, found tag {tag}")
+    return es_descriptor[start:end]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedTrackRun:
+    """One traf as read back: every per-sample field, and the sample bytes resolved."""
+
+    track_id: int
+    base_media_decode_time: int
+    data_offset: int
+    sample_durations: tuple[int, ...]
+    sample_sizes: tuple[int, ...]
+    sample_flags: tuple[int, ...]
+    sample_composition_time_offsets: tuple[int, ...]
+    sample_data: tuple[bytes, ...]
+
+    @property
+    def run(self) -> TrackRun:
+        """The TrackRun that `fragment()` would need to write these samples."""
+        samples = tuple(
+            Sample(data, duration, not flags & SAMPLE_IS_NON_SYNC_SAMPLE, offset)
+            for data, duration, flags, offset in zip(
+                self.sample_data,
+                self.sample_durations,
+                self.sample_flags,
+                self.sample_composition_time_offsets,
+                strict=True,
+            )
+        )
+        return TrackRun(self.track_id, self.base_media_decode_time, samples)
+
+    @property
+    def duration(self) -> int:
+        return sum(self.sample_durations)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedFragment:
+    sequence_number: int
+    runs: tuple[ParsedTrackRun, ...]
+    moof: Box
+    mdat: Box
+
+
+def parse_fragment(data: bytes) -> ParsedFragment:
+    """Read one `moof` + `mdat` (exactly those two top-level boxes)."""
+    boxes = list(iter_boxes(data))
+    if [b.type for b in boxes] != ["moof", "mdat"]:
+        raise ValueError(f"a fragment is moof + mdat, found {[b.type for b in boxes]}")
+    moof, mdat = boxes
+    mfhd_box = find_child(data, moof, "mfhd")
+    _full_box_header(data, mfhd_box)
+    sequence_number = _Cursor(data, mfhd_box.payload_offset + 4, mfhd_box.end).one("I")
+    runs, previous_end = [], moof.offset
+    for traf in children(data, moof):
+        if traf.type == "traf":
+            parsed = _parse_traf(data, traf, moof, mdat, previous_end)
+            previous_end = parsed.data_offset + moof.offset + sum(parsed.sample_sizes)
+            runs.append(parsed)
+    return ParsedFragment(sequence_number, tuple(runs), moof, mdat)
+
+
+def _parse_traf(data: bytes, traf: Box, moof: Box, mdat: Box, previous_end: int) -> ParsedTrackRun:
+    tfhd_box = find_child(data, traf, "tfhd")
+    _, tf_flags = _full_box_header(data, tfhd_box)
+    cursor = _Cursor(data, tfhd_box.payload_offset + 4, tfhd_box.end)
+    track_id = cursor.one("I")
+    # Without either flag the base is the end of the previous traf's data (or the
+    # moof for the first one), per 14496-12 8.8.7.1.
+    base = previous_end
+    if tf_flags & TFHD_BASE_DATA_OFFSET_PRESENT:
+        base = cursor.one("Q")
+    elif tf_flags & TFHD_DEFAULT_BASE_IS_MOOF:
+        base = moof.offset
+    if tf_flags & TFHD_SAMPLE_DESCRIPTION_INDEX_PRESENT:
+        cursor.one("I")
+    default_duration = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_DURATION_PRESENT else 0
+    default_size = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_SIZE_PRESENT else 0
+    default_flags = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_FLAGS_PRESENT else 0
+
+    tfdt_box = find_child(data, traf, "tfdt")
+    version, _ = _full_box_header(data, tfdt_box)
+    cursor = _Cursor(data, tfdt_box.payload_offset + 4, tfdt_box.end)
+    base_media_decode_time = cursor.one("Q" if version == 1 else "I")
+
+    trun_boxes = [b for b in children(data, traf) if b.type == "trun"]
+    if len(trun_boxes) != 1:
+        raise ValueError(f"expected one trun in traf, found {len(trun_boxes)}")
+    trun_box = trun_boxes[0]
+    version, tr_flags = _full_box_header(data, trun_box)
+    cursor = _Cursor(data, trun_box.payload_offset + 4, trun_box.end)
+    sample_count = cursor.one("I")
+    data_offset = cursor.one("i") if tr_flags & TRUN_DATA_OFFSET_PRESENT else 0
+    first_flags = cursor.one("I") if tr_flags & TRUN_FIRST_SAMPLE_FLAGS_PRESENT else None
+    durations, sizes, flags, offsets = [], [], [], []
+    for index in range(sample_count):
+        durations.append(
+            cursor.one("I") if tr_flags & TRUN_SAMPLE_DURATION_PRESENT else default_duration
+        )
+        sizes.append(cursor.one("I") if tr_flags & TRUN_SAMPLE_SIZE_PRESENT else default_size)
+        sample_flags = cursor.one("I") if tr_flags & TRUN_SAMPLE_FLAGS_PRESENT else default_flags
+        if index == 0 and first_flags is not None:
+            sample_flags = first_flags
+        flags.append(sample_flags)
+        offsets.append(
+            cursor.one("i" if version else "I")
+            if tr_flags & TRUN_SAMPLE_COMPOSITION_TIME_OFFSET_PRESENT
+            else 0
+        )
+
+    start = base + data_offset
+    if start < mdat.payload_offset or start + sum(sizes) > mdat.end:
+        raise ValueError(
+            f"track {track_id}: samples at [{start}, {start + sum(sizes)}) fall outside "
+            f"the mdat payload [{mdat.payload_offset}, {mdat.end})"
+        )
+    sample_data, position = [], start
+    for size in sizes:
+        sample_data.append(bytes(data[position : position + size]))
+        position += size
+    return ParsedTrackRun(
+        track_id=track_id,
+        base_media_decode_time=base_media_decode_time,
+        data_offset=start - moof.offset,
+        sample_durations=tuple(durations),
+        sample_sizes=tuple(sizes),
+        sample_flags=tuple(flags),
+        sample_composition_time_offsets=tuple(offsets),
+        sample_data=tuple(sample_data),
+    )
+
+
+class TopLevelBoxSplitter:
+    """Cuts a byte stream into complete top-level boxes as they arrive.
+
+    `feed` returns every box completed by the new bytes (possibly none), each as
+    its full bytes, the same however the stream is split. A size-0 box ("extends
+    to the end of the file") cannot be delimited in a stream and is an error.
+    After an error the splitter refuses more input, since it has lost framing.
+    """
+
+    __slots__ = ("_buffer", "_error", "bytes_emitted")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._error: ValueError | None = None
+        self.bytes_emitted = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes held that do not yet make a complete box."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._error is not None:
+            raise ValueError("splitter failed earlier; it cannot resync") from self._error
+        self._buffer += data
+        boxes: list[bytes] = []
+        while True:
+            size = self._complete_box_size()
+            if size is None:
+                return boxes
+            boxes.append(bytes(self._buffer[:size]))
+            del self._buffer[:size]
+            self.bytes_emitted += size
+
+    def _complete_box_size(self) -> int | None:
+        buffer = self._buffer
+        if len(buffer) < 8 or (len(buffer) < 16 and buffer[:4] == b"\0\0\0\1"):
+            return None
+        try:
+            # The header bytes are all here, so only garbage can raise.
+            box_type, size, _ = _parse_box_header(buffer, 0, len(buffer))
+            if size == 0:
+                raise ValueError(
+                    f"box {box_type!r} at stream offset {self.bytes_emitted} has size 0 "
+                    "(to end of file), which a stream cannot delimit"
+                )
+        except ValueError as error:
+            self._error = error
+            raise
+        return size if len(buffer) >= size else None
+
+    def close(self) -> None:
+        """Declare the stream finished; raises if it ended inside a box."""
+        if self._buffer:
+            raise ValueError(
+                f"stream ended inside a box: {len(self._buffer)} bytes after offset "
+                f"{self.bytes_emitted}"
+            )
