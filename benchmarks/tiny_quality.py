@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
+from vaecast.demo.scenes import random_clip
 from vaecast.models.base import DecodedChunk
-from vaecast.models.scenes import random_clip
 from vaecast.models.tiny import TinyDecoder, TinyEncoder, default_weights
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tiny_quality.json"

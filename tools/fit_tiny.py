@@ -2,7 +2,7 @@
 
     nice -n 10 python tools/fit_tiny.py            # ~50 min on a 2-core CPU
 
-1. Render clips with `vaecast.models.scenes.random_clip` from one generator seeded
+1. Render clips with `vaecast.demo.scenes.random_clip` from one generator seeded
    with `--seed` (the held-out clips use generators seeded 1_000_000 and up, and
    the checkpoint-selection clips 2_000_000 and up: neither is ever trained on).
 2. Structured initialisation: PCA of 4x8x8 RGB patches (768 values) from those
@@ -16,7 +16,7 @@
 4. Write `vaecast/models/weights/tiny.safetensors` (fp16) and `tiny_metrics.json`
    (held-out PSNR at 81 frames of 832x480, plus the recipe's settings and timings).
 
-CPU training is not bit-reproducible across machines (FIELD_NOTES), so the weights
+CPU training is not bit-reproducible across machines, so the weights
 are committed and this script records what it measured.
 """
 
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from vaecast.demo.scenes import random_clip
 from vaecast.models import tiny
-from vaecast.models.scenes import random_clip
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "vaecast" / "models" / "weights"
 HELDOUT_SEEDS = tuple(range(1_000_000, 1_000_004))

@@ -7,31 +7,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from vaecast.models.soundtrack import Motion, synthesize
+from vaecast.demo.motion import Motion
+from vaecast.demo.soundtrack import synthesize
 
 FPS = Fraction(16)
 RATE = 48_000
-
-
-def test_wall_hits_are_the_moments_the_point_touches_an_edge():
-    motion = Motion(x0=10, vx=7, x_low=5, x_high=60, y0=30, vy=-3, y_low=5, y_high=40)
-    hits = motion.wall_hits(frames=40)
-    assert hits == sorted(hits) and hits
-    for hit in hits:
-        x, y = motion.position(np.array([hit]))
-        at_x_edge = min(abs(x[0] - 5), abs(x[0] - 60)) < 1e-6
-        at_y_edge = min(abs(y[0] - 5), abs(y[0] - 40)) < 1e-6
-        assert at_x_edge or at_y_edge, hit
-    # Between hits the point moves in a straight line: no edge is touched.
-    dense = np.linspace(0, 39, 20_000)
-    x, _ = motion.position(dense)
-    turning = dense[1:-1][np.diff(np.sign(np.diff(x))) != 0]
-    for turn in turning:
-        assert min(abs(turn - hit) for hit in hits) < 39 / 20_000 * 2
-
-
-def test_a_still_point_never_hits():
-    assert Motion(10, 0, 0, 20, 10, 0, 0, 20).wall_hits(100) == []
 
 
 def test_each_click_sounds_at_its_hit():

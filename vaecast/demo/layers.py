@@ -1,97 +1,28 @@
-"""Procedural demo video: named scenes and random training clips, rendered in torch.
+"""What a demo clip is drawn from: backgrounds, moving overlays and whole-frame effects.
 
-Every clip is composed from a few ingredients drawn on a canvas one frame at a time:
-a background (an animated gradient, a camera panning over a parallax landscape,
-a scrolling texture), shapes that move, bounce off the frame edges and rotate,
-text drawn from a built-in 5x7 bitmap font, then fades and film grain. Geometry is
-anti-aliased and measured relative to the frame size, so a scene looks the same at
-any resolution. All randomness comes from one seeded `torch.Generator`, so a
-(name, frames, size, seed) always renders the same pixels.
-
-`render_scene` gives the named demo scenes that the server and CLI encode into
-latents; `random_clip` draws a clip from the whole ingredient space and is what
-`tools/fit_tiny.py` trains on and what the quality benchmark holds out.
+Each ingredient is a `Layer`, a closure over random parameters that draws one frame
+onto a (3, H, W) canvas in place; a clip is a list of layers drawn in order on every
+frame. Backgrounds fill the canvas (a solid colour, an animated gradient, a camera
+panning over a parallax landscape, a scrolling texture); overlays touch only their
+bounding box (shapes that move, bounce and rotate, text in the built-in font);
+effects act on what is under them (fades, film grain). Geometry is anti-aliased and
+measured relative to the frame size, so a clip looks the same at any resolution.
+Everything that moves follows `motion`, the law the soundtrack also hears.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
+from typing import TypeVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vaecast.errors import InvalidRequestError
-from vaecast.models import soundtrack
+from vaecast.demo.font import text_mask
+from vaecast.demo.motion import Motion
 
-SCENE_NAMES: tuple[str, ...] = (
-    "showcase",
-    "shapes",
-    "gradient",
-    "texture",
-    "text",
-    "landscape",
-    "fade",
-    "noise",
-)
-
-# Largest clip one render may produce (frames * height * width), ~4x a Wan 2.1
-# 81-frame 1280x720 video: a bound on memory, not a quality limit.
-MAX_RENDER_PIXELS = 81 * 1280 * 720 * 4
-
-# Rows of a 5x7 font, most significant of 5 bits on the left.
-_FONT_5X7: dict[str, tuple[int, ...]] = {
-    "A": (0x0E, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11),
-    "B": (0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E),
-    "C": (0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E),
-    "D": (0x1C, 0x12, 0x11, 0x11, 0x11, 0x12, 0x1C),
-    "E": (0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F),
-    "F": (0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10),
-    "G": (0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F),
-    "H": (0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11),
-    "I": (0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E),
-    "J": (0x07, 0x02, 0x02, 0x02, 0x02, 0x12, 0x0C),
-    "K": (0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11),
-    "L": (0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F),
-    "M": (0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11),
-    "N": (0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11),
-    "O": (0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E),
-    "P": (0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10),
-    "Q": (0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D),
-    "R": (0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11),
-    "S": (0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E),
-    "T": (0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04),
-    "U": (0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E),
-    "V": (0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04),
-    "W": (0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A),
-    "X": (0x11, 0x11, 0x0A, 0x04, 0x0A, 0x11, 0x11),
-    "Y": (0x11, 0x11, 0x0A, 0x04, 0x04, 0x04, 0x04),
-    "Z": (0x1F, 0x01, 0x02, 0x04, 0x08, 0x10, 0x1F),
-    "0": (0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E),
-    "1": (0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E),
-    "2": (0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F),
-    "3": (0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E),
-    "4": (0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02),
-    "5": (0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E),
-    "6": (0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E),
-    "7": (0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08),
-    "8": (0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E),
-    "9": (0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C),
-    " ": (0x00,) * 7,
-    ".": (0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C),
-    ",": (0x00, 0x00, 0x00, 0x00, 0x0C, 0x04, 0x08),
-    "!": (0x04, 0x04, 0x04, 0x04, 0x04, 0x00, 0x04),
-    "?": (0x0E, 0x11, 0x01, 0x02, 0x04, 0x00, 0x04),
-    "-": (0x00, 0x00, 0x00, 0x1F, 0x00, 0x00, 0x00),
-    ":": (0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00),
-    "'": (0x04, 0x04, 0x08, 0x00, 0x00, 0x00, 0x00),
-    "/": (0x01, 0x01, 0x02, 0x04, 0x08, 0x10, 0x10),
-    "+": (0x00, 0x04, 0x04, 0x1F, 0x04, 0x04, 0x00),
-    "=": (0x00, 0x00, 0x1F, 0x00, 0x1F, 0x00, 0x00),
-}
 _WORDS = (
     "VAECAST",
     "HELLO",
@@ -111,82 +42,14 @@ _WORDS = (
     "GO!",
 )
 
+T = TypeVar("T")
+
 Layer = Callable[[torch.Tensor, int], None]
 """Draws frame `index` onto a (3, H, W) canvas in place."""
 
 
-def render_scene(name: str, frames: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
-    """Render the named scene as a (1, 3, frames, height, width) float32 clip in [0, 1]."""
-    _, layers = _compose(name, frames, height, width, seed)
-    return _render(layers, frames, height, width)
-
-
-def scene_soundtrack(
-    name: str,
-    frames: int,
-    height: int,
-    width: int,
-    fps: Fraction,
-    seed: int = 0,
-    sample_rate: int = soundtrack.DEFAULT_SAMPLE_RATE_HZ,
-) -> np.ndarray:
-    """The scene's sound, (2, samples) float32: a click whenever a shape touches an
-    edge, a tone following the first shape (see `soundtrack`). Same seed, same motions
-    as `render_scene`, so what is heard is what is seen."""
-    motions = scene_motions(name, frames, height, width, seed)
-    return soundtrack.synthesize(motions, frames, width, fps, sample_rate)
-
-
-def scene_motions(
-    name: str, frames: int, height: int, width: int, seed: int = 0
-) -> list[soundtrack.Motion]:
-    """How the scene's shapes move (what its soundtrack follows), without rendering."""
-    draw, _ = _compose(name, frames, height, width, seed)
-    return draw.motions
-
-
-def _compose(
-    name: str, frames: int, height: int, width: int, seed: int
-) -> tuple[_Draw, list[Layer]]:
-    try:
-        compose = _SCENES[name]
-    except KeyError:
-        known = ", ".join(SCENE_NAMES)
-        raise InvalidRequestError(f"unknown scene {name!r}; known scenes: {known}") from None
-    _check_size(frames, height, width)
-    draw = _Draw(torch.Generator().manual_seed(seed), frames, height, width)
-    return draw, compose(draw)
-
-
-def random_clip(generator: torch.Generator, frames: int, height: int, width: int) -> torch.Tensor:
-    """A clip mixing every scene ingredient with random parameters, (1, 3, T, H, W) in [0, 1]."""
-    _check_size(frames, height, width)
-    d = _Draw(generator, frames, height, width)
-    layers: list[Layer] = [d.choice((d.gradient, d.landscape, d.texture, d.solid), (3, 3, 3, 1))()]
-    if d.uniform(0, 1) < 0.35:
-        layers.append(d.texture(opacity=d.uniform(0.3, 0.8), blobs=True))
-    layers += [d.shape() for _ in range(d.integer(0, 6))]
-    if d.uniform(0, 1) < 0.4:
-        layers.append(d.text())
-    if d.uniform(0, 1) < 0.3:
-        layers.append(d.fade())
-    if d.uniform(0, 1) < 0.3:
-        layers.append(d.grain(d.uniform(0.003, 0.02)))
-    return _render(layers, frames, height, width)
-
-
-def _check_size(frames: int, height: int, width: int) -> None:
-    if frames < 1 or height < 1 or width < 1:
-        raise InvalidRequestError(
-            f"a scene needs at least 1 frame of 1x1 pixels, got {frames} frames of {width}x{height}"
-        )
-    if frames * height * width > MAX_RENDER_PIXELS:
-        raise InvalidRequestError(
-            f"{frames} frames of {width}x{height} is over the {MAX_RENDER_PIXELS} pixel limit"
-        )
-
-
-def _render(layers: list[Layer], frames: int, height: int, width: int) -> torch.Tensor:
+def render(layers: list[Layer], frames: int, height: int, width: int) -> torch.Tensor:
+    """Draw `layers` on every frame: a (1, 3, frames, height, width) clip in [0, 1]."""
     video = torch.empty(1, 3, frames, height, width)
     canvas = torch.zeros(3, height, width)
     for index in range(frames):
@@ -197,33 +60,14 @@ def _render(layers: list[Layer], frames: int, height: int, width: int) -> torch.
     return video
 
 
-def _bounce(position: float, low: float, high: float) -> float:
-    """Reflect a position that moves in a straight line back into [low, high]."""
-    span = high - low
-    if span <= 0:
-        return low
-    phase = (position - low) % (2 * span)
-    return low + (phase if phase <= span else 2 * span - phase)
-
-
 def _hsv(h: float, s: float, v: float) -> torch.Tensor:
     k = torch.tensor([5.0, 3.0, 1.0])
     k = (k + h * 6.0) % 6.0
     return v - v * s * torch.clamp(torch.minimum(k, 4.0 - k), 0.0, 1.0)
 
 
-def _text_mask(text: str) -> torch.Tensor:
-    """A (7, 6 * len(text) - 1) 0/1 mask of `text` in the built-in font."""
-    columns = []
-    for char in text.upper():
-        rows = _FONT_5X7.get(char, _FONT_5X7["?"])
-        glyph = torch.tensor([[(row >> (4 - bit)) & 1 for bit in range(5)] for row in rows])
-        columns += [glyph.float(), torch.zeros(7, 1)]
-    return torch.cat(columns[:-1], dim=1)
-
-
 @dataclass
-class _Draw:
+class Ingredients:
     """Draws random ingredients for one clip; every layer is a closure over its parameters."""
 
     g: torch.Generator
@@ -232,7 +76,7 @@ class _Draw:
     width: int
 
     def __post_init__(self) -> None:
-        self.motions: list[soundtrack.Motion] = []  # of the shapes, for the soundtrack
+        self.motions: list[Motion] = []  # of the shapes, for the soundtrack
         self.size = float(min(self.height, self.width))
         self.ys = torch.arange(self.height, dtype=torch.float32).view(-1, 1) + 0.5
         self.xs = torch.arange(self.width, dtype=torch.float32).view(1, -1) + 0.5
@@ -245,7 +89,7 @@ class _Draw:
         """Uniform in [low, high] inclusive."""
         return int(torch.randint(low, high + 1, (), generator=self.g))
 
-    def choice(self, options, weights=None):
+    def choice(self, options: Sequence[T], weights: Sequence[float] | None = None) -> T:
         w = (
             torch.ones(len(options))
             if weights is None
@@ -277,10 +121,11 @@ class _Draw:
         vx, vy = self.velocity(0.01), self.velocity(0.01)
         length = self.uniform(0.5, 1.5) * math.hypot(self.height, self.width)
         shift = self.uniform(-0.01, 0.01)
+        centre = Motion(cx, vx, 0, self.width, cy, vy, 0, self.height)
 
         def draw(canvas: torch.Tensor, index: int) -> None:
-            x = self.xs - _bounce(cx + vx * index, 0, self.width)
-            y = self.ys - _bounce(cy + vy * index, 0, self.height)
+            ox, oy = centre.at(index)
+            x, y = self.xs - ox, self.ys - oy
             if radial:
                 s = torch.sqrt(x * x + y * y) / (0.5 * length)
             else:
@@ -397,15 +242,12 @@ class _Draw:
         angle, spin = self.uniform(0, 2 * math.pi), self.uniform(-0.1, 0.1)
         opacity = 1.0 if self.uniform(0, 1) < 0.7 else self.uniform(0.4, 0.9)
         reach = radius * math.sqrt(2) + 2
-        self.motions.append(
-            soundtrack.Motion(
-                x0, vx, radius, self.width - radius, y0, vy, radius, self.height - radius
-            )
-        )
+        # The centre turns a radius from each wall, where the shape's outline meets it.
+        motion = Motion(x0, vx, radius, self.width - radius, y0, vy, radius, self.height - radius)
+        self.motions.append(motion)
 
         def draw(canvas: torch.Tensor, index: int) -> None:
-            cx = _bounce(x0 + vx * index, radius, self.width - radius)
-            cy = _bounce(y0 + vy * index, radius, self.height - radius)
+            cx, cy = motion.at(index)
             top, left = max(0, int(cy - reach)), max(0, int(cx - reach))
             bottom, right = (
                 min(self.height, int(cy + reach) + 1),
@@ -437,7 +279,7 @@ class _Draw:
 
     def text(self, words: str | None = None) -> Layer:
         words = words or self.choice(_WORDS)
-        mask = _text_mask(words)
+        mask = text_mask(words)
         scale = max(1, round(self.uniform(0.015, 0.05) * self.size))
         glyphs = mask.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
         box_h, box_w = glyphs.shape
@@ -445,10 +287,10 @@ class _Draw:
         shadow = self.uniform(0, 1) < 0.5
         x0, y0 = self.uniform(0, self.width), self.uniform(0, self.height)
         vx, vy = self.velocity(0.02), self.velocity(0.01)
+        corner = Motion(x0, vx, 0, self.width - box_w, y0, vy, 0, self.height - box_h)
 
         def draw(canvas: torch.Tensor, index: int) -> None:
-            left = round(_bounce(x0 + vx * index, 0, self.width - box_w))
-            top = round(_bounce(y0 + vy * index, 0, self.height - box_h))
+            left, top = (round(position) for position in corner.at(index))
             offsets = ((scale, scale, 0.6, torch.zeros(3, 1, 1)),) if shadow else ()
             for dy, dx, alpha, ink in (*offsets, (0, 0, 1.0, colour)):
                 t, lft = top + dy, left + dx
@@ -485,25 +327,3 @@ class _Draw:
             canvas.add_(torch.randn(canvas.shape, generator=self.g), alpha=sigma)
 
         return draw
-
-
-def _showcase(d: _Draw) -> list[Layer]:
-    return [
-        d.landscape(),
-        *(d.shape() for _ in range(4)),
-        d.text("VAECAST"),
-        d.fade("in"),
-        d.grain(0.01),
-    ]
-
-
-_SCENES: dict[str, Callable[[_Draw], list[Layer]]] = {
-    "showcase": _showcase,
-    "shapes": lambda d: [d.gradient(), *(d.shape() for _ in range(7))],
-    "gradient": lambda d: [d.gradient(), d.texture(0.3, blobs=True)],
-    "texture": lambda d: [d.texture(), d.texture(0.5, blobs=True)],
-    "text": lambda d: [d.gradient(), *(d.text() for _ in range(3)), d.text("VAECAST")],
-    "landscape": lambda d: [d.landscape()],
-    "fade": lambda d: [d.gradient(), *(d.shape() for _ in range(4)), d.fade("dip")],
-    "noise": lambda d: [d.texture(kind="clouds"), d.grain(0.08)],
-}

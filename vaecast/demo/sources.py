@@ -2,7 +2,9 @@
 
 Both are encoded with the embedded `tiny` encoder, so their latents are in the
 `tiny` decoder's latent space (16 channels, Wan 2.1 geometry). The server's demo
-request (`POST /v1/videos` with a JSON body) and `vaecast latents` use this module.
+request (`POST /v1/videos` with a JSON body) and `vaecast latents` use this module:
+it checks a request's scene fields and video geometry, renders and encodes the
+scene, and gives its soundtrack.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import av
 import numpy as np
 import torch
 
+from vaecast.demo.scenes import SCENE_NAMES, render_scene
+from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ, scene_soundtrack
 from vaecast.errors import InvalidRequestError
-from vaecast.models.scenes import SCENE_NAMES, render_scene, scene_soundtrack
-from vaecast.models.soundtrack import DEFAULT_SAMPLE_RATE_HZ
+from vaecast.models import base as models_base
 from vaecast.models.tiny import encode_video
 
 DEMO_DEFAULTS: dict[str, Any] = {
@@ -35,6 +38,8 @@ TEMPORAL_STEP = 4
 
 @dataclass(frozen=True, slots=True)
 class SceneSpec:
+    """A checked demo request: which scene, how long, how large, which seed."""
+
     scene: str
     frames: int
     width: int
@@ -60,12 +65,8 @@ def parse_scene_spec(body: dict[str, Any]) -> SceneSpec:
 
 
 def check_video_geometry(frames: int, width: int, height: int) -> None:
-    if frames < 1 or (frames - 1) % TEMPORAL_STEP:
-        raise InvalidRequestError(f"frames must be 1 + 4k (1, 5, 9, ..., 81), got {frames}")
-    if width < SPATIAL_MULTIPLE or height < SPATIAL_MULTIPLE or (width | height) % SPATIAL_MULTIPLE:
-        raise InvalidRequestError(
-            f"width and height must be positive multiples of 8, got {width}x{height}"
-        )
+    """Refuse a size `tiny`'s latent geometry cannot represent (the models' one rule)."""
+    models_base.check_video_geometry(frames, width, height, SPATIAL_MULTIPLE, TEMPORAL_STEP)
 
 
 def scene_latents(spec: SceneSpec, device: str = "cpu") -> torch.Tensor:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vaecast.demo.font import text_mask
+from vaecast.demo.scenes import SCENE_NAMES, random_clip, render_scene
 from vaecast.errors import InvalidRequestError
-from vaecast.models.scenes import SCENE_NAMES, random_clip, render_scene
 
 
 @pytest.mark.parametrize("name", SCENE_NAMES)
@@ -64,13 +65,11 @@ def test_random_clips_vary() -> None:
 
 
 def test_text_uses_the_built_in_font() -> None:
-    from vaecast.models.scenes import _text_mask
-
-    t = _text_mask("T")
+    t = text_mask("T")
     assert t.shape == (7, 5)
     assert t[0].tolist() == [1, 1, 1, 1, 1] and t[1:, 2].tolist() == [1] * 6
     assert t[1:].sum() == 6
     # Glyphs are 5 wide with 1 column between them; unknown characters draw as "?".
-    assert torch.equal(_text_mask("T?")[:, 6:], _text_mask("~"))
-    assert _text_mask("ab").shape == (7, 11)
-    assert torch.equal(_text_mask("ab"), _text_mask("AB"))
+    assert torch.equal(text_mask("T?")[:, 6:], text_mask("~"))
+    assert text_mask("ab").shape == (7, 11)
+    assert torch.equal(text_mask("ab"), text_mask("AB"))
