@@ -48,7 +48,7 @@ def vae() -> AutoencoderKLMiniMaxH3:
 
 @pytest.fixture(scope="module")
 def decoder(vae: AutoencoderKLMiniMaxH3) -> MiniMaxH3Decoder:
-    return MiniMaxH3Decoder.from_vae(vae)
+    return MiniMaxH3Decoder(vae)
 
 
 def latents(frames: int, height: int = 2, width: int = 3, seed: int = 0) -> torch.Tensor:
@@ -137,7 +137,7 @@ def test_spatial_tiling_is_the_models_own() -> None:
     z = latents(8, height=3, width=4, seed=2)
     untiled = pipeline_decode(vae, z)
     vae.enable_tiling(8, 8, 4, 4)
-    decoded = MiniMaxH3Decoder.from_vae(vae).decode(z)
+    decoded = MiniMaxH3Decoder(vae).decode(z)
     assert decoded.shape == (1, 3, 26, 12, 16)
     assert torch.equal(decoded, pipeline_decode(vae, z))
     assert not torch.equal(decoded, untiled)  # the tiles really were there
@@ -175,8 +175,8 @@ def test_loads_from_a_local_diffusers_folder(
 
 def test_weights_must_be_a_local_folder(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="the minimax-h3 decoder needs --weights"):
-        MiniMaxH3Decoder()
+        MiniMaxH3Decoder.from_weights(None)
     with pytest.raises(WeightsError, match="is not a folder"):
-        MiniMaxH3Decoder(weights=tmp_path / "model.safetensors")
+        MiniMaxH3Decoder.from_weights(tmp_path / "model.safetensors")
     with pytest.raises(WeightsError, match=r"has neither config\.json nor vae/config\.json"):
-        MiniMaxH3Decoder(weights=tmp_path)
+        MiniMaxH3Decoder.from_weights(tmp_path)

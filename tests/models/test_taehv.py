@@ -46,7 +46,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def decoder(weights: Path) -> TAEHVDecoder:
-    return TAEHVDecoder(weights=weights)
+    return TAEHVDecoder.from_weights(weights)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,8 @@ def parallel_decode(net: TAEHVNet, latents: torch.Tensor) -> torch.Tensor:
                 x = block(x, torch.cat([torch.zeros_like(x[:1]), x[:-1]]))
             else:
                 x = block(x)  # TGrow turns T frames into stride * T, in time order
-        if net.patch_size > 1:
-            x = F.pixel_shuffle(x, net.patch_size)
+        if net.config.patch_size > 1:
+            x = F.pixel_shuffle(x, net.config.patch_size)
     return x.clamp(0, 1)[3:].transpose(0, 1).unsqueeze(0)
 
 
@@ -114,11 +114,11 @@ def test_chunks_follow_the_contract(decoder: TAEHVDecoder, latents: torch.Tensor
 
 
 def test_grouped_chunks_decode_the_same_frames(weights: Path, latents: torch.Tensor) -> None:
-    grouped = TAEHVDecoder(weights=weights, latents_per_chunk=3)
+    grouped = TAEHVDecoder.from_weights(weights, latents_per_chunk=3)
     chunks = collect(grouped, latents)
     assert [c.frame_count for c in chunks] == [9, 4]
     assert grouped.plan(latents.shape).chunk_frames == (9, 4)
-    assert torch.equal(grouped.decode(latents), TAEHVDecoder(weights=weights).decode(latents))
+    assert torch.equal(grouped.decode(latents), TAEHVDecoder.from_weights(weights).decode(latents))
 
 
 def test_decoding_is_causal(decoder: TAEHVDecoder, latents: torch.Tensor) -> None:
@@ -137,7 +137,7 @@ def test_shape_is_read_from_the_file(tmp_path: Path) -> None:
     config = TAEHVConfig(latent_channels=48, widths=(4, 4, 4, 4), patch_size=2)
     path = tmp_path / "taew2_2_tiny.pth"
     torch.save(random_state(config), path)
-    decoder = TAEHVDecoder(weights=path)
+    decoder = TAEHVDecoder.from_weights(path)
     assert decoder.config == config
     latents = torch.randn(1, 48, 2, 1, 2)
     assert decoder.plan(latents.shape).height == 16
@@ -148,18 +148,18 @@ def test_shape_is_read_from_the_file(tmp_path: Path) -> None:
 
 def test_weights_are_required_and_checked(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="needs a weights file and none ships with vaecast"):
-        TAEHVDecoder()
+        TAEHVDecoder.from_weights(None)
     state = random_state(TINY)
     del state["decoder.15.conv.4.bias"]
     path = tmp_path / "broken.safetensors"
     save_file(state, path)
     with pytest.raises(WeightsError, match=r"missing keys: decoder\.15\.conv\.4\.bias$"):
-        TAEHVDecoder(weights=path)
+        TAEHVDecoder.from_weights(path)
     save_file({"encoder.0.weight": torch.zeros(1)}, path)
     with pytest.raises(
         WeightsError, match=r"is not a TAEHV decoder: missing keys: decoder\.1\.weight"
     ):
-        TAEHVDecoder(weights=path)
+        TAEHVDecoder.from_weights(path)
 
 
 def test_bad_latents_are_refused(decoder: TAEHVDecoder) -> None:

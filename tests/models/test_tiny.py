@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from vaecast.demo.scenes import random_clip, render_scene
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
-from vaecast.models.scenes import random_clip, render_scene
 from vaecast.models.tiny import (
     LATENT_CHANNELS,
     TinyDecoder,
@@ -162,8 +162,8 @@ def test_encoding_is_causal() -> None:
 @pytest.mark.parametrize(
     ("shape", "message"),
     [
-        ((1, 3, 8, 16, 16), "video needs 1 + 4k frames (1, 5, 9, ..., 81), got 8; trim it to 5"),
-        ((1, 3, 5, 12, 16), "video height and width must be positive multiples of 8, got 16x12"),
+        ((1, 3, 8, 16, 16), "frames must be 1 + 4k (1, 5, 9, ..., 81), got 8"),
+        ((1, 3, 5, 12, 16), "width and height must be positive multiples of 8, got 16x12"),
         ((1, 1, 5, 16, 16), "video must hold RGB frames (3 channels), got 1"),
         ((3, 5, 16, 16), "video must be BCTHW (5 dimensions), got 4"),
     ],

@@ -44,7 +44,7 @@ def vae() -> AutoencoderKLWan:
 
 @pytest.fixture(scope="module")
 def decoder(vae: AutoencoderKLWan) -> WanDecoder:
-    return WanDecoder.from_vae(vae)
+    return WanDecoder(vae)
 
 
 def latents(frames: int, seed: int = 0) -> torch.Tensor:
@@ -142,7 +142,7 @@ def test_loads_a_single_file_with_its_config(vae: AutoencoderKLWan, tmp_path: Pa
     save_file(vae.state_dict(), path)
     z = latents(2)
     assert torch.equal(
-        WanDecoder(weights=path, config=TINY_CONFIG).decode(z), pipeline_decode(vae, z)
+        WanDecoder.from_weights(path, config=TINY_CONFIG).decode(z), pipeline_decode(vae, z)
     )
     # Built as Wan 2.1's full VAE (the default), the tiny file does not fit: say where.
     with pytest.raises(
@@ -150,19 +150,19 @@ def test_loads_a_single_file_with_its_config(vae: AutoencoderKLWan, tmp_path: Pa
         match=r"does not fit this model: missing keys: .*shape "
         r"mismatches: .*decoder\.conv_in\.weight: file \(3, 16, 3, 3, 3\), model \(384, ",
     ):
-        WanDecoder(weights=path)
+        WanDecoder.from_weights(path)
 
 
 def test_weights_are_required(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match=r"the wan2\.1 decoder needs --weights"):
-        WanDecoder()
+        WanDecoder.from_weights(None)
     with pytest.raises(WeightsError, match=r"has neither config\.json nor vae/config\.json"):
-        WanDecoder(weights=tmp_path)
+        WanDecoder.from_weights(tmp_path)
 
 
 def test_one_decode_per_vae_at_a_time(vae: AutoencoderKLWan, decoder: WanDecoder) -> None:
     """A second decode on the same VAE (even through another wrapper) waits for the first."""
-    other = WanDecoder.from_vae(vae)
+    other = WanDecoder(vae)
     first_holding, release = threading.Event(), threading.Event()
     events: list[str] = []
 
@@ -207,7 +207,7 @@ def test_wan2_2_geometry_decodes_bit_for_bit_too() -> None:
     config = dict(TINY_CONFIG, base_dim=4, z_dim=8, is_residual=True, patch_size=2)
     config.update(in_channels=12, out_channels=12, latents_mean=[0.1] * 8, latents_std=[2.0] * 8)
     vae = AutoencoderKLWan(**config).eval()
-    decoder = WanDecoder.from_vae(vae)
+    decoder = WanDecoder(vae)
     z = torch.randn(1, 8, 3, 2, 2, generator=torch.Generator().manual_seed(4))
     expected = pipeline_decode(vae, z)
     assert expected.shape == (1, 3, 9, 32, 32)
@@ -227,7 +227,7 @@ def test_vaecast_imports_without_diffusers(monkeypatch: pytest.MonkeyPatch) -> N
         assert not [m for m in modules if str(m).split(".")[0] == "diffusers"], module.__name__
     monkeypatch.setitem(sys.modules, "diffusers", None)  # what an absent package looks like
     with pytest.raises(WeightsError) as error:
-        WanDecoder(weights="x")
+        WanDecoder.from_weights("x")
     assert str(error.value) == (
         "the wan2.1 decoder needs diffusers>=0.35,<0.43: pip install 'vaecast[real]'"
     )

@@ -46,9 +46,9 @@ def load_decoders(root: Path) -> dict[str, ChunkedDecoder]:
             parameter.copy_(torch.randn_like(parameter) * 0.2)
     minimax.save_pretrained(root / "minimax")
     return {
-        "taehv": TAEHVDecoder(weights=taehv_file),
-        "wan2.1": WanDecoder(weights=root / "wan"),
-        "minimax-h3": MiniMaxH3Decoder(weights=root / "minimax"),
+        "taehv": TAEHVDecoder.from_weights(taehv_file),
+        "wan2.1": WanDecoder.from_weights(root / "wan"),
+        "minimax-h3": MiniMaxH3Decoder.from_weights(root / "minimax"),
     }
 
 

@@ -13,17 +13,26 @@ Guarantees every decoder keeps (and tests):
   (`decode`) of the same latents;
 - `plan(latent_shape)` is exact and known before any decoding, so the init segment
   and the response headers can be written first.
+
+The built-in decoders subclass `ChunkedDecoder`, which gives them `decode` as the
+concatenation of their chunks, and register their class under a model name. A class
+that reads a weights file says so by having a `from_weights` classmethod:
+`get_decoder` builds it through that, and `takes_weights` answers from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from vaecast.errors import InvalidRequestError, UnknownModelError
+from vaecast.errors import InvalidRequestError, UnknownModelError, WeightsError
+
+# Wan 2.1's usual clip, in latent frames (81 video frames); quoted in messages.
+TYPICAL_LATENT_FRAMES = 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +87,10 @@ ChunkCallback = Callable[[DecodedChunk], None]
 
 @runtime_checkable
 class ChunkedDecoder(Protocol):
-    """A video decoder that publishes its output chunk by chunk."""
+    """A video decoder that publishes its output chunk by chunk.
+
+    Any object with these members is one; a subclass inherits `decode`.
+    """
 
     name: str
     latent_channels: int
@@ -98,7 +110,10 @@ class ChunkedDecoder(Protocol):
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """The full decode: the concatenation of every chunk `decode_chunks` publishes."""
-        ...
+        chunks: list[torch.Tensor] = []
+        # Chunks are borrowed (valid only during the callback): keep copies.
+        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
+        return torch.cat(chunks, dim=2)
 
 
 def check_latent_shape(
@@ -137,14 +152,33 @@ def causal_plan(
     return DecodePlan(height=h * spatial_scale, width=w * spatial_scale, chunk_frames=chunk_frames)
 
 
-DecoderFactory = Callable[..., ChunkedDecoder]
+def check_video_geometry(
+    frames: int, width: int, height: int, spatial_scale: int, temporal_scale: int
+) -> None:
+    """Refuse a video size that no latents in `causal_plan`'s convention decode to.
 
-_REGISTRY: dict[str, DecoderFactory] = {}
+    Those are 1 + `temporal_scale` * k frames whose sides are positive multiples of
+    `spatial_scale`; an encoder of that geometry (and a demo encoded with one) takes
+    only such videos.
+    """
+    if frames < 1 or (frames - 1) % temporal_scale:
+        examples = ", ".join(str(1 + temporal_scale * k) for k in range(3))
+        typical = 1 + temporal_scale * (TYPICAL_LATENT_FRAMES - 1)
+        raise InvalidRequestError(
+            f"frames must be 1 + {temporal_scale}k ({examples}, ..., {typical}), got {frames}"
+        )
+    if not all(side >= spatial_scale and side % spatial_scale == 0 for side in (width, height)):
+        raise InvalidRequestError(
+            f"width and height must be positive multiples of {spatial_scale}, got {width}x{height}"
+        )
 
 
-def register_decoder(name: str, factory: DecoderFactory) -> None:
-    """Make `get_decoder(name, ...)` build decoders with `factory(**options)`."""
-    _REGISTRY[name] = factory
+_REGISTRY: dict[str, type[ChunkedDecoder]] = {}
+
+
+def register_decoder(name: str, decoder_class: type[ChunkedDecoder]) -> None:
+    """Make `get_decoder(name, ...)` build instances of `decoder_class`."""
+    _REGISTRY[name] = decoder_class
 
 
 def available_decoders() -> list[str]:
@@ -152,15 +186,37 @@ def available_decoders() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_decoder(name: str, **options: object) -> ChunkedDecoder:
-    """Build the decoder registered under `name` (options: device, weights, ...)."""
+def decoder_class(name: str) -> type[ChunkedDecoder]:
+    """The class registered under `name`; `UnknownModelError` names the known ones."""
     _load_builtin_decoders()
     try:
-        factory = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
         raise UnknownModelError(f"unknown model {name!r}; this server knows: {known}") from None
-    return factory(**options)
+
+
+def takes_weights(name: str) -> bool:
+    """Whether model `name` reads a weights file (its class has `from_weights`)."""
+    return callable(getattr(decoder_class(name), "from_weights", None))
+
+
+def get_decoder(
+    name: str,
+    device: str | torch.device = "cpu",
+    weights: str | Path | None = None,
+    **options: Any,
+) -> ChunkedDecoder:
+    """Build the decoder registered under `name`: through its class's
+    `from_weights(weights, device=..., **options)` when it has one (a decoder that
+    needs a file raises `WeightsError` for None), else `cls(device=..., **options)`."""
+    found = decoder_class(name)
+    load: Callable[..., ChunkedDecoder] | None = getattr(found, "from_weights", None)
+    if load is not None:
+        return load(weights, device=device, **options)
+    if weights is not None:
+        raise WeightsError(f"model {name!r} takes no weights file")
+    return found(device=device, **options)  # type: ignore[call-arg]
 
 
 def _load_builtin_decoders() -> None:

@@ -17,6 +17,7 @@ import torch
 
 from vaecast.models.base import (
     ChunkCallback,
+    ChunkedDecoder,
     DecodedChunk,
     DecodePlan,
     causal_plan,
@@ -28,7 +29,9 @@ SPATIAL_SCALE = 8
 TEMPORAL_SCALE = 4
 
 
-class LinearDecoder:
+class LinearDecoder(ChunkedDecoder):
+    """`linear` under the chunk contract; parameter-free, hence no `from_weights`."""
+
     name = "linear"
     latent_channels = LATENT_CHANNELS
     value_range = (-1.0, 1.0)
@@ -56,11 +59,6 @@ class LinearDecoder:
             pixels = pixels.repeat_interleave(SPATIAL_SCALE, dim=4).clamp_(-1.0, 1.0)
             on_chunk(DecodedChunk(pixels, index, plan.chunks, frame_start))
             previous = current
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        chunks: list[torch.Tensor] = []
-        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
-        return torch.cat(chunks, dim=2)
 
 
 register_decoder("linear", LinearDecoder)

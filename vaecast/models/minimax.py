@@ -14,6 +14,8 @@ Latents are taken in pipeline space and denormalized as MiniMax-H3's decode step
 does (`latent * latents_std + latents_mean`); the model's output is
 ImageNet-normalized, so pixels are `sample * std + mean` clamped to [0, 1].
 
+`MiniMaxH3Decoder.from_weights` loads a local diffusers folder;
+`MiniMaxH3Decoder(vae)` wraps an `AutoencoderKLMiniMaxH3` loaded some other way.
 diffusers is imported only when a model is loaded, so `import vaecast` never needs it.
 """
 
@@ -29,19 +31,20 @@ import torch
 
 from vaecast.models.base import (
     ChunkCallback,
+    ChunkedDecoder,
     DecodedChunk,
     DecodePlan,
     check_latent_shape,
     register_decoder,
 )
 from vaecast.models.tiler import TemporalTiler
-from vaecast.models.weights_io import WeightsError, diffusers_class
+from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
 
 # Pixel normalization of MiniMax-H3's video VAE (ImageNet's), as its pipeline applies it.
 PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
 
-# The class arrived in diffusers 0.41 (its module is identical in 0.42.1, checked).
+# The class arrived in diffusers 0.41 (its module is identical in 0.42.1).
 DIFFUSERS_REQUIREMENT = "diffusers>=0.41,<0.43"
 # What we use of the model beyond its public API; checked at load so that a
 # diffusers upgrade that renames them fails loudly instead of decoding wrongly.
@@ -89,12 +92,7 @@ def load_vae(weights: str | Path) -> Any:
             f"minimax-h3 weights must be a local diffusers folder (with config.json, or a "
             f"vae/ subfolder holding one); {str(path)!r} is not a folder"
         )
-    subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
-    if subfolder is None and not (path / "config.json").is_file():
-        raise WeightsError(f"{path} has neither config.json nor vae/config.json")
-    return autoencoder_class.from_pretrained(
-        path, subfolder=subfolder, local_files_only=True, torch_dtype=torch.float32
-    )
+    return load_diffusers_folder(autoencoder_class, path)
 
 
 def tiler_for(vae: Any) -> TemporalTiler:
@@ -124,7 +122,7 @@ def tiler_for(vae: Any) -> TemporalTiler:
     return tiler
 
 
-class MiniMaxH3Decoder:
+class MiniMaxH3Decoder(ChunkedDecoder):
     """MiniMax-H3's video decoder under the chunk contract: a chunk per decoded window.
 
     Takes at least `overlap + 1` latent frames (3): diffusers' decode has no window
@@ -135,21 +133,7 @@ class MiniMaxH3Decoder:
     name = "minimax-h3"
     value_range = (0.0, 1.0)
 
-    def __init__(self, device: str | torch.device = "cpu", weights: str | Path | None = None):
-        if weights is None:
-            raise WeightsError(
-                "the minimax-h3 decoder needs --weights: a local diffusers folder of "
-                "MiniMax-H3 (or its vae/ subfolder)"
-            )
-        self._init(load_vae(weights), device)
-
-    @classmethod
-    def from_vae(cls, vae: Any, device: str | torch.device = "cpu") -> MiniMaxH3Decoder:
-        decoder = cls.__new__(cls)
-        decoder._init(vae, device)
-        return decoder
-
-    def _init(self, vae: Any, device: str | torch.device) -> None:
+    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
         check_internals(vae)
         self.device = torch.device(device)
         self.vae = vae.to(self.device).eval().requires_grad_(False)
@@ -159,6 +143,18 @@ class MiniMaxH3Decoder:
         self._std = torch.tensor(vae.config.latents_std, device=self.device).view(1, -1, 1, 1, 1)
         self._pixel_mean = torch.tensor(PIXEL_MEAN, device=self.device).view(1, -1, 1, 1, 1)
         self._pixel_std = torch.tensor(PIXEL_STD, device=self.device).view(1, -1, 1, 1, 1)
+
+    @classmethod
+    def from_weights(
+        cls, weights: str | Path | None, device: str | torch.device = "cpu"
+    ) -> MiniMaxH3Decoder:
+        """Load the VAE from a local diffusers folder with `load_vae`."""
+        if weights is None:
+            raise WeightsError(
+                "the minimax-h3 decoder needs --weights: a local diffusers folder of "
+                "MiniMax-H3 (or its vae/ subfolder)"
+            )
+        return cls(load_vae(weights), device)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         _, _, t, h, w = check_latent_shape(
@@ -181,11 +177,6 @@ class MiniMaxH3Decoder:
 
         with torch.inference_mode():
             self.tiler.run(z, self.vae._decode_clip, emit)
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        chunks: list[torch.Tensor] = []
-        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
-        return torch.cat(chunks, dim=2)
 
 
 register_decoder("minimax-h3", MiniMaxH3Decoder)

@@ -14,8 +14,12 @@ frames per latent), and the first 3 frames of a clip are dropped, so T latents g
 (normalized); output is RGB in [0, 1].
 
 This is the reference's *sequential* path: every conv sees one frame (batch 1), so a
-decode is bit-identical whatever the chunking (the reference's parallel path batches
-frames and differs by ~5e-8 through kernel choice).
+decode is bit-identical whatever the chunking. The reference's parallel path batches
+frames, which picks other conv kernels and differs by rounding (MODEL_CARD.md,
+"Reference parity").
+
+`TAEHVDecoder.from_weights` loads a published file and reads the decoder's shape off
+it; `TAEHVDecoder(net)` wraps a network built some other way.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from torch import nn
 
 from vaecast.models.base import (
     ChunkCallback,
+    ChunkedDecoder,
     DecodedChunk,
     DecodePlan,
     causal_plan,
@@ -150,7 +155,7 @@ class TAEHVNet(nn.Module):
             layers += [Upsample(), TGrow(w[stage], stride), _conv(w[stage], w[stage + 1], False)]
         layers += [nn.ReLU(), _conv(w[3], IMAGE_CHANNELS * config.patch_size**2)]
         self.decoder = nn.Sequential(*layers)
-        self.patch_size = config.patch_size
+        self.config = config
 
     def step(self, latent: torch.Tensor, memory: list[torch.Tensor | None]) -> list[torch.Tensor]:
         """Decode one latent frame (1, C, h, w) into its 4 raw frames, each (1, 3, H, W).
@@ -172,12 +177,13 @@ class TAEHVNet(nn.Module):
                 frames = [sub.unsqueeze(0) for x in frames for sub in block(x)]
             else:
                 frames = [block(x) for x in frames]
-        if self.patch_size > 1:
-            frames = [F.pixel_shuffle(x, self.patch_size) for x in frames]
+        patch_size = self.config.patch_size
+        if patch_size > 1:
+            frames = [F.pixel_shuffle(x, patch_size) for x in frames]
         return [x.clamp(0.0, 1.0) for x in frames]
 
 
-class TAEHVDecoder:
+class TAEHVDecoder(ChunkedDecoder):
     """TAEHV under the chunk contract: a chunk per `latents_per_chunk` latent frames.
 
     With the default of 1: 1 frame for latent 0, then 4 per latent. A decode keeps its
@@ -188,49 +194,34 @@ class TAEHVDecoder:
     value_range = (0.0, 1.0)
 
     def __init__(
-        self,
-        device: str | torch.device = "cpu",
-        weights: str | Path | None = None,
-        latents_per_chunk: int = 1,
+        self, net: TAEHVNet, device: str | torch.device = "cpu", latents_per_chunk: int = 1
     ) -> None:
+        if latents_per_chunk < 1:
+            raise ValueError(f"latents_per_chunk must be at least 1, got {latents_per_chunk}")
+        self.device = torch.device(device)
+        self.config = net.config
+        self.latent_channels = net.config.latent_channels
+        self.latents_per_chunk = latents_per_chunk
+        self._net = net.to(self.device, torch.float32).eval().requires_grad_(False)
+
+    @classmethod
+    def from_weights(
+        cls,
+        weights: str | Path | None,
+        device: str | torch.device = "cpu",
+        latents_per_chunk: int = 1,
+    ) -> TAEHVDecoder:
+        """Load a published TAEHV file (safetensors or weights-only `.pth`); its shape
+        is read off the file, and its encoder half ignored."""
         if weights is None:
             raise WeightsError(
                 "the taehv decoder needs a weights file and none ships with vaecast: download "
                 "taew2_1.safetensors (or .pth) from madebyollin/taehv and pass --weights PATH"
             )
         state = read_state_dict(weights)
-        config = TAEHVConfig.from_state_dict(state, str(weights))
-        net = TAEHVNet(config)
+        net = TAEHVNet(TAEHVConfig.from_state_dict(state, str(weights)))
         load_strict(net, state, str(weights), ignore_prefixes=(ENCODER_PREFIX,))
-        self._init(net, config, device, latents_per_chunk)
-
-    @classmethod
-    def from_net(
-        cls,
-        net: TAEHVNet,
-        config: TAEHVConfig,
-        device: str | torch.device = "cpu",
-        latents_per_chunk: int = 1,
-    ) -> TAEHVDecoder:
-        """Wrap an already built network (tests, or weights loaded some other way)."""
-        decoder = cls.__new__(cls)
-        decoder._init(net, config, device, latents_per_chunk)
-        return decoder
-
-    def _init(
-        self,
-        net: TAEHVNet,
-        config: TAEHVConfig,
-        device: str | torch.device,
-        latents_per_chunk: int,
-    ) -> None:
-        if latents_per_chunk < 1:
-            raise ValueError(f"latents_per_chunk must be at least 1, got {latents_per_chunk}")
-        self.device = torch.device(device)
-        self.config = config
-        self.latent_channels = config.latent_channels
-        self.latents_per_chunk = latents_per_chunk
-        self._net = net.to(self.device, torch.float32).eval().requires_grad_(False)
+        return cls(net, device, latents_per_chunk)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return causal_plan(
@@ -255,11 +246,6 @@ class TAEHVDecoder:
                     # decoder's start-up and are dropped, as the reference trims them.
                     frames += raw[TEMPORAL_SCALE - 1 :] if t == 0 else raw
                 on_chunk(DecodedChunk(torch.stack(frames, 2), index, plan.chunks, frame_start))
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        chunks: list[torch.Tensor] = []
-        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
-        return torch.cat(chunks, dim=2)
 
 
 register_decoder("taehv", TAEHVDecoder)

@@ -1,61 +1,18 @@
 """`tiny`: the embedded default model, a small causal video autoencoder.
 
-Model card
-----------
-What it is: an encoder and a decoder with Wan 2.1's latent geometry (16 latent
-channels, 8x spatial and 4x temporal compression; T latents <-> 1 + 4(T-1) frames),
-fitted on procedural video so that `vaecast serve` streams a real neural decode of
-real latents with nothing to download. Its latents are its own: they are not Wan
-2.1 latents and a Wan pipeline's output does not decode with it (use `wan2.1`).
+An encoder and a decoder with Wan 2.1's latent geometry (16 latent channels, 8x
+spatial and 4x temporal compression; T latents <-> 1 + 4(T-1) frames), fitted on
+procedural video by `tools/fit_tiny.py`, so that `vaecast serve` streams a real
+neural decode of real latents with nothing to download. Its latents are its own:
+they are not Wan 2.1 latents, and a Wan pipeline's output does not decode with it
+(use `wan2.1`). It is a demo and test model, not a production VAE.
 
-Architecture (TAEHV-style, causal): the decoder's only state is, for each memory
-block, that block's input one step earlier, so latent t decodes to frames that do
-not depend on latents after t, and streaming decode is the reference decode.
-- Decoder, 323,176 parameters, ~9.0 GFLOP per latent step at 832x480 (2.25 per frame):
-  per latent step at 1/8 resolution a 3x3 conv (16->64) and two memory blocks
-  (64); a 1x1 conv "grows" 4 sub-frames of 32 channels, processed as one batch by
-  a memory block whose memory is the previous sub-frame; a 3x3 conv with 2x
-  depth-to-space to 1/4 resolution (24 channels), a residual 3x3 conv, and a 3x3
-  conv to 48 channels that a 4x4 depth-to-space turns into RGB. A linear path
-  (1x1 conv, latent -> the 768 values of its 4x8x8 RGB patch) is added before that
-  last depth-to-space. Nothing runs at full resolution but that copy, fused with
-  the clamp to [0, 1]. The first latent's 4 sub-frames are computed and the last
-  kept (frame 0); each later latent gives 4 frames.
-- Encoder, 224,752 parameters: per frame a 4x4 space-to-depth and two 3x3 convs
-  (24) at 1/4, a 2x2 space-to-depth and a 1x1 conv (32) at 1/8; a step's 4 frames
-  stacked, a 3x3 conv (64), a memory block over steps, and a 3x3 conv to 16
-  channels added to a linear patch projection. Frame 0 is encoded alone, as a
-  group of 4 copies of itself.
-- Weights: `weights/tiny.safetensors`, fp16 (1,099,136 bytes), fp32 in memory; keys
-  `enc.*` and `dec.*`.
-
-Training data: procedural clips only (`vaecast.models.scenes.random_clip`: animated
-gradients, a camera panning over parallax landscapes, scrolling stripes, checkers
-and clouds, moving, bouncing and rotating shapes, bitmap-font text, fades, film
-grain), rendered at 832x480 and 416x240 and cropped to 64-160 px, 5-17 frames.
-
-Fitting (`tools/fit_tiny.py`, seed 0): PCA of 4x8x8 RGB patches initialises both
-linear paths (the exact PCA reconstruction at step 0: 31.5 dB on the
-checkpoint-selection clips), then Adam (lr 1e-3, cosine decay) on the MSE of
-crops, batch 4. Command:
-    nice -n 10 python tools/fit_tiny.py --steps 4000 --eval-every 200 --max-minutes 52
-4000 steps took 40.6 min on the shared 2-core CPU (plus ~4 min of held-out
-evaluation); the best checkpoint on the selection clips (step 3000, 33.65 dB, from
-31.55 dB at step 0) is the one shipped. `weights/tiny_metrics.json` is that run's
-record.
-
-Measured on 2026-11-29, 2-core AMD EPYC CPU (AVX2), torch 2.13 CPU, 2 threads
-(`benchmarks/tiny_quality.py`, results in `benchmarks/results/tiny_quality.json`):
-- Reconstruction PSNR on 8 held-out procedural clips (seeds 1_000_000-1_000_007,
-  never used in fitting), 81 frames at 832x480, first frame included:
-  42.41, 28.85, 32.15, 30.41, 31.34, 35.06, 33.12, 30.48 dB; mean 32.98 dB
-  (first frames alone: 31.0-42.7 dB).
-- Streaming decode at 832x480: 33.6 frames/s (median of 3 runs of 81 frames; 32.6-37.5),
-  ~112 ms per 4-frame chunk, ~125 ms for the first, on a machine otherwise idle
-  (load average < 0.5). The CPU is shared; under another job's load expect less.
-- Test-size clips are harder: scenes scale with the frame, so at 128x128 each 8x8
-  block holds far more edges and PSNR is 23-26 dB. Fine noise and thin text strokes
-  are where it loses most; it is a demo and test model, not a production VAE.
+TAEHV-style and causal: the decoder's only state is, for each memory block, that
+block's input one step earlier, so latent t decodes to frames that do not depend on
+latents after t, and streaming decode is the reference decode. The shipped weights,
+`weights/tiny.safetensors` (fp16 on disk, fp32 in memory; keys `enc.*` and `dec.*`),
+are described in MODEL_CARD.md: architecture, training data, how they were fitted
+and how well they reconstruct.
 """
 
 from __future__ import annotations
@@ -74,9 +31,11 @@ from torch import nn
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import (
     ChunkCallback,
+    ChunkedDecoder,
     DecodedChunk,
     DecodePlan,
     causal_plan,
+    check_video_geometry,
     register_decoder,
 )
 
@@ -265,15 +224,7 @@ def check_video_shape(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
     n, c, t, h, w = (int(d) for d in shape)
     if n < 1 or c != 3:
         raise InvalidRequestError(f"video must hold RGB frames (3 channels), got {c}")
-    if t < 1 or (t - 1) % TEMPORAL_SCALE:
-        raise InvalidRequestError(
-            f"video needs 1 + 4k frames (1, 5, 9, ..., 81), got {t}; "
-            f"trim it to {1 + TEMPORAL_SCALE * ((max(t, 1) - 1) // TEMPORAL_SCALE)}"
-        )
-    if h < SPATIAL_SCALE or w < SPATIAL_SCALE or h % SPATIAL_SCALE or w % SPATIAL_SCALE:
-        raise InvalidRequestError(
-            f"video height and width must be positive multiples of {SPATIAL_SCALE}, got {w}x{h}"
-        )
+    check_video_geometry(t, w, h, SPATIAL_SCALE, TEMPORAL_SCALE)
     return n, c, t, h, w
 
 
@@ -341,8 +292,12 @@ def _cached_nets(weights: str | None, device: str) -> tuple[TinyEncoderNet, Tiny
     return load_nets(weights, device)
 
 
-class TinyDecoder:
-    """The `tiny` decoder under the chunk contract: 1 frame for latent 0, then 4 per latent."""
+class TinyDecoder(ChunkedDecoder):
+    """The `tiny` decoder under the chunk contract: 1 frame for latent 0, then 4 per latent.
+
+    `weights` None is the shipped file; loaded networks are shared by every decoder
+    and encoder of the same file and device.
+    """
 
     name = "tiny"
     latent_channels = LATENT_CHANNELS
@@ -353,6 +308,13 @@ class TinyDecoder:
     ) -> None:
         self.device = torch.device(device)
         _, self._net = _cached_nets(None if weights is None else str(weights), str(self.device))
+
+    @classmethod
+    def from_weights(
+        cls, weights: str | Path | None, device: str | torch.device = "cpu"
+    ) -> TinyDecoder:
+        """`--weights` for `tiny`: another fit of this architecture (None: the shipped one)."""
+        return cls(device, weights)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return causal_plan(latent_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE)
@@ -368,11 +330,6 @@ class TinyDecoder:
                     # The first latent stands for frame 0 alone: keep the last sub-frame.
                     frames = frames[:, :, TEMPORAL_SCALE - 1 :].contiguous()
                 on_chunk(DecodedChunk(frames, index, plan.chunks, frame_start))
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        chunks: list[torch.Tensor] = []
-        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
-        return torch.cat(chunks, dim=2)
 
 
 register_decoder("tiny", TinyDecoder)

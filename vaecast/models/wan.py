@@ -6,13 +6,13 @@ through `decoder(x[:, :, i:i+1], feat_cache=..., feat_idx=[0], first_chunk=(i ==
 which carries the temporal convs' state in `feat_cache`, after `post_quant_conv`, and
 clamps to [-1, 1]. Latent frame 0 gives 1 frame, each later one 4. We drive that same
 loop from outside and publish each frame's output as a chunk, so the chunks
-concatenate bit for bit to `vae.decode` (measured, and tested).
+concatenate bit for bit to `vae.decode` (tested).
 
 The loop runs on a cache list of our own (`[None] * _cached_conv_counts["decoder"]`),
 so it keeps no state on the module. `post_quant_conv` (a 1x1x1 conv, cheap at latent
 size) runs once over all latent frames as in `vae.decode`: run frame by frame it
-picks another conv kernel and differs by ~2e-7 (measured, diffusers 0.42.1, torch
-2.13 CPU). Latents come in pipeline space and are denormalized exactly as the Wan
+picks another conv kernel and is no longer bit-identical (MODEL_CARD.md, "Reference
+parity"). Latents come in pipeline space and are denormalized exactly as the Wan
 pipelines write it (`latents / (1.0 / std) + mean`, for bit parity).
 
 One decode per VAE instance at a time: concurrent decodes are *serialized* on a lock
@@ -22,7 +22,9 @@ the device; serializing behaves like one decode slot for this model rather than
 failing a job. A decode waiting for the lock starts once the running one ends or
 is cancelled at its next chunk.
 
-diffusers is imported only when a model is loaded, so `import vaecast` never needs it.
+`WanDecoder.from_weights` loads a local diffusers folder or a single checkpoint;
+`WanDecoder(vae)` wraps an `AutoencoderKLWan` loaded some other way. diffusers is
+imported only when a model is loaded, so `import vaecast` never needs it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 
 from vaecast.models.base import (
     ChunkCallback,
+    ChunkedDecoder,
     DecodedChunk,
     DecodePlan,
     causal_plan,
@@ -46,6 +49,7 @@ from vaecast.models.base import (
 from vaecast.models.weights_io import (
     WeightsError,
     diffusers_class,
+    load_diffusers_folder,
     load_strict,
     read_state_dict,
 )
@@ -63,7 +67,7 @@ CONFIG_KEYS = (
     "temperal_downsample",
 )
 # Versions whose `AutoencoderKLWan._decode` loop is the one we drive (0.35.0 and
-# 0.42.1 are identical there, checked).
+# 0.42.1 are identical there).
 DIFFUSERS_REQUIREMENT = "diffusers>=0.35,<0.43"
 # A key only the original (non-diffusers) Wan checkpoint layout has.
 ORIGINAL_LAYOUT_KEY = "decoder.middle.0.residual.0.gamma"
@@ -111,12 +115,7 @@ def load_vae(weights: str | Path, config: Mapping[str, Any] | None = None) -> An
     autoencoder_class = diffusers_class("wan2.1", "AutoencoderKLWan", DIFFUSERS_REQUIREMENT)
     path = Path(weights)
     if path.is_dir():
-        subfolder = "vae" if (path / "vae" / "config.json").is_file() else None
-        if subfolder is None and not (path / "config.json").is_file():
-            raise WeightsError(f"{path} has neither config.json nor vae/config.json")
-        return autoencoder_class.from_pretrained(
-            path, subfolder=subfolder, local_files_only=True, torch_dtype=torch.float32
-        )
+        return load_diffusers_folder(autoencoder_class, path)
     state = read_state_dict(path)
     if ORIGINAL_LAYOUT_KEY in state:
         from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
@@ -127,32 +126,13 @@ def load_vae(weights: str | Path, config: Mapping[str, Any] | None = None) -> An
     return vae
 
 
-class WanDecoder:
+class WanDecoder(ChunkedDecoder):
     """Wan 2.1's VAE decoder under the chunk contract: 1 frame for latent 0, then 4 per latent."""
 
     name = "wan2.1"
     value_range = (-1.0, 1.0)
 
-    def __init__(
-        self,
-        device: str | torch.device = "cpu",
-        weights: str | Path | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> None:
-        if weights is None:
-            raise WeightsError(
-                "the wan2.1 decoder needs --weights: a local diffusers folder of a Wan 2.1 "
-                "model (or its vae/ subfolder), or a single VAE checkpoint file"
-            )
-        self._init(load_vae(weights, config), device)
-
-    @classmethod
-    def from_vae(cls, vae: Any, device: str | torch.device = "cpu") -> WanDecoder:
-        decoder = cls.__new__(cls)
-        decoder._init(vae, device)
-        return decoder
-
-    def _init(self, vae: Any, device: str | torch.device) -> None:
+    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
         check_internals(vae)
         self.device = torch.device(device)
         self.vae = vae.to(self.device).eval().requires_grad_(False)
@@ -165,6 +145,21 @@ class WanDecoder:
         self.spatial_scale = 2**stages * (config.patch_size or 1)
         self.temporal_scale = 2 ** sum(bool(flag) for flag in config.temperal_downsample)
         self._lock = _lock_for(vae)
+
+    @classmethod
+    def from_weights(
+        cls,
+        weights: str | Path | None,
+        device: str | torch.device = "cpu",
+        config: Mapping[str, Any] | None = None,
+    ) -> WanDecoder:
+        """Load the VAE with `load_vae` (`config` is for a single-file checkpoint)."""
+        if weights is None:
+            raise WeightsError(
+                "the wan2.1 decoder needs --weights: a local diffusers folder of a Wan 2.1 "
+                "model (or its vae/ subfolder), or a single VAE checkpoint file"
+            )
+        return cls(load_vae(weights, config), device)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return causal_plan(
@@ -199,11 +194,6 @@ class WanDecoder:
                     out = unpatchify(out, patch_size=self._patch_size)
                 out = torch.clamp(out, min=-1.0, max=1.0)
                 on_chunk(DecodedChunk(out, index, plan.chunks, frame_start))
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        chunks: list[torch.Tensor] = []
-        self.decode_chunks(latents, lambda chunk: chunks.append(chunk.frames.clone()))
-        return torch.cat(chunks, dim=2)
 
 
 register_decoder("wan2.1", WanDecoder)

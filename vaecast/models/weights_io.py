@@ -5,15 +5,16 @@ Two formats are read: safetensors, and PyTorch checkpoints (`.pth`, `.pt`, `.bin
 arbitrary pickled code to load is refused, never unpickled: a weights file is data,
 and `torch.load` without `weights_only` runs whatever the file says.
 
-The format is told by the file's first bytes, not its name, so a safetensors file
-renamed to `.pth` (or the reverse) still loads.
+The format is told by the file's structure (`vaecast.safetensors_header`, the rule
+latent uploads are sniffed by), not its name, so a safetensors file renamed to `.pth`
+(or the reverse) still loads. The diffusers-based decoders load from a local
+diffusers folder through `load_diffusers_folder`, never from the hub.
 """
 
 from __future__ import annotations
 
 import importlib
 import pickle
-import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,22 +23,16 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from vaecast.errors import WeightsError
+from vaecast.errors import UnsupportedMediaError, WeightsError
+from vaecast.safetensors_header import read_file_header
 
 # Keys listed in one error message; the rest are counted.
 MAX_KEYS_LISTED = 8
 # Wrappers that training scripts put around a state dict in a checkpoint.
 WRAPPER_KEYS = ("state_dict", "model", "module")
-# safetensors: an 8-byte little-endian header length, then a JSON header.
-SAFETENSORS_HEADER_LENGTH_BYTES = 8
 ZIP_MAGIC = b"PK\x03\x04"
-
-
-def _looks_like_safetensors(head: bytes) -> bool:
-    if len(head) < SAFETENSORS_HEADER_LENGTH_BYTES + 1:
-        return False
-    (header_length,) = struct.unpack("<Q", head[:SAFETENSORS_HEADER_LENGTH_BYTES])
-    return 0 < header_length < 100_000_000 and head[SAFETENSORS_HEADER_LENGTH_BYTES:9] == b"{"
+# A diffusers model folder keeps its VAE here; a VAE folder has config.json itself.
+VAE_SUBFOLDER = "vae"
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -45,13 +40,17 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weights file {str(path)!r} does not exist (or is not a file)")
-    with path.open("rb") as file:
-        head = file.read(16)
-    if _looks_like_safetensors(head):
+    try:
+        is_safetensors = read_file_header(path) is not None
+    except UnsupportedMediaError as error:  # a header too costly to parse
+        raise WeightsError(f"{path}: {error.message}") from None
+    if is_safetensors:
         try:
             return load_file(str(path))
         except Exception as error:  # safetensors raises its own error types
             raise WeightsError(f"{path}: not a readable safetensors file: {error}") from None
+    with path.open("rb") as file:
+        is_zip = file.read(len(ZIP_MAGIC)) == ZIP_MAGIC
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -70,7 +69,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             f"{path}: not a safetensors file or a readable PyTorch checkpoint ({detail})"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
-        kind = "zip checkpoint" if head.startswith(ZIP_MAGIC) else "file"
+        kind = "zip checkpoint" if is_zip else "file"
         raise WeightsError(
             f"{path}: not a safetensors file or a readable PyTorch {kind}: {error}"
         ) from None
@@ -160,3 +159,14 @@ def diffusers_class(model: str, class_name: str, requirement: str) -> Any:
             f"needs {requirement}"
         )
     return found
+
+
+def load_diffusers_folder(autoencoder_class: Any, path: Path) -> Any:
+    """`autoencoder_class` from a local diffusers folder: a model's (with `vae/` inside)
+    or the VAE's own, in float32. Never the hub."""
+    subfolder = VAE_SUBFOLDER if (path / VAE_SUBFOLDER / "config.json").is_file() else None
+    if subfolder is None and not (path / "config.json").is_file():
+        raise WeightsError(f"{path} has neither config.json nor {VAE_SUBFOLDER}/config.json")
+    return autoencoder_class.from_pretrained(
+        path, subfolder=subfolder, local_files_only=True, torch_dtype=torch.float32
+    )

@@ -1,0 +1,92 @@
+"""What a latent file reads to, and the checks every format applies to its latents.
+
+Each format's reader (`safetensors_format`, `npy_format`) parses its own header,
+then hands the declared dtype and shape to `check_declared` before touching any
+tensor data, and the tensor to `finish_latents` once it is built. The helpers that
+write numbers and client-sent values into messages live here too, so that every
+message quotes them the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from vaecast.errors import InvalidRequestError
+
+LATENTS_KEY = "latents"
+SAFE_HINT = "save it with safetensors: safetensors.torch.save_file({'latents': z}, 'z.safetensors')"
+# Neither torch nor numpy has a dimension past a signed 64-bit index.
+MAX_DIM = 2**63 - 1
+_MAX_ECHO_CHARS = 40
+
+ShapeCheck = Callable[[tuple[int, ...]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LatentFile:
+    latents: torch.Tensor  # float32, BCTHW, B == 1, finite
+    metadata: dict[str, str] = field(default_factory=dict)
+    audio: torch.Tensor | None = None  # as uploaded; checked by `check_audio`
+
+
+def declared_bytes(shape: Sequence[int], itemsize: int, limit: int) -> int | None:
+    """The byte count of `shape` in Python ints, or None once it is past `limit`.
+
+    Stopping there bounds the cost of thousands of huge sizes.
+    """
+    if 0 in shape:
+        return 0
+    total = itemsize
+    for size in shape:
+        total *= size
+        if total > limit:
+            return None
+    return total
+
+
+def check_declared(shape: tuple[int, ...], dtype_name: str, floating: bool) -> tuple[int, ...]:
+    """The declared latents shape as BCTHW, or the 422 that says what is wrong with it."""
+    if not floating:
+        raise InvalidRequestError(f"latents must be floating point, got {dtype_name}")
+    if len(shape) == 4:
+        shape = (1, *shape)
+    elif len(shape) != 5:
+        raise InvalidRequestError(
+            f"latents must be CTHW or BCTHW, got {len(shape)} dimensions {shape_text(shape)}"
+        )
+    if shape[0] != 1:
+        raise InvalidRequestError(f"latents must hold one video (batch 1), got batch {shape[0]}")
+    if shape[2] == 0:
+        raise InvalidRequestError("latents have zero frames")
+    if 0 in shape:
+        raise InvalidRequestError(f"latents are empty: shape {shape}")
+    return shape
+
+
+def finish_latents(latents: torch.Tensor) -> torch.Tensor:
+    """Declared-shape-checked latents as float32 BCTHW, refused if any value is not finite."""
+    if latents.ndim == 4:
+        latents = latents.unsqueeze(0)
+    latents = latents.to(torch.float32)
+    if not torch.isfinite(latents).all():
+        raise InvalidRequestError("latents contain NaN or infinite values")
+    return latents.contiguous()
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    if len(shape) <= 8:
+        return str(tuple(shape))
+    return f"({', '.join(map(str, shape[:8]))}, ... {len(shape)} dimensions)"
+
+
+def bytes_text(declared: int | None, limit: int) -> str:
+    return f"{declared} bytes" if declared is not None else f"more than {limit} bytes"
+
+
+def echo(value: object) -> str:
+    """A client-sent value, cut short enough to quote in a message."""
+    text = str(value)
+    return text if len(text) <= _MAX_ECHO_CHARS else f"{text[:_MAX_ECHO_CHARS]}..."
