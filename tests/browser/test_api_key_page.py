@@ -22,9 +22,9 @@ from tests.helpers.browser import (
     start_demo,
 )
 from tests.helpers.cdp import Browser, Page
-from vaecast.latent_sources import SceneSpec
+from vaecast.demo.sources import SceneSpec
 from vaecast.server.app import create_app, runner_settings
-from vaecast.server.security import SecurityConfig
+from vaecast.server.security_config import SecurityConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import AsyncIterator
+from importlib.resources import files
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,7 +31,7 @@ from tests.helpers.browser import (
 )
 from tests.helpers.cdp import Browser, CDPError, Page
 from vaecast.codecs.quantize import quantize_to_host
-from vaecast.latent_sources import SceneSpec, scene_latents
+from vaecast.demo.sources import SceneSpec, scene_latents
 from vaecast.models.tiny import TinyDecoder
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
@@ -320,6 +321,20 @@ async def test_no_request_leaves_127_0_0_1(server: Server, browser: Browser) -> 
     assert leaving == []
 
 
+# The WHATWG "JavaScript MIME type essence match" list holds both; Chromium refuses
+# a module script served as anything else (text/plain, application/octet-stream).
+JAVASCRIPT_TYPES = {"text/javascript", "application/javascript"}
+
+
+async def test_every_page_module_is_served_as_javascript(server: Server) -> None:
+    names = sorted(p.name for p in Path(str(files("vaecast.static"))).glob("*.js"))
+    assert {"app.js", "boxes.js"} <= set(names)
+    for name in names:
+        async with server.client.get(f"/static/{name}") as response:
+            assert response.status == 200, name
+            assert response.content_type in JAVASCRIPT_TYPES, (name, response.content_type)
+
+
 def _local(url: str) -> bool:
     parts = urlsplit(url)
     return parts.scheme in ("data", "blob") or (
@@ -333,7 +348,10 @@ def _box(fourcc: bytes, payload: bytes, largesize: bool = False) -> bytes:
     return struct.pack(">I4s", 8 + len(payload), fourcc) + payload
 
 
-SPLIT = """((bytes, step) => {
+# boxes.js is a module, so its splitter is imported (the page already loaded it:
+# the same module instance, no new request), not read from a global.
+SPLIT = """(async (bytes, step) => {
+  const { BoxSplitter } = await import("/static/boxes.js");
   const splitter = new BoxSplitter();
   const boxes = [];
   for (let i = 0; i < bytes.length; i += step) {

@@ -1,0 +1,149 @@
+// The page's DOM: reading its forms, rendering a state into it, the recent-jobs
+// table and the API-key form. Holds no state of its own: what it shows comes in as
+// arguments (app.js decides when), so rendering twice is always harmless.
+
+const $ = (id) => document.getElementById(id);
+
+// ------------------------------------------------------------ forms
+
+export function fillScenes(scenes) {
+  $("scene").replaceChildren(...scenes.map((name) => new Option(name)));
+}
+
+export function fillModels(models) {
+  for (const select of document.querySelectorAll("select.model")) {
+    select.replaceChildren(new Option("server default", ""), ...models.map((m) => new Option(m)));
+  }
+}
+
+// Runs `task(form)` on submit, with the form's button disabled until it settles.
+export function onSubmit(id, task) {
+  $(id).addEventListener("submit", (event) => {
+    event.preventDefault();
+    const button = event.target.querySelector("button[type=submit]");
+    button.disabled = true;
+    task(event.target).finally(() => (button.disabled = false));
+  });
+}
+
+export function onClick(id, handler) {
+  $(id).addEventListener("click", handler);
+}
+
+// The demo form as a JSON request body for POST /v1/videos.
+export function demoRequest(form) {
+  const data = new FormData(form);
+  const [width, height] = data.get("size").split("x").map(Number);
+  const body = {
+    scene: data.get("scene"),
+    frames: Number(data.get("frames")),
+    width,
+    height,
+    seed: Number(data.get("seed")),
+    fps: Number(data.get("fps")),
+  };
+  if (data.get("model")) body.model = data.get("model");
+  return { headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+}
+
+// The upload form as multipart; an empty model means the server's default.
+export function uploadRequest(form) {
+  const data = new FormData(form);
+  if (!data.get("model")) data.delete("model");
+  return { body: data };
+}
+
+// Shows the key form; resolves to the key typed in (api.js asks one at a time).
+export function askForKey(reason) {
+  return new Promise((resolve) => {
+    const form = $("key-form");
+    $("key-reason").textContent = reason;
+    form.hidden = false;
+    form.key.focus();
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const key = form.key.value.trim();
+      form.reset();
+      form.hidden = true;
+      resolve(key);
+    }, { once: true });
+  });
+}
+
+// ------------------------------------------------------------ display
+
+// The one message in the error line (null hides it). Not derived from
+// state.errors: list and connection failures show here without being a job's error.
+export function showError(message) {
+  $("error").hidden = !message;
+  $("error").textContent = message || "";
+}
+
+// `state` is what window.vaecast.state returns; `cancellable` enables the button.
+export function render(state, cancellable) {
+  $("job-id").textContent = state.jobId || "–";
+  $("job-id").title = state.jobId || "";
+  $("status").textContent = state.status.replace("_", " ");
+  $("chunks").textContent =
+    state.chunksTotal === null ? "–" : `${state.chunksDone} / ${state.chunksTotal} (${state.framesDone} frames)`;
+  $("decode-bar").value = state.chunksTotal ? state.chunksDone / state.chunksTotal : 0;
+  $("ttff").textContent = state.timeToFirstFrameMs === null ? "–" : `${(state.timeToFirstFrameMs / 1000).toFixed(2)} s`;
+  $("decode-fps").textContent = state.decodeFps === null ? "–" : `${state.decodeFps.toFixed(1)} frames/s`;
+  // With the <video src> fallback the browser fetches the stream, out of the page's sight.
+  $("bytes").textContent = state.playback === "mse" ? formatBytes(state.bytesReceived) : "–";
+  renderBuffered(state.seconds);
+  $("cancel").disabled = !cancellable;
+}
+
+// The buffered bar: how much of the video's `seconds` the <video> holds.
+export function renderBuffered(seconds) {
+  const ranges = $("video").buffered;
+  const end = ranges.length ? ranges.end(ranges.length - 1) : 0;
+  $("buffer-bar").value = seconds ? Math.min(1, end / seconds) : 0;
+}
+
+function formatBytes(n) {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} kB`;
+  return `${(n / 1024 / 1024).toFixed(2)} MB`;
+}
+
+// ------------------------------------------------------------ recent jobs
+
+// Rows for GET /v1/videos' jobs; `watch(job)` when a row's Watch is clicked.
+export function renderJobs(jobs, watch) {
+  const rows = jobs.map((job) => {
+    const row = document.createElement("tr");
+    row.append(
+      cell(job.id.replace(/^video_/, "").slice(0, 8), job.id),
+      cell(job.status.replace("_", " ")),
+      cell(`${job.frames} @ ${job.fps}`),
+      cell(`${job.width}×${job.height}`),
+    );
+    const actions = document.createElement("td");
+    if (job.status === "queued" || job.status === "in_progress" || job.status === "completed") {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = "Watch";
+      button.addEventListener("click", () => watch(job));
+      actions.append(button);
+    }
+    if (job.status === "completed") {
+      const link = document.createElement("a");
+      link.href = job.urls.content;
+      link.download = `${job.id}.mp4`;
+      link.textContent = "Download";
+      actions.append(link);
+    }
+    row.append(actions);
+    return row;
+  });
+  $("jobs").replaceChildren(...rows);
+}
+
+function cell(text, title) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (title) td.title = title;
+  return td;
+}
