@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
         choices=sorted(HOST_FORMATS),
         default=bridge_host_format(),
         help="what the decode thread hands the encoder in every arm: uint8 RGB, or YUV "
-        "4:2:0 converted in torch (default: what vaecast.server.bridge does)",
+        "4:2:0 converted in torch (default: what vaecast's pipeline does)",
     )
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (>= 1)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")

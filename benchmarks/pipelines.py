@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vaecast.codecs.colour import Yuv420Frames
+from vaecast.codecs.colour import Yuv420Frames, from_rgb
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
@@ -38,17 +38,22 @@ _END = object()
 
 HostFrames = np.ndarray | Yuv420Frames
 ToHost = Callable[[torch.Tensor, tuple[float, float]], HostFrames]
-# What the decode thread hands the encoder: uint8 RGB (swscale converts it in the
-# encoder), or YUV 4:2:0 made in torch on the decoder's device.
+# What the decode thread hands the encode thread: uint8 RGB (swscale converts it
+# there, `as_yuv420`), or YUV 4:2:0 made in torch on the decoder's device.
 HOST_FORMATS: dict[str, ToHost] = {"rgb": quantize_to_host, "yuv420": quantize_yuv420_to_host}
 FFMPEG_PIX_FMTS = {"rgb": "rgb24", "yuv420": "yuv420p"}
 
 
 def bridge_host_format() -> str:
     """What vaecast's own bridge hands its encoder: the default for every arm."""
-    import vaecast.server.bridge as bridge
+    from vaecast.pipeline import Stages
 
-    return "yuv420" if hasattr(bridge, "quantize_yuv420_to_host") else "rgb"
+    return "yuv420" if Stages().to_host is quantize_yuv420_to_host else "rgb"
+
+
+def as_yuv420(frames: HostFrames) -> Yuv420Frames:
+    """The frames as the encoder takes them: RGB goes through swscale (`from_rgb`)."""
+    return frames if isinstance(frames, Yuv420Frames) else from_rgb(frames)
 
 
 def raw_bytes(frames: HostFrames) -> memoryview:
@@ -113,7 +118,8 @@ def decode_then_encode(
         out = [encoder.init_segment]
         for index, start in enumerate(plan.chunk_starts):
             trace.mark(arm, "encode_start", index)
-            out.append(encoder.encode_chunk(pixels[start : start + plan.chunk_frames[index]]))
+            chunk = pixels[start : start + plan.chunk_frames[index]]
+            out.append(encoder.encode_chunk(as_yuv420(chunk)))
             trace.mark(arm, "encoded", index)
     finally:
         encoder.close()
@@ -142,7 +148,7 @@ def preencode(
             while (item := chunks.get()) is not _END:
                 index, pixels = item
                 trace.mark(arm, "encode_start", index)
-                out.append(encoder.encode_chunk(pixels))
+                out.append(encoder.encode_chunk(as_yuv420(pixels)))
                 trace.mark(arm, "encoded", index)
         except BaseException as error:  # handed to the decoding thread below
             failure.append(error)
@@ -177,7 +183,7 @@ def ffmpeg_command(
     `frag_keyframe+empty_moov+default_base_moof` is the usual way to stream MP4 from
     the CLI; `frag_duration` cuts a fragment about every 4 frames (one chunk) between
     keyframes, and `flush_packets` pushes each one to the pipe at once. The muxer still
-    closes a fragment only when the next packet arrives (FIELD_NOTES), so each
+    closes a fragment only when the next packet arrives, so each
     fragment leaves one frame later than its last frame is encoded.
     """
     gop = max(1, round(settings.keyframe_interval_s * fps))
@@ -275,7 +281,7 @@ def encode_only(
     try:
         for pixels in chunks:
             before = time.perf_counter()
-            size += len(encoder.encode_chunk(pixels))
+            size += len(encoder.encode_chunk(as_yuv420(pixels)))
             per_chunk.append(time.perf_counter() - before)
     finally:
         encoder.close()

@@ -31,17 +31,17 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
 import torch
 from aiohttp import web
 
-import vaecast.server.bridge
 from benchmarks import pipelines
+from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.latent_files import load_latents
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk, DecodePlan, get_decoder
 from vaecast.params import parse_fps
+from vaecast.pipeline import Stages
 from vaecast.server.app import create_app, runner_settings, serve_until_signalled
 from vaecast.server.config import MIB, Limits, ServerConfig
 
@@ -78,7 +78,7 @@ class TimedDecoder:
 
 
 class TimedStreamEncoder(VideoStreamEncoder):
-    def encode_chunk(self, frames: np.ndarray) -> bytes:
+    def encode_chunk(self, frames: Yuv420Frames) -> bytes:
         index = self.fragments_written
         TRACE.mark(VAECAST_ARM, "encode_start", index)
         data = super().encode_chunk(frames)
@@ -234,11 +234,8 @@ class Baselines:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    # What the decode thread hands the encoder, the same for every arm: the bridge
-    # looks up whichever of the two names it imported; both point at the choice.
+    # What the decode thread hands the encoder, the same for every arm.
     to_host = pipelines.HOST_FORMATS[args.host_frames]
-    vaecast.server.bridge.quantize_to_host = to_host  # type: ignore[assignment]
-    vaecast.server.bridge.quantize_yuv420_to_host = to_host  # type: ignore[attr-defined]
     decoder = await asyncio.to_thread(load_decoder, args.model, args.device)
     config = ServerConfig(
         default_model=decoder.name,
@@ -250,7 +247,7 @@ async def serve(args: argparse.Namespace) -> None:
     app = create_app(
         config,
         {decoder.name: TimedDecoder(decoder, TRACE, VAECAST_ARM)},
-        encoder_factory=TimedStreamEncoder,
+        stages=Stages(to_host=to_host, encoder_factory=TimedStreamEncoder),
     )
     baselines = Baselines(decoder, config, args.host_frames)
     baselines.add_routes(app)
@@ -278,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         choices=sorted(pipelines.HOST_FORMATS),
         default=pipelines.bridge_host_format(),
         help="what the decode thread hands the encoder (yuv420: converted in torch); "
-        "default: what vaecast.server.bridge does",
+        "default: what vaecast's pipeline does",
     )
     args = parser.parse_args(argv)
     import uvloop

@@ -60,6 +60,19 @@ def test_decode_keeps_the_soundtrack_the_server_would_mux(
     )
 
 
+def test_decode_needs_no_web_server_packages(tmp_path: Path):
+    # `vaecast decode` runs the same pipeline as the server, without aiohttp.
+    latents = write_latents(tmp_path / "z.safetensors")
+    script = (
+        "import sys\n"
+        "from vaecast.cli import main\n"
+        f"assert main(['decode', {str(latents)!r}, '-o', {str(tmp_path / 'o.mp4')!r},"
+        " '--model', 'linear']) == 0\n"
+        "assert 'aiohttp' not in sys.modules, 'aiohttp was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+
+
 def test_decode_of_bad_latents_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(safetensors_bytes(z=smooth_latents(2)))
@@ -68,7 +81,9 @@ def test_decode_of_bad_latents_fails_cleanly(tmp_path: Path, capsys: pytest.Capt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors"]
 
 
-def test_a_failed_decode_leaves_no_file_under_the_output_name(tmp_path: Path, monkeypatch):
+def test_a_failed_decode_leaves_no_file_under_the_output_name(
+    tmp_path: Path, monkeypatch, capsys: pytest.CaptureFixture[str]
+):
     calls = []
 
     def failing_encode(self, frames):  # type: ignore[no-untyped-def]
@@ -84,8 +99,8 @@ def test_a_failed_decode_leaves_no_file_under_the_output_name(tmp_path: Path, mo
     output = tmp_path / "out.mp4"
     output.write_bytes(b"the previous, good file")
     latents = write_latents(tmp_path / "z.safetensors")
-    with pytest.raises(RuntimeError, match="disk on fire"):
-        main(["decode", str(latents), "-o", str(output), "--model", "linear"])
+    assert main(["decode", str(latents), "-o", str(output), "--model", "linear"]) == 2
+    assert "vaecast: error: the encoder failed: disk on fire (simulated)" in capsys.readouterr().err
     assert output.read_bytes() == b"the previous, good file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
 
@@ -169,3 +184,43 @@ def test_a_model_that_needs_weights_says_so(tmp_path: Path, capsys: pytest.Captu
     assert "the taehv decoder needs a weights file" in capsys.readouterr().err
     assert main([*command, "--model", "linear", "--weights", str(latents)]) == 2
     assert "model 'linear' takes no --weights" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["decode", "serve"])
+def test_weights_for_a_model_that_is_not_served_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+):
+    arguments = ["--model", "linear", "--weights", "taehv=taew2_1.safetensors"]
+    if command == "decode":
+        latents = write_latents(tmp_path / "z.safetensors")
+        arguments = [str(latents), "-o", str(tmp_path / "out.mp4"), *arguments]
+    else:
+        arguments = [*arguments, "--port", "0"]  # refused before anything binds
+    assert main([command, *arguments]) == 2
+    assert capsys.readouterr().err == (
+        "vaecast: error: --weights taehv=taew2_1.safetensors: model 'taehv' is not served "
+        "here (served: linear)\n"
+    )
+
+
+def test_serve_refuses_weights_for_a_model_that_takes_none(capsys: pytest.CaptureFixture[str]):
+    command = ["serve", "--model", "tiny", "--model", "linear", "--port", "0"]
+    assert main([*command, "--weights", "linear=w.safetensors"]) == 2
+    assert "model 'linear' takes no --weights" in capsys.readouterr().err
+    # A bare PATH is the first model's, and only a known model's name counts as MODEL=.
+    assert main([*command[:2], *command[4:], "--weights", "a=b.safetensors"]) == 2
+    assert "model 'linear' takes no --weights" in capsys.readouterr().err
+
+
+def test_a_path_with_an_equals_sign_is_a_path(tmp_path: Path):
+    from safetensors.torch import save_file
+
+    from vaecast.models.taehv import TAEHVConfig, TAEHVNet
+
+    weights = tmp_path / "run=1.safetensors"
+    save_file(TAEHVNet(TAEHVConfig(widths=(8, 8, 4, 4))).state_dict(), weights)
+    latents = write_latents(tmp_path / "z.safetensors", frames=2)
+    output = tmp_path / "out.mp4"
+    command = ["decode", str(latents), "-o", str(output), "--model", "taehv"]
+    assert main([*command, "--weights", str(weights)]) == 0
+    assert len(decode_mp4(output.read_bytes())) == 5

@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vaecast.codecs.h264 import EncoderSettings
-from vaecast.codecs.quantize import quantize_yuv420_to_host
-from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
+from vaecast.codecs.stream import Soundtrack
+from vaecast.decode_file import decode_to_file
 from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
-from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
+from vaecast.models.base import ChunkedDecoder, available_decoders, get_decoder, takes_weights
 from vaecast.params import parse_fps
+from vaecast.pipeline import VideoOutput
 from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.security import (
+from vaecast.server.security_config import (
     API_KEY_ENV,
     SecurityConfig,
     check_api_key,
@@ -263,9 +261,11 @@ def _serve(args: argparse.Namespace) -> int:
         security=security,
     )
 
+    # Checked before any model loads: a --weights mistake is a usage error.
+    weights = _weights_by_model(args.weights, models)
+
     async def serve() -> None:
         # Weights load in a thread: the loop is already running signal handling.
-        weights = _weights_by_model(args.weights, models)
         decoders = {
             name: await asyncio.to_thread(_load_decoder, name, args.device, weights.get(name))
             for name in models
@@ -294,25 +294,30 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _weights_by_model(specs: list[str], models: list[str]) -> dict[str, str]:
+    """The path each `--weights [MODEL=]PATH` gives a model in `models`.
+
+    MODEL is a known model's name; anything else before a `=` is part of a path, which
+    is for the first model. Raises for weights of a model not in `models` and for a
+    model that takes no weights file.
+    """
+    known = set(available_decoders())
     weights: dict[str, str] = {}
     for spec in specs:
         name, separator, path = spec.partition("=")
-        if not separator or name not in models:
+        if not separator or name not in known:
             name, path = models[0], spec
+        elif name not in models:
+            raise InvalidRequestError(
+                f"--weights {spec}: model {name!r} is not served here (served: {', '.join(models)})"
+            )
+        if not takes_weights(name):
+            raise InvalidRequestError(f"model {name!r} takes no --weights")
         weights[name] = path
     return weights
 
 
 def _load_decoder(name: str, device: str, weights: str | None) -> ChunkedDecoder:
-    options: dict[str, object] = {"device": device}
-    if weights is not None:
-        options["weights"] = weights
-    try:
-        return get_decoder(name, **options)
-    except TypeError as error:
-        if weights is None or "weights" not in str(error):
-            raise
-        raise InvalidRequestError(f"model {name!r} takes no --weights") from None
+    return get_decoder(name, device=device, weights=weights)
 
 
 def _run_loop(main_coroutine: object) -> None:
@@ -325,7 +330,7 @@ def _run_loop(main_coroutine: object) -> None:
 
 
 def _scene_names() -> tuple[str, ...]:
-    from vaecast.models.scenes import SCENE_NAMES
+    from vaecast.demo.scenes import SCENE_NAMES
 
     return SCENE_NAMES
 
@@ -334,13 +339,13 @@ def _latents(args: argparse.Namespace) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from vaecast.latent_sources import (
+    from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
+    from vaecast.demo.sources import (
         parse_scene_spec,
         scene_audio,
         scene_latents,
         video_file_latents,
     )
-    from vaecast.models.soundtrack import DEFAULT_SAMPLE_RATE_HZ
 
     tensors: dict[str, torch.Tensor] = {}
     metadata: dict[str, str] = {"model": "tiny"}
@@ -370,8 +375,6 @@ def _latents(args: argparse.Namespace) -> int:
 
 
 def _decode(args: argparse.Namespace) -> int:
-    """Decode to a temporary file beside OUTPUT, renamed into place only on success."""
-    output: Path = args.output
     latent_file = load_latents(args.latents.read_bytes())
     fps = parse_fps(args.fps or latent_file.metadata.get("fps"), DEFAULTS.default_fps)
     soundtrack = None
@@ -382,70 +385,14 @@ def _decode(args: argparse.Namespace) -> int:
         soundtrack = Soundtrack(waveform, sample_rate)
     weights = _weights_by_model(args.weights, [args.model])
     decoder = _load_decoder(args.model, args.device, weights.get(args.model))
-    plan = decoder.plan(latent_file.latents.shape)
-    encoder = VideoStreamEncoder(
-        plan.width,
-        plan.height,
-        fps,
-        _encoder_settings(args),
-        soundtrack=soundtrack,
-        total_frames=plan.frames,
-    )
-    progress = _ProgressBar(plan.chunks, plan.frames)
-    fd, partial_name = tempfile.mkstemp(
-        dir=output.parent, prefix=f".{output.name}.", suffix=".part"
-    )
-    partial = Path(partial_name)
-    try:
-        with os.fdopen(fd, "wb") as sink:
-            sink.write(encoder.init_segment)
-
-            def on_chunk(chunk: DecodedChunk) -> None:
-                pixels = quantize_yuv420_to_host(chunk.frames, decoder.value_range)
-                sink.write(encoder.encode_chunk(pixels))
-                sink.flush()
-                progress.update(chunk.index + 1, chunk.frame_start + chunk.frame_count)
-
-            decoder.decode_chunks(latent_file.latents.to(decoder.device), on_chunk)
-        os.replace(partial, output)
-    except BaseException:
-        progress.finish(ok=False)
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-        raise
-    finally:
-        encoder.close()
-    progress.finish(ok=True)
+    output = VideoOutput(fps, _encoder_settings(args), soundtrack)
+    plan = decode_to_file(latent_file.latents, decoder, output, args.output)
     sound = "" if soundtrack is None else f", {soundtrack.channels} audio channel(s)"
     print(
-        f"wrote {output} ({plan.frames} frames, {plan.width}x{plan.height}, "
+        f"wrote {args.output} ({plan.frames} frames, {plan.width}x{plan.height}, "
         f"{float(fps):g} fps{sound})"
     )
     return 0
-
-
-class _ProgressBar:
-    WIDTH = 30
-
-    def __init__(self, chunks: int, frames: int) -> None:
-        self.chunks, self.frames = chunks, frames
-        self.started = time.perf_counter()
-
-    def update(self, chunks_done: int, frames_done: int) -> None:
-        filled = self.WIDTH * chunks_done // self.chunks
-        elapsed = time.perf_counter() - self.started
-        rate = frames_done / elapsed if elapsed > 0 else 0.0
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        print(
-            f"\r[{bar}] {chunks_done}/{self.chunks} chunks {frames_done}/{self.frames} frames "
-            f"{rate:5.1f} fps",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def finish(self, ok: bool) -> None:
-        print("" if ok else " failed", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def vaecast_threads() -> list[threading.Thread]:
 
 def split_stream(data: bytes) -> tuple[bytes, list[bytes]]:
     """(init segment, [moof+mdat, ...]) of a whole fMP4 stream; fails on anything else."""
-    from vaecast.codecs.fmp4 import iter_boxes
+    from vaecast.codecs.fmp4_reader import iter_boxes
 
     boxes = list(iter_boxes(data))
     types = [box.type for box in boxes]

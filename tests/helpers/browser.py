@@ -13,11 +13,12 @@ import torch
 from aiohttp import web
 
 from tests.helpers.cdp import Page
-from vaecast.latent_sources import SceneSpec
+from vaecast.demo.sources import SceneSpec
 from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import ServerConfig
-from vaecast.server.jobs import Job, JobManager
+from vaecast.server.job import Job
+from vaecast.server.manager import JobManager
 from vaecast.server.routes import MANAGER
 
 GATE_TIMEOUT_S = 60.0

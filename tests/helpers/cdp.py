@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 CHROMIUM = Path("/usr/bin/chromium")
-# FIELD_NOTES: headless as root needs --no-sandbox; the rest keeps Chromium from
+# Headless as root needs --no-sandbox; the rest keeps Chromium from
 # phoning home (component updates, sync, QUIC probes) and lets muted video autoplay.
 CHROMIUM_FLAGS = (
     "--headless=new",

@@ -9,10 +9,10 @@ import aiohttp
 import torch
 from aiohttp import web
 
-from vaecast.codecs.fmp4 import TopLevelBoxSplitter
+from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.server.config import ServerConfig
-from vaecast.server.jobs import JobManager
+from vaecast.server.manager import JobManager
 from vaecast.server.routes import MANAGER
 
 TEST_CONFIG = ServerConfig(default_model="linear", encoder=replace(EncoderSettings(), crf=18))

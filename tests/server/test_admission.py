@@ -51,10 +51,10 @@ async def test_queue_positions_follow_fifo_order(start_server: StartServer):
     for _ in range(4):
         async with server.client.post("/v1/videos", data=body) as response:
             ids.append((await response.json())["id"])
-    positions = [server.manager.get(job_id).queue_position for job_id in ids]
+    positions = [server.manager.queue_position(server.manager.get(job_id)) for job_id in ids]
     assert positions == [None, 1, 2, 3]
     async with server.client.delete(f"/v1/videos/{ids[2]}") as response:
         assert (await response.json())["status"] == "cancelled"
-    assert [server.manager.get(i).queue_position for i in ids] == [None, 1, None, 2]
+    assert [server.manager.queue_position(server.manager.get(i)) for i in ids] == [None, 1, None, 2]
     decoder.gate.set()
     await asyncio.wait_for(server.manager.get(ids[3]).wait(), 30)

@@ -6,8 +6,8 @@ import numpy as np
 
 from tests.helpers import decode_mp4, psnr
 from tests.helpers.server import StartServer
+from vaecast.demo.scenes import render_scene
 from vaecast.models.linear import LinearDecoder
-from vaecast.models.scenes import render_scene
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import Limits
 
@@ -101,7 +101,7 @@ async def test_a_demo_is_heard_where_it_is_seen(start_server: StartServer):
     import av
     import numpy as np
 
-    from vaecast.models.scenes import scene_motions
+    from vaecast.demo.scenes import scene_motions
 
     demo = {"scene": "shapes", "frames": 33, "width": 128, "height": 96, "fps": 16, "seed": 3}
     server = await start_server(decoders=with_tiny())

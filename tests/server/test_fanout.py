@@ -54,7 +54,7 @@ async def test_fifty_viewers_of_one_decode_get_identical_playable_bytes(
 
     viewers = [asyncio.create_task(watch()) for _ in range(VIEWERS)]
     # Everyone is attached while the decode is held, so all of them follow it live.
-    await until(lambda: server.manager.get(job["id"]).readers == VIEWERS)
+    await until(lambda: server.manager.get(job["id"]).viewers == VIEWERS)
     decoder.gate.set()
     streams = await asyncio.gather(*viewers)
     assert len({hashlib.sha256(stream).digest() for stream in streams}) == 1
@@ -74,14 +74,14 @@ async def test_a_stalled_viewer_delays_neither_the_decode_nor_the_others(
     job = await create_job(server, noisy_latents(**BIG_VIDEO))
     stalled = stalled_reader(server, job["urls"]["content"])
     try:
-        await until(lambda: server.manager.get(job["id"]).readers == 1)
+        await until(lambda: server.manager.get(job["id"]).viewers == 1)
         async with server.client.get(job["urls"]["content"]) as response:
             stream = await response.read()
         running = server.manager.get(job["id"])
         assert running.status == "completed"
         assert running.log.size > 8 * 1024 * 1024
         assert len(stream) == running.log.size
-        assert running.readers == 1  # the stalled viewer, still attached, socket full
+        assert running.viewers == 1  # the stalled viewer, still attached, socket full
     finally:
         stalled.close()
 
@@ -92,7 +92,7 @@ async def test_a_stalled_viewer_is_dropped_after_the_write_timeout(start_server:
     stalled = stalled_reader(server, job["urls"]["content"])
     try:
         await until(lambda: server.manager.get(job["id"]).finished)
-        await until(lambda: server.manager.get(job["id"]).readers == 0)
+        await until(lambda: server.manager.get(job["id"]).viewers == 0)
         async with server.client.get("/metrics") as response:
             assert "vaecast_readers_dropped_total 1.0" in await response.text()
         # Everyone else is still served.

@@ -432,3 +432,16 @@ async def test_deeply_nested_json_is_a_400(start_server: StartServer):
         status, error = await _error(response)
     assert (status, error["type"]) == (400, "bad_request")
     assert error["message"].startswith("the JSON body cannot be parsed")
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate"])
+async def test_a_compressed_body_is_refused_not_inflated(start_server: StartServer, encoding: str):
+    # aiohttp would inflate it on the event loop, to any size: a zip bomb's playground.
+    server = await start_server()
+    headers = {"Content-Encoding": encoding}
+    async with server.client.post("/v1/videos", data=b"junk", headers=headers) as response:
+        status, error = await _error(response)
+    assert (status, error["type"]) == (415, "unsupported_media_type")
+    assert error["message"] == (
+        f"Content-Encoding '{encoding}' is not accepted; send the file uncompressed"
+    )

@@ -23,7 +23,7 @@ from multidict import CIMultiDictProxy
 from tests.helpers import safetensors_bytes, smooth_latents
 from tests.helpers.server import Server, StartServer
 from vaecast.cli import main
-from vaecast.server.security import SecurityConfig, for_bind_address
+from vaecast.server.security_config import SecurityConfig, for_bind_address
 
 KEY = "sk-vaecast-test-0123456789"
 BEARER = {"Authorization": f"Bearer {KEY}"}

@@ -17,7 +17,7 @@ from tests.helpers import (
     split_stream,
 )
 from tests.helpers.server import StartServer
-from vaecast.codecs.fmp4 import TopLevelBoxSplitter, parse_fragment, parse_init_segment
+from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter, parse_fragment, parse_init_segment
 from vaecast.codecs.quantize import quantize_to_host
 from vaecast.models.linear import LinearDecoder
 

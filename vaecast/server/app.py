@@ -9,12 +9,12 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.base import ChunkedDecoder
+from vaecast.pipeline import Stages
 from vaecast.server.config import ServerConfig
 from vaecast.server.http_errors import json_errors
-from vaecast.server.jobs import EncoderFactory, JobManager
 from vaecast.server.loop_lag import watch_loop_lag
+from vaecast.server.manager import JobManager
 from vaecast.server.routes import MANAGER, add_routes
 from vaecast.server.security import SecurityGuard
 
@@ -31,11 +31,11 @@ ACCESS_LOG_FORMAT = (
 def create_app(
     config: ServerConfig,
     decoders: Mapping[str, ChunkedDecoder],
-    encoder_factory: EncoderFactory = VideoStreamEncoder,
+    stages: Stages = Stages(),  # noqa: B008 (frozen, immutable)
 ) -> web.Application:
     """An app serving `decoders` (already loaded: model loading is the caller's job,
-    done off the event loop). `encoder_factory` replaces VideoStreamEncoder (same
-    signature) for every job, e.g. to inject faults or measure the encoder."""
+    done off the event loop). `stages` replaces the pipeline's host conversion or
+    encoder for every job, e.g. to measure them or to inject faults."""
     if config.default_model not in decoders:
         raise ValueError(f"default model {config.default_model!r} is not among {sorted(decoders)}")
     # The guard sits inside json_errors (its refusals are JSON) and before every
@@ -49,7 +49,7 @@ def create_app(
     add_routes(app)
 
     async def job_manager(app: web.Application) -> AsyncIterator[None]:
-        app[MANAGER] = manager = JobManager(config, decoders, encoder_factory)
+        app[MANAGER] = manager = JobManager(config, decoders, stages)
         manager.start()
         lag_watch = asyncio.create_task(
             watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"
@@ -72,7 +72,13 @@ def runner_settings(config: ServerConfig) -> dict[str, Any]:
     keep-alive timeout is exactly a header timeout: a slow-header client is cut
     after `header_timeout_s`, and so is an idle keep-alive connection.
     """
-    return {"handler_cancellation": True, "keepalive_timeout": config.header_timeout_s}
+    return {
+        "handler_cancellation": True,
+        "keepalive_timeout": config.header_timeout_s,
+        # aiohttp would inflate a compressed body on the event loop, without a bound on
+        # what it inflates to; uploads are refused with a Content-Encoding instead.
+        "auto_decompress": False,
+    }
 
 
 async def serve_until_signalled(

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from vaecast.codecs.h264 import EncoderSettings
-from vaecast.server.security import SecurityConfig
+from vaecast.server.security_config import SecurityConfig
 
 MIB = 1024 * 1024
 

@@ -18,7 +18,8 @@ from vaecast.errors import JobStateError, NotFoundError, VaecastError
 from vaecast.params import leading_int, parse_int
 from vaecast.server.http_errors import error_response
 from vaecast.server.http_ranges import ByteRange, Unsatisfiable, etag_matches, parse_range
-from vaecast.server.jobs import Job, JobManager, JobStatus
+from vaecast.server.job import Job, JobStatus
+from vaecast.server.manager import JobManager
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vaecast.server.uploads import read_decode_request
 
@@ -63,15 +64,19 @@ async def static_asset(request: web.Request) -> web.FileResponse:
         or path.parent != STATIC_DIR
     ):
         raise NotFoundError(f"no static asset {name[:80]!r}")
+    headers = {"Cache-Control": "no-cache"}
+    if path.suffix == ".js":  # module scripts need a JavaScript type, whatever the OS's table
+        headers["Content-Type"] = "text/javascript; charset=utf-8"
     # FileResponse stats and reads in a thread, and answers 404 for a missing file.
-    return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
+    return web.FileResponse(path, headers=headers)
 
 
 async def list_videos(request: web.Request) -> web.Response:
     """The most recent jobs first: `?limit=N` (default 20, at most 100)."""
     limit = parse_int(request.query.get("limit", str(LIST_DEFAULT)), "limit", 1, LIST_MAX)
-    jobs = list(request.app[MANAGER].jobs.values())[::-1][:limit]
-    return web.json_response({"object": "list", "data": [job.to_json() for job in jobs]})
+    manager = request.app[MANAGER]
+    jobs = list(manager.jobs.values())[::-1][:limit]
+    return web.json_response({"object": "list", "data": [job_json(job, manager) for job in jobs]})
 
 
 async def create_video(request: web.Request) -> web.Response:
@@ -81,13 +86,27 @@ async def create_video(request: web.Request) -> web.Response:
             await read_decode_request(request, manager.config, manager.check_latent_shape)
         )
     return web.json_response(
-        job.to_json(), status=201, headers={"Location": f"/v1/videos/{job.id}"}
+        job_json(job, manager), status=201, headers={"Location": job_urls(job.id)["self"]}
     )
 
 
 async def get_video(request: web.Request) -> web.Response:
-    job = request.app[MANAGER].get(request.match_info["video_id"])
-    return web.json_response(job.to_json())
+    manager = request.app[MANAGER]
+    return web.json_response(job_json(manager.get(request.match_info["video_id"]), manager))
+
+
+def job_urls(job_id: str) -> dict[str, str]:
+    base = f"/v1/videos/{job_id}"
+    return {"self": base, "content": f"{base}/content", "events": f"{base}/events"}
+
+
+def job_json(job: Job, manager: JobManager) -> dict[str, Any]:
+    """The job object of the API: the job's own state, its queue place and its URLs."""
+    return with_links(job.to_json(), manager.queue_position(job))
+
+
+def with_links(job_object: dict[str, Any], queue_position: int | None = None) -> dict[str, Any]:
+    return {**job_object, "queue_position": queue_position, "urls": job_urls(job_object["id"])}
 
 
 async def delete_video(request: web.Request) -> web.Response:
@@ -101,7 +120,7 @@ async def delete_video(request: web.Request) -> web.Response:
     if not job.finished:
         job.cancel("cancelled by request")
         await job.wait()
-        return web.json_response(job.to_json())
+        return web.json_response(job_json(job, manager))
     await manager.delete(job)
     return web.json_response({"id": job.id, "object": "video.deleted", "deleted": True})
 
@@ -191,8 +210,7 @@ async def _send_stream(
     closed without the terminating chunk: clients see a truncated transfer, and the
     job object says why.
     """
-    async for _ in job.log.follow():
-        break  # the Content-Type names the codec: known once the init segment exists
+    await job.log.wait_for_init()  # the Content-Type names the codec: known from then on
     response = web.StreamResponse(
         headers={
             "Content-Type": job.content_type,
@@ -213,11 +231,11 @@ async def _write_parts(
     """Write `parts` to one viewer; drop only that viewer if it stalls or leaves."""
     metrics = request.app[MANAGER].metrics
     timeout_s = request.app[MANAGER].config.reader_write_timeout_s
-    job.readers += 1
     try:
-        async for part in parts:
-            await asyncio.wait_for(response.write(part), timeout_s)
-            metrics.bytes_sent.inc(len(part))
+        async with job.viewer(), contextlib.aclosing(parts):
+            async for part in parts:
+                await asyncio.wait_for(response.write(part), timeout_s)
+                metrics.bytes_sent.inc(len(part))
     except VaecastError as error:
         log.info("stream of %s cut: %s", job.id, error.message)
         _cut(request)
@@ -230,8 +248,6 @@ async def _write_parts(
     except ConnectionError:  # reset, or lost while waiting for the socket to drain
         log.info("viewer of %s left", job.id)
         return
-    finally:
-        job.readers -= 1
     await _end_response(response)
 
 
@@ -265,9 +281,9 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     await response.write(f"retry: {SSE_RETRY_MS}\n\n".encode())
     if not resuming:
-        await response.write(_sse("state", start - 1, job.to_json()))
+        await response.write(_sse("state", start - 1, job_json(job, manager)))
     keepalive_s = manager.config.events_keepalive_s
-    events = aiter(job.events.follow(start))
+    events = job.events.follow(start)
     index = start
     next_event: asyncio.Future[dict[str, Any]] | None = None
     try:
@@ -282,13 +298,17 @@ async def get_events(request: web.Request) -> web.StreamResponse:
             except StopAsyncIteration:
                 break
             next_event = None
+            if "job" in event:  # the job object as the API shows it, links included
+                event = {**event, "job": with_links(event["job"])}
             await response.write(_sse(event["event"], index, event))
             index += 1
     except ConnectionError:
         return response
     finally:
         if next_event is not None and not next_event.done():
-            next_event.cancel()
+            next_event.cancel()  # the cancel ends the generator too, as it propagates out
+        else:
+            await events.aclose()
     await _end_response(response)
     return response
 

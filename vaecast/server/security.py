@@ -53,19 +53,27 @@ import hmac
 import ipaddress
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from aiohttp import hdrs, web
 
 from vaecast.errors import ForbiddenError, MisdirectedRequestError, UnauthorizedError
+from vaecast.server.security_config import (
+    DEFAULT_PORTS,
+    LOOPBACK_HOSTS,
+    Origin,
+    SecurityConfig,
+    check_api_key,
+    ip_address_of,
+    ip_network_of,
+    normalize_host_pattern,
+    normalize_origin,
+    parse_origin,
+)
 
-API_KEY_ENV = "VAECAST_API_KEY"
 API_KEY_COOKIE = "vaecast_api_key"
 # What a server bound to a loopback address answers to by default (any port).
-LOOPBACK_HOSTS = ("localhost", "*.localhost", "127.0.0.0/8", "::1/128")
 # Added for a server bound beyond loopback: any IP address (never a rebinding name).
-ANY_ADDRESS = ("0.0.0.0/0", "::/0")
 # Routes (aiohttp's canonical paths) served without the key, and the static prefix.
 OPEN_RESOURCES = frozenset({"/", "/healthz", "/metrics"})
 OPEN_PREFIX = "/static"
@@ -74,96 +82,11 @@ CORS_ALLOW_METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, Range, Last-Event-ID, X-Push-Token"
 CORS_EXPOSE_HEADERS = "Location, X-Video-Id, Content-Range, Content-Length, ETag, Retry-After"
 CORS_MAX_AGE_S = 600
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
-_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")
-_KEY = re.compile(r"[\x21-\x7e]+")  # visible ASCII: sendable in a header and a cookie
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 # An origin as compared: (scheme, host, port), the port made explicit.
-Origin = tuple[str, str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class SecurityConfig:
-    """What the server demands of a request (see the module docstring)."""
-
-    # None: no key needed.
-    api_key: str | None = None
-    # Host names, `*.domain` wildcards, IP addresses or networks, or "*", answered to
-    # on top of LOOPBACK_HOSTS; None (or empty): LOOPBACK_HOSTS alone.
-    allowed_hosts: tuple[str, ...] | None = None
-    # Origins (scheme://host[:port]) whose pages may call the API: CORS.
-    cors_origins: tuple[str, ...] = ()
-
-
-def check_api_key(key: str) -> str:
-    """`key` if it can be an API key; ValueError says why not."""
-    if not _KEY.fullmatch(key):
-        raise ValueError(
-            f"the API key (--api-key or {API_KEY_ENV}) must be printable ASCII "
-            "without spaces, and not empty"
-        )
-    return key
-
-
-def normalize_host_pattern(text: str) -> str:
-    """An allowed-host pattern in the form it is compared in; ValueError if it is none."""
-    pattern = text.strip().lower()
-    if pattern == "*":
-        return pattern
-    try:
-        if "/" in pattern:
-            return str(ipaddress.ip_network(pattern))
-        return str(ipaddress.ip_address(pattern.removeprefix("[").removesuffix("]")))
-    except ValueError:
-        pass
-    name = pattern.removeprefix("*.").removesuffix(".")
-    if not _NAME.fullmatch(name) or ".." in name:
-        raise ValueError(
-            f"{text!r} is not a host name, an IP address or network, '*.' and a domain, "
-            "or '*' (give it without a port)"
-        )
-    return pattern.removesuffix(".")
-
-
-def normalize_origin(text: str) -> str:
-    """An origin as browsers write it (`https://app.example.com`); ValueError if it is none."""
-    origin = _parse_origin(text.strip().removesuffix("/"))
-    if origin is None:
-        raise ValueError(
-            f"{text!r} is not an origin: give scheme://host[:port], e.g. https://app.example.com"
-        )
-    scheme, host, port = origin
-    shown = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{shown}" if DEFAULT_PORTS[scheme] == port else f"{scheme}://{shown}:{port}"
-
-
-def for_bind_address(config: SecurityConfig, bind_host: str) -> tuple[SecurityConfig, list[str]]:
-    """The config a server listening on `bind_host` runs with, and warnings for its operator.
-
-    On a loopback address: `config` as it is. Beyond loopback, any IP address is
-    answered to as well (rebinding needs a name), so the server is reachable by
-    address without any option; names must be listed with --allowed-host.
-    """
-    if _is_loopback_bind(bind_host):
-        return config, []
-    where = bind_host or "all interfaces"
-    warnings = []
-    if not config.allowed_hosts:
-        warnings.append(
-            f"listening on {where}, beyond this machine: requests are answered for any IP "
-            "address and for localhost; list the host names clients use with --allowed-host"
-        )
-    if config.api_key is None:
-        warnings.append(
-            f"no --api-key: anyone who can reach {where} can decode on this server and read "
-            f"its videos; set --api-key (or {API_KEY_ENV}) and put a TLS proxy in front "
-            "(README: Exposing vaecast beyond localhost)"
-        )
-    hosts = (*ANY_ADDRESS, *(config.allowed_hosts or ()))
-    return replace(config, allowed_hosts=hosts), warnings
 
 
 class SecurityGuard:
@@ -174,7 +97,7 @@ class SecurityGuard:
     def __init__(self, config: SecurityConfig) -> None:
         self._key = None if config.api_key is None else check_api_key(config.api_key).encode()
         self._hosts = _HostRule((*LOOPBACK_HOSTS, *(config.allowed_hosts or ())))
-        self._cors = frozenset(_parse_origin(normalize_origin(o)) for o in config.cors_origins)
+        self._cors = frozenset(parse_origin(normalize_origin(o)) for o in config.cors_origins)
 
         @web.middleware
         async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -196,7 +119,7 @@ class SecurityGuard:
         # The answer depends on Origin whenever origins are listed: caches must know.
         _add_vary(response, hdrs.ORIGIN)
         origin = request.headers.get(hdrs.ORIGIN)
-        if origin is not None and _parse_origin(origin) in self._cors:
+        if origin is not None and parse_origin(origin) in self._cors:
             response.headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = origin
             response.headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = CORS_EXPOSE_HEADERS
 
@@ -216,7 +139,7 @@ class SecurityGuard:
             )
 
     def _preflight(self, origin: str) -> web.Response:
-        if _parse_origin(origin) not in self._cors:
+        if parse_origin(origin) not in self._cors:
             raise ForbiddenError(_foreign(origin))
         return web.Response(
             status=204,
@@ -228,7 +151,7 @@ class SecurityGuard:
         )
 
     def _check_origin(self, request: web.Request, origin: str) -> None:
-        parsed = _parse_origin(origin)
+        parsed = parse_origin(origin)
         if parsed is None or (parsed not in self._cors and parsed != _own_origin(request)):
             raise ForbiddenError(_foreign(origin))
 
@@ -254,7 +177,7 @@ def _presented_key(request: web.Request, origin: str | None) -> str | None:
     cookie = request.cookies.get(API_KEY_COOKIE)
     # The cookie rides along with every same-site request, other ports' pages
     # included: it counts only for this server's own (no Origin, or its own).
-    if cookie is None or (origin is not None and _parse_origin(origin) != _own_origin(request)):
+    if cookie is None or (origin is not None and parse_origin(origin) != _own_origin(request)):
         return None
     return unquote(cookie)
 
@@ -265,36 +188,16 @@ class _HostRule:
     def __init__(self, patterns: tuple[str, ...]) -> None:
         normalized = [normalize_host_pattern(pattern) for pattern in patterns]
         self.any_host = "*" in normalized
-        names = [p for p in normalized if p != "*" and _ip_network(p) is None]
+        names = [p for p in normalized if p != "*" and ip_network_of(p) is None]
         self.names = frozenset(p for p in names if not p.startswith("*."))
         self.suffixes = tuple(p[1:] for p in names if p.startswith("*."))
-        self.networks = tuple(n for n in map(_ip_network, normalized) if n is not None)
+        self.networks = tuple(n for n in map(ip_network_of, normalized) if n is not None)
 
     def allows(self, name: str) -> bool:
-        address = _ip_address(name)
+        address = ip_address_of(name)
         if address is not None:
             return any(address in network for network in self.networks)
         return name in self.names or name.endswith(self.suffixes)
-
-
-def _ip_network(pattern: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    if pattern == "*" or pattern.startswith("*."):
-        return None
-    try:
-        return ipaddress.ip_network(pattern)
-    except ValueError:
-        return None
-
-
-def _ip_address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return None
-    # ::ffff:127.0.0.1 is 127.0.0.1 spoken over IPv6.
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
 
 
 def _split_host(header: str) -> tuple[str | None, int | None]:
@@ -318,25 +221,6 @@ def _split_host(header: str) -> tuple[str | None, int | None]:
         port = int(rest[1:])
     name = name.removesuffix(".")
     return (name or None), port
-
-
-def _parse_origin(text: str) -> Origin | None:
-    """(scheme, host, port) of a serialized http(s) origin; None for `null` or anything else."""
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError:
-        return None
-    if (
-        parts.scheme not in DEFAULT_PORTS
-        or not parts.hostname
-        or parts.path
-        or parts.query
-        or parts.fragment
-        or "@" in parts.netloc
-    ):
-        return None
-    return parts.scheme, parts.hostname.removesuffix("."), port or DEFAULT_PORTS[parts.scheme]
 
 
 def _own_origin(request: web.Request) -> Origin | None:
@@ -365,14 +249,6 @@ def _is_open(request: web.Request) -> bool:
         return False
     canonical = resource.canonical
     return canonical in OPEN_RESOURCES or f"{canonical}/".startswith(f"{OPEN_PREFIX}/")
-
-
-def _is_loopback_bind(host: str) -> bool:
-    name = host.strip().lower().removeprefix("[").removesuffix("]").removesuffix(".")
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    address = _ip_address(name)
-    return address is not None and address.is_loopback
 
 
 def _foreign(origin: str) -> str:

@@ -80,6 +80,19 @@ class FollowableLog(Generic[T]):
             self._error = error
             self._wake_readers()
 
+    async def wait_for(self, count: int) -> None:
+        """Return once the log holds `count` items or has finished; raise the error of
+        a log that broke before it got there."""
+        while True:
+            appended = self._appended  # taken before looking, as in `follow`
+            if len(self._items) >= count:
+                return
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                return
+            await appended.wait()
+
     async def follow(self, start: int = 0) -> AsyncIterator[T]:
         """Yield items from index `start`, then each new one as it is appended.
 
@@ -179,6 +192,10 @@ class SegmentLog:
 
     def abort(self, error: VaecastError) -> None:
         self._segments.abort(error)
+
+    async def wait_for_init(self) -> None:
+        """Until the init segment exists (or the log broke before it, raising why)."""
+        await self._segments.wait_for(1)
 
     async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
         """Yield segments from index `start` as they exist (see FollowableLog.follow)."""

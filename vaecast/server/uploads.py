@@ -5,7 +5,7 @@ Three request shapes:
   `model` and `fps` (what browsers and `curl -F` send);
 - `application/json`: a demo request, `{"scene", "frames", "width", "height",
   "seed", "fps", "model", "sound"}`: a procedural scene rendered and encoded with
-  the `tiny` encoder here (vaecast.latent_sources), so no latent file is needed;
+  the `tiny` encoder here (vaecast.demo.sources), so no latent file is needed;
   with its soundtrack unless `"sound": false`;
 - any other body: the latent file itself as the raw body, parameters in the query
   string (`curl --data-binary @z.safetensors '.../v1/videos/stream?fps=16'`).
@@ -28,18 +28,19 @@ from typing import Any
 from aiohttp import web
 
 from vaecast.codecs.stream import Soundtrack
+from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
+from vaecast.demo.sources import DEMO_DEFAULTS, parse_scene_spec, scene_audio, scene_latents
 from vaecast.errors import (
     InvalidRequestError,
     MalformedRequestError,
     PayloadTooLargeError,
     RequestTimeoutError,
+    UnsupportedMediaError,
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
-from vaecast.latent_sources import DEMO_DEFAULTS, parse_scene_spec, scene_audio, scene_latents
-from vaecast.models.soundtrack import DEFAULT_SAMPLE_RATE_HZ
 from vaecast.params import parse_fps
 from vaecast.server.config import ServerConfig
-from vaecast.server.jobs import DecodeRequest
+from vaecast.server.job import DecodeRequest
 from vaecast.server.multipart import boundary_of, parse_form
 
 FILE_FIELDS = ("file", "latents")
@@ -177,8 +178,15 @@ async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncItera
     """The body as it arrives; RequestTimeoutError when nothing comes for a while.
 
     The timeout is between two reads, as nginx's client_body_timeout: a slow but
-    steady upload is fine, a client that stops sending is not.
+    steady upload is fine, a client that stops sending is not. Compressed bodies are
+    refused: latents barely compress, and inflating costs CPU without a bound on
+    the result (the app runs with aiohttp's auto_decompress off).
     """
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedMediaError(
+            f"Content-Encoding {encoding[:40]!r} is not accepted; send the file uncompressed"
+        )
     timeout_s = config.body_timeout_s
     while True:
         try:

@@ -21,6 +21,7 @@ import concurrent.futures
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 
@@ -31,6 +32,9 @@ from vaecast.models.base import ChunkCallback, DecodedChunk
 
 PUT_POLL_S = 0.05
 DEFAULT_QUEUE_CHUNKS = 2
+
+# A chunk's frames (on the decoder's device, in its value range) to 8-bit host frames.
+ToHost: TypeAlias = Callable[[torch.Tensor, tuple[float, float]], Yuv420Frames]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +75,11 @@ class ChunkBridge:
         loop: asyncio.AbstractEventLoop,
         value_range: tuple[float, float],
         max_chunks: int = DEFAULT_QUEUE_CHUNKS,
+        to_host: ToHost = quantize_yuv420_to_host,
     ) -> None:
         self._loop = loop
         self._value_range = value_range
+        self._to_host = to_host
         self._queue: asyncio.Queue[BridgeItem] = asyncio.Queue(maxsize=max_chunks)
         self._cancelled = threading.Event()
 
@@ -109,7 +115,7 @@ class ChunkBridge:
         """The decoder's callback: runs on the worker thread, may block (backpressure)."""
         if self._cancelled.is_set():
             raise DecodeCancelled("decode cancelled")
-        pixels = quantize_yuv420_to_host(chunk.frames, self._value_range)
+        pixels = self._to_host(chunk.frames, self._value_range)
         self._put(HostChunk(chunk.index, chunk.total, chunk.frame_start, pixels))
 
     def _put(self, item: BridgeItem) -> None:

@@ -8,18 +8,31 @@ import threading
 import pytest
 
 from tests.helpers import FailingDecoder, GatedDecoder, smooth_latents, until
+from vaecast.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
 from vaecast.errors import DecodeCancelled
-from vaecast.server.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
+from vaecast.models.base import ChunkCallback, DecodedChunk
 
 LATENTS = smooth_latents(frames=12)  # 12 chunks
 
 
-def start_decode(bridge: ChunkBridge, decoder: GatedDecoder) -> tuple[threading.Thread, list]:
+def start_decode(
+    bridge: ChunkBridge, decoder: GatedDecoder, entering: dict[int, threading.Event] | None = None
+) -> tuple[threading.Thread, list]:
+    """Run the decode on a thread; `entering[i]` is set when chunk i reaches the bridge."""
     outcome: list[BaseException | None] = []
+    entering = entering or {}
+
+    def announced(on_chunk: ChunkCallback) -> ChunkCallback:
+        def on_chunk_announced(chunk: DecodedChunk) -> None:
+            if chunk.index in entering:
+                entering[chunk.index].set()
+            on_chunk(chunk)
+
+        return on_chunk_announced
 
     def work() -> None:
         try:
-            bridge.run(lambda on_chunk: decoder.decode_chunks(LATENTS, on_chunk))
+            bridge.run(lambda on_chunk: decoder.decode_chunks(LATENTS, announced(on_chunk)))
             outcome.append(None)
         except BaseException as error:
             outcome.append(error)
@@ -32,9 +45,11 @@ def start_decode(bridge: ChunkBridge, decoder: GatedDecoder) -> tuple[threading.
 async def test_a_consumer_that_does_not_take_chunks_holds_the_decoder_back():
     decoder = GatedDecoder()
     bridge = ChunkBridge(asyncio.get_running_loop(), decoder.value_range, max_chunks=2)
-    thread, outcome = start_decode(bridge, decoder)
-    await until(lambda: decoder.published == 2)
-    await asyncio.sleep(0.2)  # a steady state: the third put cannot complete
+    third = threading.Event()
+    thread, outcome = start_decode(bridge, decoder, {2: third})
+    assert await asyncio.to_thread(third.wait, 10)
+    # The third chunk is in the bridge's hands and the queue holds two: nothing takes
+    # from it, so its put cannot complete, however long we look.
     assert decoder.published == 2
     assert thread.is_alive()
     items = []
@@ -78,11 +93,10 @@ def test_a_loop_that_goes_away_never_strands_the_worker(how: str):
     loop_thread.start()
     decoder = GatedDecoder()
     bridge = ChunkBridge(loop, decoder.value_range, max_chunks=1)
-    thread, outcome = start_decode(bridge, decoder)
+    second = threading.Event()
+    thread, outcome = start_decode(bridge, decoder, {1: second})
     try:
-        deadline = threading.Event()
-        while decoder.published < 1 and not deadline.wait(0.01):
-            pass
+        assert second.wait(10), "the decoder never reached its second chunk"
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(10)
         if how == "closed":

@@ -1,0 +1,99 @@
+"""`vaecast decode`: the pipeline with a file as its sink, and a progress bar.
+
+The MP4 is written to a temporary file beside the output and renamed into place
+only on success, so a failed or interrupted decode never leaves a truncated file
+under the output's name (nor replaces a good one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from vaecast.models.base import ChunkedDecoder, DecodePlan
+from vaecast.pipeline import FragmentDone, VideoOutput, WholeLatents, own_workers, run_pipeline
+
+
+def decode_to_file(
+    latents: torch.Tensor, decoder: ChunkedDecoder, output: VideoOutput, path: Path
+) -> DecodePlan:
+    """Decode `latents` (BCTHW) into the MP4 file `path`; the plan it followed."""
+    plan = decoder.plan(latents.shape)
+    progress = _ProgressBar(plan.chunks, plan.frames)
+    fd, partial_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    partial = Path(partial_name)
+    workers, shutdown_workers = own_workers()
+    try:
+        with os.fdopen(fd, "wb") as file:
+            pipeline = run_pipeline(
+                WholeLatents(latents),
+                decoder,
+                plan,
+                output,
+                _FileSink(file),
+                workers,
+                observer=progress,
+            )
+            asyncio.run(pipeline)
+        os.replace(partial, path)
+    except BaseException:
+        progress.finish(ok=False)
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        raise
+    finally:
+        shutdown_workers()
+    progress.finish(ok=True)
+    return plan
+
+
+class _FileSink:
+    """The pipeline's sink for `vaecast decode`: each fragment written as it comes."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    async def append(self, segment: bytes) -> None:
+        await asyncio.to_thread(self._write, segment)
+
+    def _write(self, segment: bytes) -> None:
+        self._file.write(segment)
+        self._file.flush()
+
+
+class _ProgressBar:
+    WIDTH = 30
+
+    def __init__(self, chunks: int, frames: int) -> None:
+        self.chunks, self.frames = chunks, frames
+        self._since = time.perf_counter()
+
+    def started(self, content_type: str) -> None:
+        self.update(0, 0)
+
+    def fragment(self, done: FragmentDone) -> None:
+        self.update(done.index + 1, done.frame_start + done.frames)
+
+    def update(self, chunks_done: int, frames_done: int) -> None:
+        filled = self.WIDTH * chunks_done // self.chunks
+        elapsed = time.perf_counter() - self._since
+        rate = frames_done / elapsed if elapsed > 0 else 0.0
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        print(
+            f"\r[{bar}] {chunks_done}/{self.chunks} chunks {frames_done}/{self.frames} frames "
+            f"{rate:5.1f} fps",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def finish(self, ok: bool) -> None:
+        print("" if ok else " failed", file=sys.stderr, flush=True)

@@ -1,0 +1,258 @@
+"""One video, from latents to fragments: the pipeline every caller runs.
+
+    latent source --(decode thread)--> ChunkBridge --(bounded queue)--> encode thread
+        decoder.decode_chunks          to_host: quantize          encoder: H.264 (+AAC)
+        one chunk at a time            + one device->host copy    -> one fMP4 fragment
+                                                                  -> sink.append(bytes)
+
+`run_pipeline` is that whole path for one video. The server's job (its sink is the
+job's SegmentLog, which any number of viewers follow), `vaecast decode` (a file) and
+the benchmarks (a recorder) all call it; what differs between them is injected: the
+sink, the thread pools, the host conversion and the encoder factory (`Stages`), and
+observers of each fragment. Nothing here knows about HTTP.
+
+The latent source is an object that runs the decoder on the decode thread. A whole
+tensor is the simple case (`WholeLatents`); a source whose latents arrive over time
+blocks inside the decoder's thread until the next block exists, and the rest of the
+pipeline does not change.
+
+However it ends (done, decoder error, encoder error, cancel), `run_pipeline` returns
+or raises only after the decode thread has returned and the encoder is closed, so no
+thread, codec or queued chunk outlives it. Cancelling the task that awaits it stops
+the decoder at its next chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Protocol
+
+import torch
+
+from vaecast.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk, ToHost
+from vaecast.codecs.h264 import EncoderSettings
+from vaecast.codecs.quantize import quantize_yuv420_to_host
+from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
+from vaecast.errors import DecodeCancelled, DecodeFailedError
+from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodePlan
+
+DEFAULT_QUEUE_CHUNKS = 2
+
+# What builds the encoder: VideoStreamEncoder's signature.
+EncoderFactory = Callable[..., VideoStreamEncoder]
+
+
+class Sink(Protocol):
+    """Where the fragments go, in order: the init segment first, then one per chunk."""
+
+    async def append(self, segment: bytes) -> None: ...
+
+
+class LatentSource(Protocol):
+    """Runs `decoder` over its latents on the decode thread; may block for latents."""
+
+    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WholeLatents:
+    """A latent tensor that exists in full before the decode starts (BCTHW)."""
+
+    latents: torch.Tensor
+
+    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
+        decoder.decode_chunks(self.latents.to(decoder.device), on_chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """The two replaceable steps: how a chunk reaches the host, and what encodes it."""
+
+    to_host: ToHost = quantize_yuv420_to_host
+    encoder_factory: EncoderFactory = VideoStreamEncoder
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """Threads for the decode and the encode. Each encoder is used by one thread at a
+    time, whatever the pool size: the pipeline never runs two of its calls at once."""
+
+    decode: Executor
+    encode: Executor
+
+
+@dataclass(frozen=True, slots=True)
+class VideoOutput:
+    """What the encoder makes of the decoded frames."""
+
+    fps: Fraction
+    settings: EncoderSettings = EncoderSettings()  # noqa: RUF009 (frozen, immutable)
+    soundtrack: Soundtrack | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentDone:
+    """One chunk's fragment is in the sink."""
+
+    index: int
+    total: int
+    frame_start: int
+    frames: int
+    bytes: int
+    encode_s: float
+    decode_wait_s: float  # how long the encoder side waited for this chunk
+
+
+class PipelineObserver(Protocol):
+    def started(self, content_type: str) -> None:
+        """The encoder is open; its init segment is about to be appended."""
+
+    def fragment(self, done: FragmentDone) -> None:
+        """A chunk's fragment was appended to the sink."""
+
+
+async def run_pipeline(
+    source: LatentSource,
+    decoder: ChunkedDecoder,
+    plan: DecodePlan,
+    output: VideoOutput,
+    sink: Sink,
+    workers: Workers,
+    *,
+    stages: Stages = Stages(),
+    observer: PipelineObserver | None = None,
+    queue_chunks: int = DEFAULT_QUEUE_CHUNKS,
+) -> None:
+    """Decode `source` with `decoder`, encode each chunk, append each fragment to `sink`.
+
+    Raises DecodeFailedError when the decoder, the encoder or the sink fails, or the
+    decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
+    """
+    loop = asyncio.get_running_loop()
+    encoder = await loop.run_in_executor(
+        workers.encode,
+        functools.partial(
+            stages.encoder_factory,
+            plan.width,
+            plan.height,
+            output.fps,
+            output.settings,
+            soundtrack=output.soundtrack,
+            total_frames=plan.frames,
+        ),
+    )
+    bridge = ChunkBridge(loop, decoder.value_range, max_chunks=queue_chunks, to_host=stages.to_host)
+    decoding = loop.run_in_executor(
+        workers.decode, bridge.run, functools.partial(source.decode, decoder)
+    )
+    encoding: asyncio.Future[bytes] | None = None
+    try:
+        if observer is not None:
+            observer.started(encoder.content_type)
+        await _append(sink, encoder.init_segment)
+        chunks_done = 0
+        while True:
+            waited_from = time.perf_counter()
+            item = await bridge.get()
+            decode_wait_s = time.perf_counter() - waited_from
+            if isinstance(item, DecodeEnded):
+                break
+            if isinstance(item, DecodeRaised):
+                raise DecodeFailedError(f"the decoder failed: {item.error}") from item.error
+            _check_against_plan(plan, chunks_done, item)
+            encode_from = time.perf_counter()
+            encoding = loop.run_in_executor(workers.encode, encoder.encode_chunk, item.pixels)
+            try:
+                fragment = await encoding
+            except Exception as error:
+                raise DecodeFailedError(f"the encoder failed: {error}") from error
+            encode_s = time.perf_counter() - encode_from
+            await _append(sink, fragment)
+            chunks_done += 1
+            if observer is not None:
+                observer.fragment(
+                    FragmentDone(
+                        item.index,
+                        item.total,
+                        item.frame_start,
+                        item.frame_count,
+                        len(fragment),
+                        encode_s,
+                        decode_wait_s,
+                    )
+                )
+        if chunks_done != plan.chunks:
+            raise DecodeFailedError(
+                f"the decoder published {chunks_done} chunks, its plan said {plan.chunks}"
+            )
+    finally:
+        bridge.cancel()  # a no-op after a clean end; stops the decoder otherwise
+        # Even while this task is being cancelled: the decoder thread must return and
+        # the encoder must be idle before it is closed (one thread at a time).
+        with contextlib.suppress(DecodeCancelled):
+            await _join(decoding)
+        if encoding is not None:
+            await _join(encoding, outcome_handled=True)
+        await _join(loop.run_in_executor(workers.encode, encoder.close))
+
+
+def own_workers() -> tuple[Workers, Callable[[], None]]:
+    """One decode and one encode thread for a caller that has no pools (the CLI), and
+    the function that shuts them down."""
+    decode = ThreadPoolExecutor(1, thread_name_prefix="vaecast-decode")
+    encode = ThreadPoolExecutor(1, thread_name_prefix="vaecast-encode")
+
+    def shutdown() -> None:
+        decode.shutdown()
+        encode.shutdown()
+
+    return Workers(decode, encode), shutdown
+
+
+async def _append(sink: Sink, segment: bytes) -> None:
+    try:
+        await sink.append(segment)
+    except OSError as error:  # disk full, file too large, I/O error
+        raise DecodeFailedError(f"the video could not be stored: {error}") from error
+
+
+def _check_against_plan(plan: DecodePlan, index: int, chunk: HostChunk) -> None:
+    expected = (
+        (index, plan.chunk_starts[index], plan.chunk_frames[index], plan.height, plan.width)
+        if index < plan.chunks
+        else None
+    )
+    got = (chunk.index, chunk.frame_start, chunk.frame_count, *chunk.pixels.shape[1:3])
+    if got != expected:
+        raise DecodeFailedError(
+            f"the decoder broke its plan at chunk {index}: got (index, frame_start, frames, "
+            f"height, width) = {got}, planned {expected}"
+        )
+
+
+async def _join(future: asyncio.Future[Any], outcome_handled: bool = False) -> Any:
+    """Wait for `future` to finish even if this task is cancelled meanwhile.
+
+    A cancel that arrives while waiting is re-raised once the future is done, so the
+    pipeline never ends while its executor work is still running. With
+    `outcome_handled`, the future's result or error is not looked at again.
+    """
+    cancelled = False
+    while True:
+        try:
+            await asyncio.wait([future])
+            break
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    if outcome_handled:
+        return None
+    return future.result()

@@ -1,0 +1,304 @@
+"""A job: one video's state, progress events and viewers, and the run of its pipeline.
+
+The job runs `vaecast.pipeline.run_pipeline` with its SegmentLog as the sink, so
+every fragment lands in a log that any number of viewers follow, each at its own
+pace (`async with job.viewer()` counts them, so retention never evicts a video
+someone is reading). It records how the run ended (completed, failed, cancelled)
+and publishes progress as events. Where it waits for a decode slot, and when it is
+evicted, is the manager's and retention's business, not its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+from vaecast.codecs.stream import Soundtrack
+from vaecast.errors import CancelledByShutdown, DecodeCancelled, DecodeFailedError, VaecastError
+from vaecast.models.base import ChunkedDecoder, DecodePlan
+from vaecast.pipeline import FragmentDone, Stages, VideoOutput, WholeLatents, Workers, run_pipeline
+from vaecast.server.config import ServerConfig
+from vaecast.server.metrics import Metrics
+from vaecast.server.segment_log import FollowableLog, SegmentLog
+
+log = logging.getLogger("vaecast.jobs")
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    latents: torch.Tensor  # BCTHW float32, checked by vaecast.latent_files
+    model: str
+    fps: Fraction
+    soundtrack: Soundtrack | None = None
+
+
+class Job:
+    def __init__(
+        self,
+        request: DecodeRequest,
+        decoder: ChunkedDecoder,
+        plan: DecodePlan,
+        config: ServerConfig,
+        metrics: Metrics,
+    ) -> None:
+        self.id = "video_" + secrets.token_hex(12)
+        self.decoder = decoder
+        self.plan = plan
+        self.config = config
+        self.metrics = metrics
+        # The latents and the waveform are dropped when the job ends: a finished job
+        # keeps only its MP4, which retention accounts for.
+        self._request: DecodeRequest | None = request
+        self.model = request.model
+        self.fps = request.fps
+        soundtrack = request.soundtrack
+        self.audio = (
+            None
+            if soundtrack is None
+            else {"sample_rate": soundtrack.sample_rate, "channels": soundtrack.channels}
+        )
+        self.status = JobStatus.QUEUED
+        self.error: VaecastError | None = None
+        self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+        # Progress as events (queued, started, chunk..., then done or error), for
+        # GET /v1/videos/{id}/events; closed when the job ends.
+        self.events: FollowableLog[dict[str, Any]] = FollowableLog()
+        self.content_type = "video/mp4"
+        self.chunks_done = 0
+        self.frames_done = 0
+        self.created_at = time.time()
+        self._created = time.perf_counter()
+        self._started: float | None = None
+        self._first_fragment: float | None = None
+        self._finished: float | None = None
+        self.finished_at: float | None = None  # monotonic, for retention
+        self.decode_wait_s = 0.0  # loop time spent waiting for the decoder's next chunk
+        self.encode_s = 0.0
+        self._viewers = 0
+        self._task: asyncio.Task[None] | None = None
+        self._emit("queued")
+
+    # Viewers.
+
+    @property
+    def viewers(self) -> int:
+        """Viewers being streamed to right now."""
+        return self._viewers
+
+    @contextlib.asynccontextmanager
+    async def viewer(self) -> AsyncIterator[None]:
+        """Count a viewer for as long as the block runs (retention keeps its video)."""
+        self._viewers += 1
+        try:
+            yield
+        finally:
+            self._viewers -= 1
+
+    # State.
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def progress(self) -> int:
+        """Percent of chunks decoded and encoded."""
+        return round(100 * self.chunks_done / self.plan.chunks)
+
+    @property
+    def run_seconds(self) -> float | None:
+        """From the start of decoding to the end; None unless both happened."""
+        if self._started is None or self._finished is None:
+            return None
+        return self._finished - self._started
+
+    def to_json(self) -> dict[str, Any]:
+        """The job as the API shows it, less what the routes add (URLs, queue place)."""
+        plan = self.plan
+        return {
+            "id": self.id,
+            "object": "video",
+            "model": self.model,
+            "status": self.status.value,
+            "progress": self.progress,
+            "created_at": int(self.created_at),
+            "frames": plan.frames,
+            "width": plan.width,
+            "height": plan.height,
+            "fps": float(self.fps),
+            "audio": self.audio,
+            "seconds": round(float(plan.frames / self.fps), 3),
+            "chunks": {"done": self.chunks_done, "total": plan.chunks},
+            "frames_done": self.frames_done,
+            "bytes": self.log.size,
+            "content_type": self.content_type,
+            "timings": self._timings(),
+            "error": (
+                {"type": self.error.type, "message": self.error.message}
+                if self.error is not None and self.status is not JobStatus.COMPLETED
+                else None
+            ),
+        }
+
+    # Running.
+
+    def attach(self, task: asyncio.Task[None]) -> None:
+        """The task that runs this job (the manager's): cancelled by `cancel`."""
+        self._task = task
+        task.add_done_callback(self._after_task)
+
+    def cancel(self, reason: str = "cancelled", *, by_shutdown: bool = False) -> None:
+        """Stop the job: a queued one never starts, a running one stops at its next chunk.
+
+        A job stopped by shutdown records CancelledByShutdown (503: try again
+        elsewhere), any other cancel DecodeCancelled (409).
+        """
+        if self.finished:
+            return
+        self.error = CancelledByShutdown(reason) if by_shutdown else DecodeCancelled(reason)
+        if self._task is not None:
+            self._task.cancel()
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def run(
+        self, slot: AbstractAsyncContextManager[Any], workers: Workers, stages: Stages
+    ) -> None:
+        """Wait for `slot`, then run the pipeline into the log; record how it ended."""
+        try:
+            async with slot:
+                self.status = JobStatus.IN_PROGRESS
+                self._started = time.perf_counter()
+                self._emit("started")
+                request = self._request
+                assert request is not None, "a job runs once"
+                source = WholeLatents(request.latents)
+                output = VideoOutput(request.fps, self.config.encoder, request.soundtrack)
+                del request  # the job's reference goes at close-out; keep no other
+                await run_pipeline(
+                    source,
+                    self.decoder,
+                    self.plan,
+                    output,
+                    self.log,
+                    workers,
+                    stages=stages,
+                    observer=self,
+                    queue_chunks=self.config.queue_chunks,
+                )
+            self.status = JobStatus.COMPLETED
+            self.log.finish()
+            self.metrics.decode_seconds.observe(time.perf_counter() - self._started)
+            self._emit("done", job=self.to_json())
+        except asyncio.CancelledError:
+            self._end(JobStatus.CANCELLED, self.error or DecodeCancelled("cancelled"))
+            # Swallowed on purpose: a cancelled job is an outcome, recorded above,
+            # and nothing awaits this task expecting the cancel to propagate.
+        except VaecastError as error:
+            self._end(JobStatus.FAILED, error)
+        except Exception as error:
+            log.exception("job %s failed", self.id)
+            self._end(JobStatus.FAILED, DecodeFailedError(f"internal error: {error}"))
+        finally:
+            self._close_out()
+
+    # The pipeline's observer.
+
+    def started(self, content_type: str) -> None:
+        self.content_type = content_type
+
+    def fragment(self, done: FragmentDone) -> None:
+        self.decode_wait_s += done.decode_wait_s
+        self.encode_s += done.encode_s
+        self.metrics.chunk_encode_seconds.observe(done.encode_s)
+        self.chunks_done += 1
+        self.frames_done += done.frames
+        if self._first_fragment is None:
+            self._first_fragment = time.perf_counter()
+            self.metrics.time_to_first_fragment.observe(self._first_fragment - self._created)
+        self._emit(
+            "chunk",
+            index=done.index,
+            total=done.total,
+            frame_start=done.frame_start,
+            frames=done.frames,
+            bytes=done.bytes,
+            frames_done=self.frames_done,
+            total_bytes=self.log.size,
+            progress=self.progress,
+        )
+
+    # Endings.
+
+    def _after_task(self, task: asyncio.Task[None]) -> None:
+        # A task cancelled before its first step never enters `run`, so nothing
+        # there closed the logs: do it here, or readers would wait forever.
+        if not self.finished:
+            self._end(JobStatus.CANCELLED, self.error or DecodeCancelled("cancelled"))
+        self._close_out()
+
+    def _end(self, status: JobStatus, error: VaecastError) -> None:
+        self.status = status
+        self.error = error
+        self.log.abort(error)
+        self._emit("error", error={"type": error.type, "message": error.message})
+
+    def _close_out(self) -> None:
+        """Bookkeeping of a job that ended, however it ended; runs once."""
+        if self.finished_at is not None:
+            return
+        self._finished = self.finished_at = time.perf_counter()
+        self._request = None
+        self.events.finish()
+        self.metrics.jobs_finished.labels(self.status.value).inc()
+        log.info("job %s", self._summary())
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self.events.append({"event": event, "status": self.status.value, **fields})
+
+    def _timings(self) -> dict[str, float | None]:
+        def since_created(moment: float | None) -> float | None:
+            return None if moment is None else round(moment - self._created, 4)
+
+        return {
+            "queued_s": since_created(self._started),
+            "time_to_first_fragment_s": since_created(self._first_fragment),
+            "total_s": since_created(self._finished),
+            "decode_wait_s": round(self.decode_wait_s, 4),
+            "encode_s": round(self.encode_s, 4),
+        }
+
+    def _summary(self) -> str:
+        timings = self._timings()
+        error = self.error.message if self.error and self.status is not JobStatus.COMPLETED else ""
+        return (
+            f"id={self.id} model={self.model} status={self.status.value} "
+            f"frames={self.frames_done}/{self.plan.frames} "
+            f"chunks={self.chunks_done}/{self.plan.chunks} bytes={self.log.size} "
+            f"ttff_s={timings['time_to_first_fragment_s']} total_s={timings['total_s']} "
+            f"encode_s={timings['encode_s']} error={error!r}"
+        )

@@ -1,0 +1,284 @@
+"""The job manager: admission, decode slots, the FIFO queue, lookup, shutdown.
+
+Admission: `decode_slots` jobs decode at once; up to `max_queued_jobs` more wait in
+FIFO order; past that a request is refused (429 with Retry-After). A request takes
+its place before its body is read (`admit`), so a burst of large uploads or demo
+renders is refused at once instead of being read into memory first. Queue positions
+are the manager's to compute: a job only knows that it waits for a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from vaecast.errors import (
+    JobStateError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ServerBusyError,
+    ShuttingDownError,
+    UnknownModelError,
+    VaecastError,
+)
+from vaecast.models.base import ChunkedDecoder, DecodePlan
+from vaecast.pipeline import Stages, Workers
+from vaecast.server.config import ServerConfig
+from vaecast.server.job import DecodeRequest, Job
+from vaecast.server.metrics import Metrics
+from vaecast.server.retention import EvictionReason, Retention
+
+DEFAULT_RETRY_AFTER_S = 5.0
+
+
+class Admission:
+    """A place reserved for one job while its request is still being read.
+
+    `submit` turns it into a job; leaving the `with` block without submitting gives
+    the place back.
+    """
+
+    def __init__(self, manager: JobManager) -> None:
+        self._manager: JobManager | None = manager
+
+    def __enter__(self) -> Admission:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._give_back()
+
+    def submit(self, request: DecodeRequest) -> Job:
+        manager = self._manager
+        if manager is None:
+            raise RuntimeError("an admission is used once")
+        job = manager._start_job(request)
+        self._give_back()
+        return job
+
+    def _give_back(self) -> None:
+        if self._manager is not None:
+            self._manager._reserved -= 1
+            self._manager = None
+
+
+class JobManager:
+    def __init__(
+        self,
+        config: ServerConfig,
+        decoders: Mapping[str, ChunkedDecoder],
+        stages: Stages = Stages(),  # noqa: B008 (frozen, immutable)
+    ) -> None:
+        self.config = config
+        self.decoders = dict(decoders)
+        self.jobs: dict[str, Job] = {}
+        self.draining = False
+        self._waiting: list[Job] = []  # FIFO of jobs waiting for a slot
+        self.metrics = Metrics(self._state_for_metrics)  # reads the state above
+        self.retention = Retention(config, self.metrics, self.jobs)
+        self._stages = stages
+        self._unfinished = 0  # jobs submitted and not yet ended
+        self._reserved = 0  # admissions whose request is still being read
+        self._slots = asyncio.Semaphore(config.decode_slots)
+        # One encoder per running job, used by one thread at a time: one thread a slot.
+        self._workers = Workers(
+            decode=ThreadPoolExecutor(config.decode_slots, thread_name_prefix="vaecast-decode"),
+            encode=ThreadPoolExecutor(config.decode_slots, thread_name_prefix="vaecast-encode"),
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the retention sweep (call on the running loop)."""
+        self._sweeper = asyncio.create_task(
+            self.retention.sweep_forever(), name="vaecast-retention"
+        )
+
+    # Admission.
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def capacity(self) -> int:
+        """Jobs that may exist unfinished at once: the running ones and the queued ones."""
+        return self.config.decode_slots + self.config.max_queued_jobs
+
+    @property
+    def capacity_left(self) -> int:
+        """Jobs that could still be admitted now."""
+        return max(0, self.capacity - self._unfinished - self._reserved)
+
+    def queue_position(self, job: Job) -> int | None:
+        """1 for the next job to start; None once started (or never queued)."""
+        return self._waiting.index(job) + 1 if job in self._waiting else None
+
+    def admit(self) -> Admission:
+        """Reserve a place for a job before reading its request (see Admission).
+
+        Raises ShuttingDownError while draining and ServerBusyError (429) when every
+        slot and queue place is taken, counting requests still being read.
+        """
+        if self.draining:
+            self.metrics.jobs_rejected.labels("shutting_down").inc()
+            raise ShuttingDownError("the server is shutting down and takes no new jobs")
+        if self.capacity_left == 0:
+            self.metrics.jobs_rejected.labels("busy").inc()
+            waiting = max(0, self._unfinished + self._reserved - self.config.decode_slots)
+            raise ServerBusyError(
+                f"all {self.config.decode_slots} decode slot(s) are busy and "
+                f"{waiting} job(s) are queued; try again later",
+                retry_after_s=self._retry_after_s(),
+            )
+        self._reserved += 1
+        return Admission(self)
+
+    def submit(self, request: DecodeRequest) -> Job:
+        """Start a job now, outside any admission (tools and tests)."""
+        with self.admit() as admission:
+            return admission.submit(request)
+
+    def decoder_for(self, model: str | None) -> tuple[str, ChunkedDecoder]:
+        name = model or self.config.default_model
+        try:
+            return name, self.decoders[name]
+        except KeyError:
+            served = ", ".join(sorted(self.decoders))
+            raise UnknownModelError(
+                f"model {name!r} is not served here; this server serves: {served}"
+            ) from None
+
+    def check_latent_shape(self, model: str | None, latent_shape: tuple[int, ...]) -> None:
+        """The size limits on a latent shape as declared, before the tensor is converted.
+
+        With the model known, its plan decides. Without it (it may still come from
+        the file's metadata), the shape passes if any served model would take it:
+        this check only bounds the cost of reading the file; the job's own plan
+        check runs again on the model finally chosen.
+        """
+        names = [model] if model else list(self.decoders)
+        too_large: PayloadTooLargeError | None = None
+        for name in names:
+            try:
+                self._plan_within_limits(name, latent_shape)
+                return
+            except PayloadTooLargeError as error:
+                too_large = too_large or error
+            except VaecastError:
+                if model:
+                    raise
+        if too_large is not None:
+            raise too_large
+
+    def _plan_within_limits(self, model: str | None, latent_shape: tuple[int, ...]) -> DecodePlan:
+        _, decoder = self.decoder_for(model)
+        plan = decoder.plan(latent_shape)
+        limits = self.config.limits
+        if plan.frames > limits.max_frames:
+            raise PayloadTooLargeError(
+                f"the latents decode to {plan.frames} frames; "
+                f"this server allows {limits.max_frames}"
+            )
+        if plan.width * plan.height > limits.max_pixels_per_frame:
+            raise PayloadTooLargeError(
+                f"the latents decode to {plan.width}x{plan.height} frames; this server allows "
+                f"{limits.max_pixels_per_frame} pixels per frame"
+            )
+        return plan
+
+    def _start_job(self, request: DecodeRequest) -> Job:
+        plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down and takes no new jobs")
+        _, decoder = self.decoder_for(request.model)
+        job = Job(request, decoder, plan, self.config, self.metrics)
+        self._unfinished += 1
+        self._waiting.append(job)
+        self.jobs[job.id] = job
+        task = asyncio.create_task(
+            job.run(self._slot(job), self._workers, self._stages), name=f"job-{job.id}"
+        )
+        job.attach(task)
+        self._tasks.add(task)
+        task.add_done_callback(lambda task: self._job_ended(task, job))
+        return job
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, job: Job) -> AsyncIterator[None]:
+        async with self._slots:
+            self._waiting.remove(job)
+            yield
+
+    def _job_ended(self, task: asyncio.Task[None], job: Job) -> None:
+        self._tasks.discard(task)
+        self._unfinished -= 1
+        if job in self._waiting:  # cancelled while it waited for a slot
+            self._waiting.remove(job)
+        if not self.draining:  # close() frees everything
+            self.retention.job_ended(job)
+
+    def _retry_after_s(self) -> int:
+        """A guess at when a queue place frees up: when a running job ends, about
+        one recent job's decode time divided among the slots."""
+        recent = [
+            seconds
+            for job in list(self.jobs.values())[-20:]
+            if (seconds := job.run_seconds) is not None
+        ]
+        per_job_s = sum(recent) / len(recent) if recent else DEFAULT_RETRY_AFTER_S
+        return max(1, math.ceil(per_job_s / self.config.decode_slots))
+
+    # Lookup and deletion.
+
+    def get(self, job_id: str) -> Job:
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            gone = self.retention.gone(job_id)
+            if gone is not None:
+                raise gone from None
+            raise NotFoundError(f"no video job with id {job_id!r}") from None
+
+    async def delete(self, job: Job) -> None:
+        """Delete a finished job: free its bytes now; its id answers 410 from then on.
+
+        Viewers still reading it are cut, as a deleted file's readers would be.
+        """
+        if not job.finished:
+            raise JobStateError(f"video {job.id} is {job.status.value}: cancel it first")
+        await self.retention.evict(job, EvictionReason.DELETED)
+
+    # Shutdown.
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop admitting; give running and queued jobs `grace_s` to finish, then
+        cancel what is left (its viewers' streams end, cut)."""
+        self.draining = True
+        running = [t for t in self._tasks if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=grace_s)
+        for job in list(self.jobs.values()):
+            job.cancel("server shutting down", by_shutdown=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel every job, wait for their threads, free every log, stop the pools."""
+        self.draining = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for job in list(self.jobs.values()):
+            job.cancel("server shutting down", by_shutdown=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.retention.close()
+        for job in list(self.jobs.values()):
+            await job.log.release()
+        for pool in (self._workers.decode, self._workers.encode):
+            await asyncio.to_thread(pool.shutdown)
+
+    def _state_for_metrics(self) -> tuple[list[str], int, int]:
+        jobs = list(self.jobs.values())
+        return [j.status.value for j in jobs], len(self._waiting), sum(j.viewers for j in jobs)
