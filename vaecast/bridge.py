@@ -1,10 +1,11 @@
 """The thread -> event loop bridge for one decode.
 
 The decoder runs in an executor thread and publishes chunks through a synchronous
-callback. The callback quantizes the chunk to 8-bit YUV 4:2:0 on the decoder's
-device (so the encoder has no colour conversion left: measured 11 % off the total
-time of an 81-frame 832x480 job, benchmarks/results/before_after.md), makes the one
-device-to-host copy, and puts the frames on a *bounded* asyncio.Queue through
+callback. The callback converts the chunk to the host (by default, quantized to
+8-bit YUV 4:2:0 on the decoder's device, so the encoder has no colour conversion
+left and only a 4:2:0 frame crosses to the host; benchmarks/results/before_after.md
+has the gain), makes the one device-to-host copy, and puts the frames on a
+*bounded* asyncio.Queue through
 `run_coroutine_threadsafe(...).result()`. When the consumer (encoder) falls behind,
 the put blocks the decoder thread: that is the backpressure that keeps memory
 at O(queue size x chunk), whatever the video length.

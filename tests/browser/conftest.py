@@ -7,7 +7,6 @@ so test modules in this folder mark themselves `asyncio(loop_scope="module")`.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -17,6 +16,7 @@ from aiohttp import web
 
 from tests.helpers.browser import CONFIG, GatedTinyDecoder, Server
 from tests.helpers.cdp import CHROMIUM, Browser, launch_chromium
+from tests.helpers.server import serve_on_loopback
 from vaecast.server.app import create_app, runner_settings
 
 # The server exactly as `vaecast serve` configures it by default (crf included):
@@ -29,11 +29,7 @@ async def server() -> AsyncIterator[Server]:
     decoder = GatedTinyDecoder()
     app = create_app(CONFIG, {"tiny": decoder})
     runner = web.AppRunner(app, **runner_settings(CONFIG))
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = await serve_on_loopback(app, runner)
     client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
     try:
         yield Server(url, client, app, decoder)

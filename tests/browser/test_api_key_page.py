@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -22,6 +21,7 @@ from tests.helpers.browser import (
     start_demo,
 )
 from tests.helpers.cdp import Browser, Page
+from tests.helpers.server import serve_on_loopback
 from vaecast.demo.sources import SceneSpec
 from vaecast.server.app import create_app, runner_settings
 from vaecast.server.security_config import SecurityConfig
@@ -39,11 +39,7 @@ async def keyed_server() -> AsyncIterator[Server]:
     decoder = GatedTinyDecoder()
     app = create_app(config, {"tiny": decoder})
     runner = web.AppRunner(app, **runner_settings(config))
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = await serve_on_loopback(app, runner)
     client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
     try:
         yield Server(url, client, app, decoder)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import av
 import numpy as np
@@ -136,3 +137,14 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
             await asyncio.sleep(0.005)
 
     await asyncio.wait_for(poll(), timeout_s)
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Tiny convs: on a busy 2-core box a second intra-op thread makes them far slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

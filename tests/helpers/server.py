@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -52,3 +53,12 @@ def noisy_latents(frames: int, height: int, width: int) -> torch.Tensor:
     """Random 8x8 colour blocks every frame: expensive to encode, so the MP4 is large."""
     generator = torch.Generator().manual_seed(1)
     return torch.rand(1, 16, frames, height, width, generator=generator) * 2 - 1
+
+
+async def serve_on_loopback(app: web.Application, runner: web.AppRunner) -> str:
+    """Start `runner` (of `app`) on a free port of 127.0.0.1; its base URL."""
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"

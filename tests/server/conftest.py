@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 
@@ -10,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.helpers.server import TEST_CONFIG, Server, StartServer
+from tests.helpers.server import TEST_CONFIG, Server, StartServer, serve_on_loopback
 from vaecast.models.base import ChunkedDecoder
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app, runner_settings
@@ -33,11 +32,7 @@ async def start_server() -> AsyncIterator[StartServer]:
         runner = web.AppRunner(
             app, **{**runner_settings(config), "handler_cancellation": handler_cancellation}
         )
-        await runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(runner, sock).start()
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        url = await serve_on_loopback(app, runner)
         client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
         started.append((runner, client))
         return Server(url, client, app, runner)
