@@ -4,25 +4,40 @@ A decoder publishes chunks through a synchronous callback rather than a generato
 a distributed decode must run its collectives to completion, and an abandoned
 generator would strand peer ranks. The callback may raise (the consumer went away,
 the job was cancelled); the exception stops the decode and propagates out of
-`decode_chunks`, and the decoder keeps nothing of the chunks it already published.
+`decode_chunks` or `decode_stream`, and the decoder keeps nothing of the chunks it
+already published.
+
+Two ways in:
+- `decode_chunks(latents, on_chunk)`: a whole BCTHW tensor. `plan(latent_shape)` is
+  exact and known before any decoding, so the init segment and the response headers
+  can be written first, and every chunk carries `total`.
+- `decode_stream(blocks, on_chunk)`: BCTHW blocks of t >= 1 latent frames from an
+  iterator that may block (a generator still producing them); C, H and W are fixed by
+  the first block, and the iterator ends after the last. Each chunk is published as
+  soon as the latents it needs have arrived. `plan_stream(first_block_shape)` gives
+  the frame size and the chunking from the first block, so an encoder can be opened
+  before the second arrives; the length, and with it `total`, is known only when the
+  iterator ends (`decode_stream` then returns the whole `DecodePlan`).
 
 Guarantees every decoder keeps (and tests):
-- chunks arrive in order, are non-empty and contiguous (`frame_start` of chunk i+1 is
-  `frame_start + frames` of chunk i), and their count equals `plan(...).chunks`;
+- chunks arrive in order, are non-empty and contiguous (`index` counts from 0,
+  `frame_start` of chunk i+1 is `frame_start + frames` of chunk i), and their count
+  equals `plan(...).chunks` of the latents decoded;
 - concatenating them along T gives, bit for bit, the decoder's full decode
-  (`decode`) of the same latents;
-- `plan(latent_shape)` is exact and known before any decoding, so the init segment
-  and the response headers can be written first.
+  (`decode`) of the same latents, however a stream split them into blocks;
+- an exception, from the decoder, the callback or the iterator, leaves the decode
+  with the decoder holding nothing of it.
 
-The built-in decoders subclass `ChunkedDecoder`, which gives them `decode` as the
-concatenation of their chunks, and register their class under a model name. A class
-that reads a weights file says so by having a `from_weights` classmethod:
-`get_decoder` builds it through that, and `takes_weights` answers from it.
+The built-in decoders subclass `StreamingDecoder` (`vaecast/models/streaming.py`),
+which runs both ways in through one per-decode `LatentStream`, and register their
+class under a model name. A class that reads a weights file says so by having a
+`from_weights` classmethod: `get_decoder` builds it through that, and
+`takes_weights` answers from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -61,21 +76,66 @@ class DecodePlan:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What a streamed decode produces, known from its first block's shape.
+
+    Every chunk but the stream's last has exactly `frames_of(index)` frames; the last
+    has from 1 to that many, since where the video ends is known only at the end.
+    `frames_for(n)` is how many frames the first n latent frames stand for, at any n
+    (`plan` may refuse a length too short to decode on its own).
+    """
+
+    height: int
+    width: int
+    first_chunk_frames: int
+    chunk_frames: int  # each chunk after the first
+    frames_per_latent: int
+    # A latent frame that opens a group stands for fewer: latent frame 0 for a causal
+    # decoder (None: no other opens one), every `latents_per_group`-th for the tiler.
+    group_opening_frames: int
+    latents_per_group: int | None
+
+    def frames_of(self, index: int) -> int:
+        """The frames chunk `index` has unless it is the last (which may have fewer)."""
+        return self.first_chunk_frames if index == 0 else self.chunk_frames
+
+    def chunk_start(self, index: int) -> int:
+        """Where chunk `index` starts, whether or not it is the last."""
+        return 0 if index == 0 else self.first_chunk_frames + (index - 1) * self.chunk_frames
+
+    def frames_for(self, latent_frames: int) -> int:
+        """The video frames that the first `latent_frames` latent frames decode to."""
+        if self.latents_per_group is None:
+            groups = min(latent_frames, 1)
+        else:
+            groups = -(-latent_frames // self.latents_per_group)
+        opening_less = self.frames_per_latent - self.group_opening_frames
+        return latent_frames * self.frames_per_latent - groups * opening_less
+
+
+@dataclass(frozen=True, slots=True)
 class DecodedChunk:
     """One committed chunk. `frames` is BCTHW in the decoder's `value_range`.
 
     The tensor is borrowed: it is valid only during the callback (the decoder may
     reuse its storage), so a consumer copies what it keeps.
+
+    `total` is the number of chunks when it is known as the chunk is published:
+    always in `decode_chunks`; in `decode_stream` only once the iterator has ended,
+    so None on every chunk published before (a causal decoder's last chunk too: it
+    is committed before the iterator says there is no more). A stream's last chunk
+    is the one published before `decode_stream` returns.
     """
 
     frames: torch.Tensor
     index: int
-    total: int
+    total: int | None
     frame_start: int
 
     @property
     def is_final(self) -> bool:
-        return self.index == self.total - 1
+        """Known to be the last chunk; False while a stream's length is unknown."""
+        return self.total is not None and self.index == self.total - 1
 
     @property
     def frame_count(self) -> int:
@@ -104,8 +164,25 @@ class ChunkedDecoder(Protocol):
         """
         ...
 
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        """The frame size and chunking of a stream whose first block has this shape.
+
+        Raises `InvalidRequestError` for a block the decoder cannot take.
+        """
+        ...
+
     def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
         """Decode BCTHW latents, calling `on_chunk` for each committed chunk in order."""
+        ...
+
+    def decode_stream(self, blocks: Iterable[torch.Tensor], on_chunk: ChunkCallback) -> DecodePlan:
+        """Decode BCTHW latent blocks as they come, calling `on_chunk` for each chunk
+        as soon as it is committed; returns the plan of the whole stream.
+
+        Raises `InvalidRequestError` for a block unlike the first, or a stream the
+        decoder cannot take (no blocks, too few frames in all); any exception from
+        the iterator or the callback propagates.
+        """
         ...
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -134,6 +211,20 @@ def check_latent_shape(
     return b, c, t, h, w
 
 
+def check_next_block(block_shape: Sequence[int], first_block_shape: Sequence[int]) -> None:
+    """Refuse a stream's later block that is not BCTHW like its first, with t >= 1."""
+    shape, first = tuple(int(d) for d in block_shape), tuple(int(d) for d in first_block_shape)
+    if len(shape) != 5:
+        raise InvalidRequestError(f"a latent block must be BCTHW (5 dimensions), got {len(shape)}")
+    if shape[2] < 1:
+        raise InvalidRequestError("a latent block needs at least 1 frame in time, got 0")
+    if shape[:2] + shape[3:] != first[:2] + first[3:]:
+        raise InvalidRequestError(
+            f"a latent block of shape {shape} does not continue the stream: batch, channels, "
+            f"height and width must be those of its first block, {first}"
+        )
+
+
 def causal_plan(
     latent_shape: Sequence[int],
     latent_channels: int,
@@ -150,6 +241,27 @@ def causal_plan(
         sum(per_latent[i : i + latents_per_chunk]) for i in range(0, t, latents_per_chunk)
     )
     return DecodePlan(height=h * spatial_scale, width=w * spatial_scale, chunk_frames=chunk_frames)
+
+
+def causal_stream_plan(
+    first_block_shape: Sequence[int],
+    latent_channels: int,
+    spatial_scale: int,
+    temporal_scale: int,
+    latents_per_chunk: int = 1,
+) -> StreamPlan:
+    """`causal_plan`'s convention for a stream: the first chunk holds frame 0's one
+    frame and `temporal_scale` for each other latent frame of its group."""
+    _, _, _, h, w = check_latent_shape(first_block_shape, latent_channels)
+    return StreamPlan(
+        height=h * spatial_scale,
+        width=w * spatial_scale,
+        first_chunk_frames=1 + temporal_scale * (latents_per_chunk - 1),
+        chunk_frames=temporal_scale * latents_per_chunk,
+        frames_per_latent=temporal_scale,
+        group_opening_frames=1,
+        latents_per_group=None,
+    )
 
 
 def check_video_geometry(

@@ -16,20 +16,20 @@ from collections.abc import Sequence
 import torch
 
 from vaecast.models.base import (
-    ChunkCallback,
-    ChunkedDecoder,
-    DecodedChunk,
     DecodePlan,
+    StreamPlan,
     causal_plan,
+    causal_stream_plan,
     register_decoder,
 )
+from vaecast.models.streaming import CausalStream, StreamingDecoder
 
 LATENT_CHANNELS = 16
 SPATIAL_SCALE = 8
 TEMPORAL_SCALE = 4
 
 
-class LinearDecoder(ChunkedDecoder):
+class LinearDecoder(StreamingDecoder):
     """`linear` under the chunk contract; parameter-free, hence no `from_weights`."""
 
     name = "linear"
@@ -42,23 +42,39 @@ class LinearDecoder(ChunkedDecoder):
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return causal_plan(latent_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE)
 
-    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
-        plan = self.plan(latents.shape)
-        rgb = latents[:, :3].to(self.device, torch.float32)
-        previous: torch.Tensor | None = None
-        for index, frame_start in enumerate(plan.chunk_starts):
-            current = rgb[:, :, index : index + 1]
-            if previous is None:
-                frames = current
-            else:
-                # Sub-frame j of 4 sits j/4 of the way from the previous latent frame.
-                weights = torch.arange(1, TEMPORAL_SCALE + 1, device=self.device) / TEMPORAL_SCALE
-                weights = weights.view(1, 1, -1, 1, 1)
-                frames = torch.lerp(previous, current, weights)
-            pixels = frames.repeat_interleave(SPATIAL_SCALE, dim=3)
-            pixels = pixels.repeat_interleave(SPATIAL_SCALE, dim=4).clamp_(-1.0, 1.0)
-            on_chunk(DecodedChunk(pixels, index, plan.chunks, frame_start))
-            previous = current
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        return causal_stream_plan(
+            first_block_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE
+        )
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> _LinearStream:
+        return _LinearStream(self.device)
+
+
+class _LinearStream(CausalStream):
+    """Its only state: the previous latent frame's RGB."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device, torch.float32)
+        # Sub-frame j of 4 sits j/4 of the way from the previous latent frame.
+        weights = torch.arange(1, TEMPORAL_SCALE + 1, device=device) / TEMPORAL_SCALE
+        self._weights = weights.view(1, 1, -1, 1, 1)
+        self._previous: torch.Tensor | None = None
+
+    def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
+        current = latent[:, :3]
+        frames = (
+            current
+            if self._previous is None
+            else torch.lerp(self._previous, current, self._weights)
+        )
+        self._previous = current
+        pixels = frames.repeat_interleave(SPATIAL_SCALE, dim=3)
+        return pixels.repeat_interleave(SPATIAL_SCALE, dim=4).clamp_(-1.0, 1.0)
+
+    def close(self) -> None:
+        super().close()
+        self._previous = None
 
 
 register_decoder("linear", LinearDecoder)

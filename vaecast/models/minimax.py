@@ -6,9 +6,10 @@ a non-causal ViT decoder, so nothing can be committed frame by frame. diffusers'
 frames each), drops 3 leading frames per 20, blends each 5-frame tail into the next
 17-frame body and trims the frames of the padding it added; `TemporalTiler`
 (`vaecast/models/tiler.py`) does the same window by window and commits each body as
-soon as its window is decoded. Each window goes through the model's own
-`_decode_clip` (spatial tiling, on by default in MiniMax-H3, included), so the
-concatenated chunks are bit-identical to `vae.decode`.
+soon as its window is decoded; a stream decodes a window as soon as its 7 latents
+have arrived, and the windows that need padding once the latents end. Each window
+goes through the model's own `_decode_clip` (spatial tiling, on by default in
+MiniMax-H3, included), so the concatenated chunks are bit-identical to `vae.decode`.
 
 Latents are taken in pipeline space and denormalized as MiniMax-H3's decode step
 does (`latent * latents_std + latents_mean`); the model's output is
@@ -23,21 +24,20 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vaecast.models.base import (
-    ChunkCallback,
-    ChunkedDecoder,
-    DecodedChunk,
     DecodePlan,
+    StreamPlan,
     check_latent_shape,
     register_decoder,
 )
-from vaecast.models.tiler import TemporalTiler
+from vaecast.models.streaming import Emit, StreamingDecoder
+from vaecast.models.tiler import TemporalTiler, TiledStream
 from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
 
 # Pixel normalization of MiniMax-H3's video VAE (ImageNet's), as its pipeline applies it.
@@ -122,12 +122,12 @@ def tiler_for(vae: Any) -> TemporalTiler:
     return tiler
 
 
-class MiniMaxH3Decoder(ChunkedDecoder):
+class MiniMaxH3Decoder(StreamingDecoder):
     """MiniMax-H3's video decoder under the chunk contract: a chunk per decoded window.
 
     Takes at least `overlap + 1` latent frames (3): diffusers' decode has no window
-    for fewer. A window decode keeps no state on the module, so decodes may share one
-    instance.
+    for fewer (a stream may start with fewer; it is refused at its end). A window
+    decode keeps no state on the module, so decodes may share one instance.
     """
 
     name = "minimax-h3"
@@ -164,19 +164,53 @@ class MiniMaxH3Decoder(ChunkedDecoder):
         tiles = self.tiler.plan(t)
         return DecodePlan(height=h * scale, width=w * scale, chunk_frames=tiles.chunk_frames)
 
-    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
-        plan = self.plan(latents.shape)
-        starts = plan.chunk_starts
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        _, _, _, h, w = check_latent_shape(first_block_shape, self.latent_channels)
+        scale = int(self.vae.spatial_compression_ratio)
+        # Bodies all have the same length; the tail, and any trimmed chunk, is last.
+        tiler = self.tiler
+        return StreamPlan(
+            height=h * scale,
+            width=w * scale,
+            first_chunk_frames=tiler.body_frames,
+            chunk_frames=tiler.body_frames,
+            frames_per_latent=tiler.frames_per_latent,
+            group_opening_frames=tiler.latent_frame_count(0),
+            latents_per_group=tiler.stride,
+        )
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> _MiniMaxStream:
+        return _MiniMaxStream(self)
+
+    def latents_in(self, block: torch.Tensor) -> torch.Tensor:
+        """Pipeline-space latents as the model takes them."""
         # The pipeline's denormalization, then `vae.decode`'s cast to the decoder dtype.
-        z = latents.to(self.device, torch.float32) * self._std + self._mean
-        z = z.to(self.vae.post_quant_conv.weight.dtype)
+        z = block.to(self.device, torch.float32) * self._std + self._mean
+        return z.to(self.vae.post_quant_conv.weight.dtype)
 
-        def emit(sample: torch.Tensor, index: int) -> None:
-            pixels = (sample.float() * self._pixel_std + self._pixel_mean).clamp(0, 1)
-            on_chunk(DecodedChunk(pixels, index, plan.chunks, starts[index]))
+    def pixels(self, sample: torch.Tensor) -> torch.Tensor:
+        """The model's ImageNet-normalized output as RGB in [0, 1]."""
+        return (sample.float() * self._pixel_std + self._pixel_mean).clamp(0, 1)
 
-        with torch.inference_mode():
-            self.tiler.run(z, self.vae._decode_clip, emit)
+
+class _MiniMaxStream:
+    """Its state: the tiler's pending latents and last tail."""
+
+    def __init__(self, decoder: MiniMaxH3Decoder) -> None:
+        self._decoder = decoder
+        self._tiles = TiledStream(decoder.tiler, decoder.vae._decode_clip)
+
+    def push(self, block: torch.Tensor, emit: Emit) -> None:
+        self._tiles.push(self._decoder.latents_in(block), self._emitter(emit))
+
+    def finish(self, latent_frames: int, emit: Emit) -> None:
+        self._tiles.finish(self._emitter(emit))
+
+    def close(self) -> None:
+        self._tiles.close()
+
+    def _emitter(self, emit: Emit) -> Callable[[torch.Tensor, int], None]:
+        return lambda sample, index: emit(self._decoder.pixels(sample))
 
 
 register_decoder("minimax-h3", MiniMaxH3Decoder)

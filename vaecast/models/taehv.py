@@ -13,10 +13,11 @@ frames per latent), and the first 3 frames of a clip are dropped, so T latents g
 1 + 4(T-1) frames: Wan's convention. Latents are taken as diffusion models emit them
 (normalized); output is RGB in [0, 1].
 
-This is the reference's *sequential* path: every conv sees one frame (batch 1), so a
-decode is bit-identical whatever the chunking. The reference's parallel path batches
-frames, which picks other conv kernels and differs by rounding (MODEL_CARD.md,
-"Reference parity").
+This is the reference's *sequential* path: every conv sees one frame (batch 1), and
+every latent frame comes in as its own contiguous tensor, so a decode is
+bit-identical whatever the chunking and however a stream splits its latents. The
+reference's parallel path batches frames, which picks other conv kernels and
+differs by rounding (MODEL_CARD.md, "Reference parity").
 
 `TAEHVDecoder.from_weights` loads a published file and reads the decoder's shape off
 it; `TAEHVDecoder(net)` wraps a network built some other way.
@@ -34,13 +35,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaecast.models.base import (
-    ChunkCallback,
-    ChunkedDecoder,
-    DecodedChunk,
     DecodePlan,
+    StreamPlan,
     causal_plan,
+    causal_stream_plan,
     register_decoder,
 )
+from vaecast.models.streaming import CausalStream, StreamingDecoder
 from vaecast.models.weights_io import WeightsError, load_strict, read_state_dict
 
 TEMPORAL_SCALE = 4
@@ -183,11 +184,11 @@ class TAEHVNet(nn.Module):
         return [x.clamp(0.0, 1.0) for x in frames]
 
 
-class TAEHVDecoder(ChunkedDecoder):
+class TAEHVDecoder(StreamingDecoder):
     """TAEHV under the chunk contract: a chunk per `latents_per_chunk` latent frames.
 
     With the default of 1: 1 frame for latent 0, then 4 per latent. A decode keeps its
-    state in a local list, so decodes may share one instance.
+    state in its own `LatentStream`, so decodes may share one instance.
     """
 
     name = "taehv"
@@ -232,20 +233,36 @@ class TAEHVDecoder(ChunkedDecoder):
             self.latents_per_chunk,
         )
 
-    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
-        plan = self.plan(latents.shape)
-        z = latents.to(self.device, torch.float32)
-        memory: list[torch.Tensor | None] = [None] * len(self._net.decoder)
-        group = self.latents_per_chunk
-        with torch.inference_mode():
-            for index, frame_start in enumerate(plan.chunk_starts):
-                frames: list[torch.Tensor] = []
-                for t in range(index * group, min((index + 1) * group, z.shape[2])):
-                    raw = self._net.step(z[:, :, t], memory)
-                    # Latent 0 stands for frame 0 alone: its first 3 raw frames are the
-                    # decoder's start-up and are dropped, as the reference trims them.
-                    frames += raw[TEMPORAL_SCALE - 1 :] if t == 0 else raw
-                on_chunk(DecodedChunk(torch.stack(frames, 2), index, plan.chunks, frame_start))
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        return causal_stream_plan(
+            first_block_shape,
+            self.latent_channels,
+            self.config.spatial_scale,
+            TEMPORAL_SCALE,
+            self.latents_per_chunk,
+        )
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> _TAEHVStream:
+        return _TAEHVStream(self._net, self.device, self.latents_per_chunk)
+
+
+class _TAEHVStream(CausalStream):
+    """Its state: each MemBlock's last input (`TAEHVNet.step`'s memory)."""
+
+    def __init__(self, net: TAEHVNet, device: torch.device, latents_per_chunk: int) -> None:
+        super().__init__(device, torch.float32, latents_per_chunk)
+        self._net = net
+        self._memory: list[torch.Tensor | None] = [None] * len(net.decoder)
+
+    def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
+        raw = self._net.step(latent[:, :, 0], self._memory)
+        # Latent 0 stands for frame 0 alone: its first 3 raw frames are the decoder's
+        # start-up and are dropped, as the reference trims them.
+        return torch.stack(raw[TEMPORAL_SCALE - 1 :] if index == 0 else raw, 2)
+
+    def close(self) -> None:
+        super().close()
+        self._memory = []
 
 
 register_decoder("taehv", TAEHVDecoder)

@@ -20,6 +20,13 @@ Chunk i is body i, final as soon as window i is decoded (no later window touches
 the tail follows body n-1 as a last chunk. So the plan, `total` included, is known
 before the first window is decoded. The full decode is defined as the
 concatenation of the chunks, which makes chunks and full decode bit-identical.
+
+Latents that arrive in blocks (`TiledStream`): window i is decoded, and body i
+committed in full, as soon as its `window` latents have all arrived (a window of
+real latents only ever yields wanted frames); the windows that need padding, the
+last tail and the trim wait for the end of the latents. Every window is decoded
+from a fresh contiguous copy of its latents, whatever blocks they came in, so a
+stream and a whole decode give the model the same input.
 """
 
 from __future__ import annotations
@@ -111,35 +118,93 @@ class TemporalTiler:
         """Decode BCTHW `latents` window by window, calling `emit(frames, index)` per chunk.
 
         `decode_window` maps (B, C, window, h, w) to (B, C', window * F, H, W). The
-        frames passed to `emit` are slices of the windows' output: borrowed.
+        frames passed to `emit` are borrowed.
         """
-        plan = self.plan(latents.shape[2])
-        if plan.padding:
-            repeat = latents[:, :, -1:].repeat(1, 1, plan.padding, 1, 1)
-            latents = torch.cat([latents, repeat], dim=2)
-        f, lead = self.frames_per_latent, self.lead_frames
-        previous_tail: torch.Tensor | None = None
-        chunk = 0
-        for index in range(plan.windows):
-            start = index * self.stride
-            clip = decode_window(latents[:, :, start : start + self.window])
-            if clip.shape[2] != self.window * f:
-                raise RuntimeError(
-                    f"a window of {self.window} latents decoded to {clip.shape[2]} frames, "
-                    f"expected {self.window * f}"
-                )
-            body = clip[:, :, lead : self.stride * f]
-            if previous_tail is not None:
-                body = blend(previous_tail, body)
-            previous_tail = clip[:, :, self.stride * f + lead :] if self.overlap else None
-            pieces = [body]
-            if index == plan.windows - 1 and previous_tail is not None:
-                pieces.append(previous_tail)
-            for piece in pieces:
-                if chunk == len(plan.chunk_frames):
-                    return
-                emit(piece[:, :, : plan.chunk_frames[chunk]], chunk)
-                chunk += 1
+        stream = TiledStream(self, decode_window)
+        try:
+            stream.push(latents, emit)
+            stream.finish(emit)
+        finally:
+            stream.close()
+
+
+class TiledStream:
+    """`TemporalTiler`'s windows over latents that arrive in blocks (BCTHW)."""
+
+    def __init__(self, tiler: TemporalTiler, decode_window: WindowDecoder) -> None:
+        self._tiler = tiler
+        self._decode_window = decode_window
+        # Latent frames not yet behind every window that needs them, one tensor
+        # each, from absolute index `_first`; and the last one, which the padding
+        # repeats.
+        self._latents: list[torch.Tensor] = []
+        self._first = 0
+        self._last: torch.Tensor | None = None
+        self._received = 0
+        self._windows = 0  # decoded so far
+        self._tail: torch.Tensor | None = None  # the last decoded window's tail
+        self._chunks = 0  # emitted so far
+
+    def push(self, latents: torch.Tensor, emit: PieceCallback) -> None:
+        """Take the next latent frames; decode every window they complete."""
+        frames = list(latents.split(1, dim=2))
+        if not frames:
+            return
+        self._latents += frames
+        self._last = frames[-1]
+        self._received += len(frames)
+        tiler = self._tiler
+        while self._windows * tiler.stride + tiler.window <= self._received:
+            self._decode(emit, plan=None)
+
+    def finish(self, emit: PieceCallback) -> None:
+        """The latents ended: pad them, decode the windows left, emit the rest trimmed."""
+        plan = self._tiler.plan(self._received)
+        if self._last is not None and plan.padding:
+            self._latents += [self._last] * plan.padding
+        if self._windows == plan.windows:  # every window was whole: only its tail is left
+            self._emit_tail(emit, plan)
+        while self._windows < plan.windows:
+            self._decode(emit, plan)
+
+    def close(self) -> None:
+        self._latents, self._last, self._tail = [], None, None
+
+    def _decode(self, emit: PieceCallback, plan: TilePlan | None) -> None:
+        tiler = self._tiler
+        f, lead, stride = tiler.frames_per_latent, tiler.lead_frames, tiler.stride
+        start = self._windows * stride - self._first
+        clip = self._decode_window(torch.cat(self._latents[start : start + tiler.window], dim=2))
+        if clip.shape[2] != tiler.window * f:
+            raise RuntimeError(
+                f"a window of {tiler.window} latents decoded to {clip.shape[2]} frames, "
+                f"expected {tiler.window * f}"
+            )
+        self._windows += 1
+        # The next window starts `stride` latents on: the ones before are done with.
+        del self._latents[: start + stride]
+        self._first = self._windows * stride
+        body = clip[:, :, lead : stride * f]
+        if self._tail is not None:
+            body = blend(self._tail, body)
+        # A copy, so that the window's other frames are freed while a stream waits.
+        self._tail = clip[:, :, stride * f + lead :].clone() if tiler.overlap else None
+        del clip
+        self._emit(body, emit, plan)
+        if plan is not None and self._windows == plan.windows:
+            self._emit_tail(emit, plan)
+
+    def _emit_tail(self, emit: PieceCallback, plan: TilePlan) -> None:
+        if self._tail is not None:
+            self._emit(self._tail, emit, plan)
+
+    def _emit(self, piece: torch.Tensor, emit: PieceCallback, plan: TilePlan | None) -> None:
+        if plan is not None:  # the end is known: trim the padding's frames
+            if self._chunks == len(plan.chunk_frames):
+                return
+            piece = piece[:, :, : plan.chunk_frames[self._chunks]]
+        self._chunks += 1
+        emit(piece, self._chunks - 1)
 
 
 def blend(tail: torch.Tensor, body: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -30,14 +30,14 @@ from torch import nn
 
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import (
-    ChunkCallback,
-    ChunkedDecoder,
-    DecodedChunk,
     DecodePlan,
+    StreamPlan,
     causal_plan,
+    causal_stream_plan,
     check_video_geometry,
     register_decoder,
 )
+from vaecast.models.streaming import CausalStream, StreamingDecoder
 
 LATENT_CHANNELS = 16
 SPATIAL_SCALE = 8
@@ -279,6 +279,75 @@ class TinyEncoder:
                 latents.append(z)
         return torch.cat(latents, dim=1).transpose(1, 2).contiguous()
 
+    def open_stream(self, steps_per_pass: int = 4) -> TinyEncodeStream:
+        """An incremental encode of one video: give `encode_block` its frames in order."""
+        return TinyEncodeStream(self._net, self.device, steps_per_pass)
+
+    def encode_stream(
+        self, blocks: Iterable[torch.Tensor], steps_per_pass: int = 4
+    ) -> Iterator[torch.Tensor]:
+        """Latent blocks, each as soon as its frames arrive (1 + 4k frames, then 4k each)."""
+        stream = self.open_stream(steps_per_pass)
+        for block in blocks:
+            yield stream.encode_block(block)
+
+
+class TinyEncodeStream:
+    """One video encoded a block of frames at a time, carrying the encoder's causal state.
+
+    The state is what `TinyEncoder.encode` carries between its passes: the last step's
+    input to the memory block. Each block's steps run in passes aligned, from the start
+    of the video, to multiples of `steps_per_pass`, as `encode`'s are; so blocks of a
+    multiple of `steps_per_pass` latent frames give `encode`'s latents bit for bit.
+    Other blocks batch fewer steps per pass, and oneDNN may block a convolution
+    differently for another batch size: the same sums, rounded differently (measured on
+    a 2-core AVX-512 CPU: at most 2.4e-7 on latents up to ~14 at 64x48 and 64x96; none
+    at 832x480, 81 frames, blocks of 1-5 latent frames).
+    """
+
+    def __init__(self, net: TinyEncoderNet, device: torch.device, steps_per_pass: int) -> None:
+        if steps_per_pass < 1:
+            raise ValueError(f"steps_per_pass must be at least 1, got {steps_per_pass}")
+        self._net, self.device, self._per_pass = net, device, steps_per_pass
+        self._past: torch.Tensor | None = None
+        self._geometry: tuple[int, int, int] | None = None  # N, H, W of the first block
+        self.latent_frames = 0  # encoded so far
+
+    def encode_block(self, frames: torch.Tensor) -> torch.Tensor:
+        """Latents (N, 16, k, H/8, W/8) for the video's next frames (N, 3, t, H, W).
+
+        The first block starts at frame 0: t = 1 + 4(k-1), frame 0 alone making latent
+        frame 0. Every later block continues the video with t = 4k frames.
+        """
+        if self._geometry is None:
+            n, _, _, h, w = check_video_shape(frames.shape)
+            groups = video_to_groups(frames.to(self.device, torch.float32))
+            self._geometry = (n, h, w)
+        else:
+            shape = tuple(frames.shape)
+            n, h, w = self._geometry
+            if len(shape) != 5 or (shape[0], shape[1], *shape[3:]) != (n, 3, h, w):
+                raise InvalidRequestError(
+                    f"a later block must be ({n}, 3, 4k, {h}, {w}) like the first, got {shape}"
+                )
+            if shape[2] < 1 or shape[2] % TEMPORAL_SCALE:
+                raise InvalidRequestError(
+                    f"a later block must hold {TEMPORAL_SCALE}k frames, got {shape[2]}"
+                )
+            frames = frames.to(self.device, torch.float32)
+            groups = frames.unflatten(2, (-1, TEMPORAL_SCALE)).permute(0, 2, 3, 1, 4, 5)
+        latents = []
+        with torch.inference_mode():
+            start = 0
+            while start < groups.shape[1]:
+                step = self.latent_frames + start
+                stop = min(groups.shape[1], start + self._per_pass - step % self._per_pass)
+                z, self._past = self._net(groups[:, start:stop], self._past)
+                latents.append(z)
+                start = stop
+        self.latent_frames += groups.shape[1]
+        return torch.cat(latents, dim=1).transpose(1, 2).contiguous()
+
 
 def encode_video(
     video: torch.Tensor, device: str | torch.device = "cpu", weights: str | Path | None = None
@@ -292,7 +361,7 @@ def _cached_nets(weights: str | None, device: str) -> tuple[TinyEncoderNet, Tiny
     return load_nets(weights, device)
 
 
-class TinyDecoder(ChunkedDecoder):
+class TinyDecoder(StreamingDecoder):
     """The `tiny` decoder under the chunk contract: 1 frame for latent 0, then 4 per latent.
 
     `weights` None is the shipped file; loaded networks are shared by every decoder
@@ -319,17 +388,33 @@ class TinyDecoder(ChunkedDecoder):
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return causal_plan(latent_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE)
 
-    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
-        plan = self.plan(latents.shape)
-        z = latents.to(self.device, torch.float32).transpose(1, 2)
-        state = None
-        with torch.inference_mode():
-            for index, frame_start in enumerate(plan.chunk_starts):
-                frames, state = self._net(z[:, index : index + 1], state)
-                if index == 0:
-                    # The first latent stands for frame 0 alone: keep the last sub-frame.
-                    frames = frames[:, :, TEMPORAL_SCALE - 1 :].contiguous()
-                on_chunk(DecodedChunk(frames, index, plan.chunks, frame_start))
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        return causal_stream_plan(
+            first_block_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE
+        )
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> _TinyStream:
+        return _TinyStream(self._net, self.device)
+
+
+class _TinyStream(CausalStream):
+    """Its state: what `TinyDecoderNet` returns for the next call, one step at a time."""
+
+    def __init__(self, net: TinyDecoderNet, device: torch.device) -> None:
+        super().__init__(device, torch.float32)
+        self._net = net
+        self._state: list[torch.Tensor] | None = None
+
+    def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
+        frames, self._state = self._net(latent.transpose(1, 2), self._state)
+        if index == 0:
+            # The first latent stands for frame 0 alone: keep the last sub-frame.
+            frames = frames[:, :, TEMPORAL_SCALE - 1 :].contiguous()
+        return frames
+
+    def close(self) -> None:
+        super().close()
+        self._state = None
 
 
 register_decoder("tiny", TinyDecoder)

@@ -9,18 +9,23 @@ loop from outside and publish each frame's output as a chunk, so the chunks
 concatenate bit for bit to `vae.decode` (tested).
 
 The loop runs on a cache list of our own (`[None] * _cached_conv_counts["decoder"]`),
-so it keeps no state on the module. `post_quant_conv` (a 1x1x1 conv, cheap at latent
-size) runs once over all latent frames as in `vae.decode`: run frame by frame it
-picks another conv kernel and is no longer bit-identical (MODEL_CARD.md, "Reference
-parity"). Latents come in pipeline space and are denormalized exactly as the Wan
+so it keeps no state on the module, and a stream keeps it between latent blocks.
+`post_quant_conv` (a 1x1x1 conv, cheap at latent size) runs on one latent frame at a
+time, in a whole decode as in a stream: `vae.decode` runs it once over all frames,
+and over T frames at once the conv may pick another kernel than over one (on CPU it
+does for 1x1 latents, and for larger ones with more than one thread; ~1e-6), which
+would make a stream's output depend on how its blocks were split. Where the kernel
+does not change (one thread on CPU, tested) the chunks concatenate bit for bit to
+`vae.decode`. Latents come in pipeline space and are denormalized exactly as the Wan
 pipelines write it (`latents / (1.0 / std) + mean`, for bit parity).
 
 One decode per VAE instance at a time: concurrent decodes are *serialized* on a lock
-held for the whole decode (including the callbacks). Our own cache list would make
+held for the whole decode (including the callbacks; for a stream, from its first
+block to its end, waits for the next block included). Our own cache list would make
 overlapping decodes correct, but each holds a full set of activations and cache on
 the device; serializing behaves like one decode slot for this model rather than
 failing a job. A decode waiting for the lock starts once the running one ends or
-is cancelled at its next chunk.
+is cancelled at its next chunk (or, for a stream, when its iterator raises).
 
 `WanDecoder.from_weights` loads a local diffusers folder or a single checkpoint;
 `WanDecoder(vae)` wraps an `AutoencoderKLWan` loaded some other way. diffusers is
@@ -39,13 +44,13 @@ from typing import Any
 import torch
 
 from vaecast.models.base import (
-    ChunkCallback,
-    ChunkedDecoder,
-    DecodedChunk,
     DecodePlan,
+    StreamPlan,
     causal_plan,
+    causal_stream_plan,
     register_decoder,
 )
+from vaecast.models.streaming import CausalStream, StreamingDecoder
 from vaecast.models.weights_io import (
     WeightsError,
     diffusers_class,
@@ -126,7 +131,7 @@ def load_vae(weights: str | Path, config: Mapping[str, Any] | None = None) -> An
     return vae
 
 
-class WanDecoder(ChunkedDecoder):
+class WanDecoder(StreamingDecoder):
     """Wan 2.1's VAE decoder under the chunk contract: 1 frame for latent 0, then 4 per latent."""
 
     name = "wan2.1"
@@ -166,6 +171,14 @@ class WanDecoder(ChunkedDecoder):
             latent_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
         )
 
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        return causal_stream_plan(
+            first_block_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
+        )
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> _WanStream:
+        return _WanStream(self)
+
     def _denormalize(self, latents: torch.Tensor) -> torch.Tensor:
         # Exactly pipeline_wan.py's expression and order (the reciprocal is taken
         # after the cast), for bit parity with a pipeline's decode.
@@ -178,22 +191,40 @@ class WanDecoder(ChunkedDecoder):
         )
         return latents / std + mean
 
-    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
-        plan = self.plan(latents.shape)
-        z = self._denormalize(latents)
+    def step(self, latent: torch.Tensor, cache: list[Any], first: bool) -> torch.Tensor:
+        """One latent frame (1, C, 1, h, w), pipeline space, through the decoder."""
         vae = self.vae
-        with self._lock, torch.inference_mode():
-            cache: list[Any] = [None] * vae._cached_conv_counts["decoder"]
-            x = vae.post_quant_conv(z)
-            for index, frame_start in enumerate(plan.chunk_starts):
-                step = x[:, :, index : index + 1]
-                out = vae.decoder(step, feat_cache=cache, feat_idx=[0], first_chunk=index == 0)
-                if self._patch_size is not None:
-                    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+        # One frame at a time, in every decode: over T frames at once this 1x1x1 conv
+        # may pick another kernel (it does for 1x1 latents, and for larger ones with
+        # more than one thread), so a stream's blocks would change its rounding.
+        x = vae.post_quant_conv(self._denormalize(latent))
+        out = vae.decoder(x, feat_cache=cache, feat_idx=[0], first_chunk=first)
+        if self._patch_size is not None:
+            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
-                    out = unpatchify(out, patch_size=self._patch_size)
-                out = torch.clamp(out, min=-1.0, max=1.0)
-                on_chunk(DecodedChunk(out, index, plan.chunks, frame_start))
+            out = unpatchify(out, patch_size=self._patch_size)
+        return torch.clamp(out, min=-1.0, max=1.0)
+
+
+class _WanStream(CausalStream):
+    """Its state: the decoder's causal-conv cache; it holds the VAE's lock throughout."""
+
+    def __init__(self, decoder: WanDecoder) -> None:
+        super().__init__(decoder.device, decoder.vae.dtype)
+        self._decoder = decoder
+        self._cache: list[Any] = [None] * decoder.vae._cached_conv_counts["decoder"]
+        self._lock: threading.Lock | None = decoder._lock
+        self._lock.acquire()
+
+    def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
+        return self._decoder.step(latent, self._cache, first=index == 0)
+
+    def close(self) -> None:
+        super().close()
+        self._cache = []
+        if self._lock is not None:
+            self._lock, lock = None, self._lock
+            lock.release()
 
 
 register_decoder("wan2.1", WanDecoder)

@@ -1,0 +1,237 @@
+"""One decode, whole or streamed: the loop the built-in decoders share.
+
+`StreamingDecoder` implements both ways into the contract with one loop over latent
+blocks (`decode_chunks` is a stream of one block whose length is known from the
+start) and one `LatentStream` per decode: what a decoder keeps between blocks, and
+the only place it keeps anything. A whole decode and a stream run the same code on
+the same inputs, which is what makes a stream's chunks bit-identical to `decode`
+however its blocks were split.
+
+`CausalStream` is that state for decoders whose latent frame k decodes, given what
+frames before it left behind, to its own frames (`tiny`, `taehv`, `wan2.1`,
+`linear`): each latent frame is decoded as soon as it arrives and its chunk is
+published at once. The temporal tiler has its own (`vaecast/models/tiler.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Protocol
+
+import torch
+
+from vaecast.errors import InvalidRequestError
+from vaecast.models.base import (
+    ChunkCallback,
+    ChunkedDecoder,
+    DecodedChunk,
+    DecodePlan,
+    StreamPlan,
+    check_next_block,
+)
+
+# What a `LatentStream` calls with the frames of each chunk it commits, in order.
+Emit = Callable[[torch.Tensor], None]
+
+
+class LatentStream(Protocol):
+    """One decode's state between latent blocks."""
+
+    def push(self, block: torch.Tensor, emit: Emit) -> None:
+        """Decode what the next BCTHW block (as it came: any device and dtype) makes
+        decodable, calling `emit(frames)` for each chunk that is then committed."""
+        ...
+
+    def finish(self, latent_frames: int, emit: Emit) -> None:
+        """The latents ended after `latent_frames` frames: commit every chunk left."""
+        ...
+
+    def close(self) -> None:
+        """Drop every tensor and release what the decode holds (a lock). Called once,
+        however the decode ended."""
+        ...
+
+
+class StreamingDecoder(ChunkedDecoder):
+    """A decoder whose `decode_chunks` and `decode_stream` run through `open_stream`.
+
+    A subclass gives `plan`, `plan_stream` and `open_stream`.
+    """
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> LatentStream:
+        """A new decode's state, for a stream whose first block (already checked
+        against `plan_stream`) has this shape."""
+        raise NotImplementedError
+
+    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        self._run([latents], on_chunk, tuple(int(d) for d in latents.shape))
+
+    def decode_stream(self, blocks: Iterable[torch.Tensor], on_chunk: ChunkCallback) -> DecodePlan:
+        """See `ChunkedDecoder.decode_stream`. When it raises, it closes `blocks`'
+        iterator if that has `close()` (a generator's `finally` then runs at once)."""
+        return self._run(blocks, on_chunk, None)
+
+    def _run(
+        self,
+        blocks: Iterable[torch.Tensor],
+        on_chunk: ChunkCallback,
+        whole_shape: tuple[int, ...] | None,
+    ) -> DecodePlan:
+        chunks = _Chunks(on_chunk)
+        if whole_shape is not None:
+            chunks.plan = self.plan(whole_shape)  # refuse bad latents before any work
+        iterator = iter(blocks)
+        stream: LatentStream | None = None
+        block: torch.Tensor | None = None
+        first: tuple[int, ...] = ()
+        received = 0
+        try:
+            for block in iterator:
+                shape = tuple(int(d) for d in block.shape)
+                if stream is None:
+                    chunks.stream_plan = self.plan_stream(shape)
+                    first = shape
+                    stream = self.open_stream(shape)
+                else:
+                    check_next_block(shape, first)
+                received += shape[2]
+                with torch.inference_mode():
+                    stream.push(block, chunks.emit)
+                block = None  # not kept while the next block is awaited
+            if stream is None:
+                raise InvalidRequestError("the latent stream ended before its first block")
+            # The length is known now: refuse too few frames in all, and give every
+            # chunk from here on its total.
+            plan = self.plan((*first[:2], received, *first[3:]))
+            if chunks.plan is not None and plan != chunks.plan:
+                raise RuntimeError(f"{self.name}: decoded {received} latent frames of {first}")
+            chunks.plan = plan
+            with torch.inference_mode():
+                stream.finish(received, chunks.emit)
+            chunks.check_complete(self.name)
+            return plan
+        except BaseException as error:
+            # A stored exception keeps its traceback's frames, and their locals, alive
+            # (a job keeps its error for as long as it is retained): clear the frames
+            # below this one (activations, chunks, caches' last users) and drop ours.
+            block = None
+            _clear_frames(error.__traceback__)
+            _close(iterator, error)
+            raise
+        finally:
+            if stream is not None:
+                stream.close()
+                stream = None  # an error's traceback keeps this frame
+
+
+def _clear_frames(tb: TracebackType | None) -> None:
+    """Drop the locals of the finished function frames in `tb`.
+
+    Not `traceback.clear_frames`: it closes a suspended generator or coroutine whose
+    frame it meets, and an exception handed on from a task that goes on running (on
+    the event loop's thread) has that task's frame in its traceback.
+    """
+    while tb is not None:
+        frame = tb.tb_frame
+        if not frame.f_code.co_flags & _SUSPENDABLE:
+            with contextlib.suppress(RuntimeError):  # still running: ours, or another thread's
+                frame.clear()
+        tb = tb.tb_next
+
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _close(iterator: Iterator[torch.Tensor], error: BaseException) -> None:
+    close = getattr(iterator, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception as close_error:  # never hide the error that stopped the decode
+            error.add_note(f"closing the latent block iterator failed too: {close_error!r}")
+
+
+@dataclass(slots=True)
+class _Chunks:
+    """Numbers the chunks a `LatentStream` emits and holds it to its plans."""
+
+    on_chunk: ChunkCallback
+    plan: DecodePlan | None = None  # known for a whole tensor, or once a stream ends
+    stream_plan: StreamPlan | None = None
+    frame_counts: list[int] = field(default_factory=list)
+    frame_start: int = 0
+
+    def emit(self, frames: torch.Tensor) -> None:
+        index = len(self.frame_counts)
+        count = int(frames.shape[2])
+        assert self.stream_plan is not None
+        size = (self.stream_plan.height, self.stream_plan.width)
+        if self.plan is not None:
+            ok = index < self.plan.chunks and count == self.plan.chunk_frames[index]
+        else:  # only the last chunk may be short, and it comes after the end
+            ok = count == self.stream_plan.frames_of(index)
+        if not ok or tuple(frames.shape[3:]) != size:
+            raise RuntimeError(
+                f"a decoder broke its plan at chunk {index}: {tuple(frames.shape)} frames, "
+                f"plan {self.plan or self.stream_plan}"
+            )
+        total = None if self.plan is None else self.plan.chunks
+        self.on_chunk(DecodedChunk(frames, index, total, self.frame_start))
+        self.frame_counts.append(count)
+        self.frame_start += count
+
+    def check_complete(self, name: str) -> None:
+        assert self.plan is not None
+        if tuple(self.frame_counts) != self.plan.chunk_frames:
+            raise RuntimeError(
+                f"{name} published chunks of {self.frame_counts} frames, "
+                f"its plan says {list(self.plan.chunk_frames)}"
+            )
+
+
+class CausalStream:
+    """A causal decode's state: latent frame k gives 1 frame for k = 0 and
+    `temporal_scale` after, and a chunk is committed every `latents_per_chunk` latent
+    frames (the rest when the latents end). A subclass gives `step` and extends
+    `close` to drop what it keeps."""
+
+    def __init__(
+        self, device: torch.device, dtype: torch.dtype, latents_per_chunk: int = 1
+    ) -> None:
+        self._device = device
+        self._dtype = dtype
+        self._latents_per_chunk = latents_per_chunk
+        self._group: list[torch.Tensor] = []
+        self._next = 0
+
+    def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
+        """Decode latent frame `index`, (B, C, 1, h, w), contiguous and freshly
+        allocated, into its BCTHW frames."""
+        raise NotImplementedError
+
+    def push(self, block: torch.Tensor, emit: Emit) -> None:
+        block = block.to(self._device, self._dtype)
+        for t in range(block.shape[2]):
+            # Each step gets its own contiguous copy, whatever block the frame came in,
+            # so a whole decode and any split of a stream hand the model the same
+            # tensor, strides and alignment included (kernels may choose by them).
+            latent = block[:, :, t : t + 1].clone(memory_format=torch.contiguous_format)
+            self._group.append(self.step(latent, self._next))
+            self._next += 1
+            if len(self._group) == self._latents_per_chunk:
+                self._commit(emit)
+
+    def finish(self, latent_frames: int, emit: Emit) -> None:
+        if self._group:
+            self._commit(emit)
+
+    def close(self) -> None:
+        self._group = []
+
+    def _commit(self, emit: Emit) -> None:
+        group, self._group = self._group, []
+        emit(group[0] if len(group) == 1 else torch.cat(group, dim=2))
