@@ -1,9 +1,14 @@
 """AAC-LC encoding of a float waveform into fMP4-ready samples, through PyAV's native `aac`.
 
-The whole waveform is known before the decode starts (it arrives with the
-latents), so audio is fed ahead of the video it belongs to: each fragment carries
-every AAC frame that starts before the end of its video chunk, and the encoder's
-lookahead never holds a chunk's audio back.
+Two ways in. `encode_until`: the whole waveform is known before the decode starts
+(it arrives with the latents), so audio is fed ahead of the video it belongs to:
+each fragment carries every AAC frame that starts before the end of its video
+chunk, and the encoder's lookahead never holds a chunk's audio back. `feed` and
+`flush`: audio that arrives over time and a length known only at the end (a live
+stream, see `live_audio`).
+
+Delay (measured, PyAV 18.1): the packet of the AAC frame at sample k comes out
+when the frame at k + 2048 is fed; a partial last frame comes out only at the flush.
 
 Priming, trimmed: FFmpeg's encoder emits one priming frame first (pts -1024,
 `initial_padding`), after which packet pts are exactly input sample positions. We
@@ -61,7 +66,8 @@ def samples_for_duration(seconds: Fraction, sample_rate: int) -> int:
 class AacEncoder:
     """One AAC-LC stream. Not thread-safe: one encoder per stream, one thread at a time."""
 
-    def __init__(self, sample_rate: int, channels: int, total_samples: int) -> None:
+    def __init__(self, sample_rate: int, channels: int, total_samples: int | None = None) -> None:
+        """`total_samples`: the track's length for `encode_until`; None for `feed`/`flush`."""
         if not MIN_SAMPLE_RATE_HZ <= sample_rate <= MAX_SAMPLE_RATE_HZ:
             raise ValueError(f"sample rate must be 16-48 kHz, got {sample_rate}")
         if channels not in (1, 2):
@@ -82,6 +88,8 @@ class AacEncoder:
         self._context: av.AudioCodecContext | None = context
         self.audio_specific_config = bytes(context.extradata or b"")
         self._fed = 0  # input samples given to the encoder
+        # `feed`'s input past the last whole AAC frame, kept for the next call.
+        self._pending = np.zeros((channels, 0), np.float32)
         self._emitted_until = 0  # media time (samples) covered by packets handed out
         self._flushed = False
 
@@ -93,6 +101,8 @@ class AacEncoder:
         """Feed `waveform` (the whole track, (channels, total)) up to `end_sample`; return
         the packets that came out, priming dropped. At the end of the track, flush."""
         context = self._require_open()
+        if self.total_samples is None:
+            raise RuntimeError("encode_until needs total_samples; this encoder takes feed()")
         end_sample = min(end_sample, self.total_samples)
         packets: list[av.Packet] = []
         while self._fed + AAC_FRAME_SAMPLES <= end_sample:
@@ -107,17 +117,53 @@ class AacEncoder:
             self._flushed = True
         return self._samples(packets)
 
+    def feed(self, waveform: np.ndarray) -> list[Sample]:
+        """Append (channels, n) float32 samples after everything fed so far; encode each
+        whole AAC frame now and keep the remainder (under one frame) for later. Returns
+        the packets that came out: whole frames, ending two frames behind the input."""
+        context = self._require_open()
+        if self._flushed:
+            raise RuntimeError("the AAC encoder was flushed")
+        if self.total_samples is not None:
+            raise RuntimeError("feed takes no total_samples; this encoder takes encode_until")
+        pending = np.concatenate([self._pending, waveform], axis=1)
+        whole = pending.shape[1] - pending.shape[1] % AAC_FRAME_SAMPLES
+        packets: list[av.Packet] = []
+        for start in range(0, whole, AAC_FRAME_SAMPLES):
+            packets += context.encode(self._frame(pending, start, AAC_FRAME_SAMPLES, self._fed))
+            self._fed += AAC_FRAME_SAMPLES
+        self._pending = pending[:, whole:].copy()
+        return self._samples(packets)
+
+    def flush(self) -> list[Sample]:
+        """End `feed`'s track where the input ends: encode the remainder, drain the codec.
+        The last packet's duration is cut to the input's end; the caller trims further."""
+        context = self._require_open()
+        if self._flushed:
+            raise RuntimeError("the AAC encoder was flushed")
+        packets: list[av.Packet] = []
+        if self._pending.shape[1]:
+            tail = self._pending.shape[1]
+            packets += context.encode(self._frame(self._pending, 0, tail, self._fed))
+            self._fed += tail
+            self._pending = self._pending[:, :0]
+        packets += context.encode(None)
+        self._flushed = True
+        return self._samples(packets)
+
     def close(self) -> None:
         self._context = None
 
-    def _frame(self, waveform: np.ndarray, start: int, count: int) -> av.AudioFrame:
+    def _frame(
+        self, waveform: np.ndarray, start: int, count: int, pts: int | None = None
+    ) -> av.AudioFrame:
         frame = av.AudioFrame.from_ndarray(
             np.ascontiguousarray(waveform[:, start : start + count], dtype=np.float32),
             format="fltp",
             layout=self._layout,
         )
         frame.sample_rate = self.sample_rate
-        frame.pts = start
+        frame.pts = start if pts is None else pts
         return frame
 
     def _samples(self, packets: list[av.Packet]) -> list[Sample]:
@@ -129,8 +175,10 @@ class AacEncoder:
                 raise RuntimeError(
                     f"AAC packet at {packet.pts}, expected {self._emitted_until}: a gap"
                 )
-            # The last packet ends where the track ends, not a whole frame later.
-            duration = min(AAC_FRAME_SAMPLES, self.total_samples - packet.pts)
+            # The last packet ends where the track (or, fed, the input) ends, not a
+            # whole frame later.
+            end = self.total_samples if self.total_samples is not None else self._fed
+            duration = min(AAC_FRAME_SAMPLES, end - packet.pts)
             if duration <= 0:
                 continue  # flush padding entirely past the end of the track
             samples.append(Sample(bytes(packet), duration, is_sync=True))

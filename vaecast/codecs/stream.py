@@ -6,11 +6,20 @@ threads. The caller (the server's job task) runs `encode_chunk` in an executor a
 appends the bytes it returns to the stream's log; concatenating `init_segment` and
 every returned fragment in order is a playable fragmented MP4 at every step.
 
-With a soundtrack, each fragment also carries the AAC frames that start before the
-end of its video chunk (the waveform is known up front, so audio is fed up to three
-AAC frames past the chunk's end and the encoder's lookahead holds nothing back);
-the last fragment flushes the rest, and the audio track is exactly as long as the
-video (see `aac`).
+Two ways to open a stream with sound:
+- Whole video (`soundtrack=`, `total_frames=`): the waveform and the length are known
+  up front. Each fragment also carries the AAC frames that start before the end of
+  its video chunk (audio is fed up to three AAC frames past the chunk's end, so the
+  encoder's lookahead holds nothing back); the last chunk's fragment flushes the
+  rest, and the audio track is exactly as long as the video (see `aac`).
+- Live (`audio=AudioSettings(...)`): the soundtrack arrives over time through
+  `append_audio`, between chunks, and the length is known only at `finish`. Each
+  fragment carries the audio received so far that ends within its video (see
+  `live_audio` for how far that is); `finish` returns a last, audio-only fragment
+  with the rest, the track fitted to end exactly with the video.
+
+Either way `finish()` ends the stream: the bytes it returns (possibly b"") are the
+stream's last fragment.
 """
 
 from __future__ import annotations
@@ -21,10 +30,18 @@ from fractions import Fraction
 import numpy as np
 
 from vaecast.codecs import fmp4
-from vaecast.codecs.aac import AAC_FRAME_SAMPLES, AacEncoder, fit_to_length, samples_for_duration
+from vaecast.codecs.aac import (
+    AAC_FRAME_SAMPLES,
+    AacEncoder,
+    AudioSettings,
+    fit_to_length,
+    samples_for_duration,
+)
 from vaecast.codecs.aac import CODEC_STRING as AAC_CODEC_STRING
 from vaecast.codecs.colour import Yuv420Frames
+from vaecast.codecs.fmp4 import Sample
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
+from vaecast.codecs.live_audio import LiveAudioTrack
 
 VIDEO_TRACK_ID = 1
 AUDIO_TRACK_ID = 2
@@ -49,9 +66,13 @@ class Soundtrack:
 class VideoStreamEncoder:
     """Encodes one stream's chunks; one instance per stream, one thread at a time.
 
-    After `encode_chunk` raises, the encoder may hold frames of a chunk whose
-    fragment was never written, so the stream refuses further chunks (the caller
-    ends the stream as failed) rather than emit a fragment with a gap.
+    After a codec raises inside `encode_chunk`, `append_audio` or `finish`, the encoders
+    may hold data that no fragment will carry, so the stream refuses further calls (the
+    caller ends the stream as failed) rather than emit a fragment with a gap. Input
+    refused with ValueError changes nothing.
+
+    Call order: `init_segment`, then `encode_chunk` per chunk (live audio: any number of
+    `append_audio` calls between them), then `finish` once; `close` always.
     """
 
     def __init__(
@@ -62,9 +83,14 @@ class VideoStreamEncoder:
         settings: EncoderSettings = EncoderSettings(),  # noqa: B008 (frozen, immutable)
         soundtrack: Soundtrack | None = None,
         total_frames: int | None = None,
+        *,
+        audio: AudioSettings | None = None,
     ) -> None:
         """`total_frames` (the whole video's length) is needed with a soundtrack, whose
-        length is fitted to the video's duration."""
+        length is fitted to the video's duration. `audio` opens a live stream instead:
+        that audio format, samples through `append_audio`, the length at `finish`."""
+        if audio is not None and (soundtrack is not None or total_frames is not None):
+            raise ValueError("live audio takes no soundtrack or total_frames: finish() ends it")
         self._encoder = H264Encoder(width, height, fps, settings)
         self.width, self.height, self.fps = width, height, self._encoder.fps
         self.timescale = self._encoder.timescale
@@ -80,6 +106,7 @@ class VideoStreamEncoder:
         codecs = [self._encoder.codec_string]
         self._audio: AacEncoder | None = None
         self._waveform: np.ndarray | None = None
+        self._live: LiveAudioTrack | None = None
         self.total_frames = total_frames
         if soundtrack is not None:
             if total_frames is None:
@@ -96,6 +123,17 @@ class VideoStreamEncoder:
                 )
             )
             codecs.append(AAC_CODEC_STRING)
+        if audio is not None:
+            self._live = LiveAudioTrack(audio.sample_rate, audio.channels)
+            tracks.append(
+                fmp4.AudioTrack(
+                    AUDIO_TRACK_ID,
+                    audio.sample_rate,
+                    audio.channels,
+                    self._live.audio_specific_config,
+                )
+            )
+            codecs.append(AAC_CODEC_STRING)
         self.codec_string = ", ".join(codecs)
         self.content_type = f'video/mp4; codecs="{self.codec_string}"'
         self.init_segment = fmp4.init_segment(tracks)
@@ -106,13 +144,38 @@ class VideoStreamEncoder:
         self.decode_time = 0
         self._failed = False
         self._closed = False
+        self.finished = False
 
-    def encode_chunk(self, frames: Yuv420Frames) -> bytes:
-        """`Yuv420Frames` of T >= 1 frames -> exactly one moof + mdat for these frames."""
+    @property
+    def sample_rate(self) -> int | None:
+        """The audio track's sample rate; None without audio."""
+        if self._live is not None:
+            return self._live.sample_rate
+        return self._audio.sample_rate if self._audio is not None else None
+
+    @property
+    def audio_received(self) -> int:
+        """Live audio: samples on the track with nothing missing before them."""
+        return self._live.received if self._live is not None else 0
+
+    def audio_sample_at(self, frame_index: int) -> int:
+        """The audio sample where video frame `frame_index` starts: `append_audio`'s
+        `at_sample` for a block that starts there (the rounding `finish` uses)."""
+        if self.sample_rate is None:
+            raise RuntimeError("this stream has no audio track")
+        return samples_for_duration(Fraction(frame_index) / self.fps, self.sample_rate)
+
+    def _check_usable(self) -> None:
         if self._closed:
             raise RuntimeError("stream encoder is closed")
         if self._failed:
             raise RuntimeError("stream encoder failed earlier; the stream cannot continue")
+        if self.finished:
+            raise RuntimeError("stream is finished")
+
+    def encode_chunk(self, frames: Yuv420Frames) -> bytes:
+        """`Yuv420Frames` of T >= 1 frames -> exactly one moof + mdat for these frames."""
+        self._check_usable()
         # Bad input is refused before any frame reaches the codec; only a failure
         # inside the codec leaves it holding part of a chunk.
         self._encoder.check_frames(frames)
@@ -127,14 +190,61 @@ class VideoStreamEncoder:
         self.frames_encoded += len(samples)
         self.decode_time += sum(sample.duration for sample in samples)
         if self._audio is not None:
-            audio_run = self._encode_audio()
+            audio_run = self._audio_run(self._encode_audio())
             if audio_run is not None:
                 runs.append(audio_run)
+        elif self._live is not None:
+            end = self.audio_sample_at(self.frames_encoded)
+            audio_run = self._audio_run(self._live.release_until(end))
+            if audio_run is not None:
+                runs.append(audio_run)
+        return self._fragment(runs)
+
+    def append_audio(self, samples: np.ndarray, at_sample: int | None = None) -> int:
+        """Add (channels, n) float32 audio to a live stream, between chunks: where the
+        last call's audio ended, or at `at_sample` (see `audio_sample_at`), in any order.
+        Audio after a gap waits for it until the video reaches that audio; then (or at
+        `finish`) the gap is silence. Returns the samples taken: not those at positions
+        already filled or given up."""
+        self._check_usable()
+        if self._live is None:
+            raise RuntimeError("append_audio needs a stream opened with audio=AudioSettings")
+        # Bad input is refused before the codec sees any of it.
+        checked = self._live.check(samples, at_sample)
+        try:
+            return self._live.append(checked, at_sample)
+        except Exception:
+            self._failed = True
+            raise
+
+    def finish(self) -> bytes:
+        """End the stream after its last chunk: a last fragment with the audio left (live
+        audio only, fitted to end with the video; audio-only), or b"" when none is."""
+        self._check_usable()
+        self.finished = True
+        if self._live is None:
+            return b""  # a whole soundtrack was flushed with the last chunk
+        try:
+            samples = self._live.finish(self.audio_sample_at(self.frames_encoded))
+        except Exception:
+            self._failed = True
+            raise
+        audio_run = self._audio_run(samples)
+        return b"" if audio_run is None else self._fragment([audio_run])
+
+    def _fragment(self, runs: list[fmp4.TrackRun]) -> bytes:
         data = fmp4.fragment(self.fragments_written + 1, runs)
         self.fragments_written += 1
         return data
 
-    def _encode_audio(self) -> fmp4.TrackRun | None:
+    def _audio_run(self, samples: list[Sample]) -> fmp4.TrackRun | None:
+        if not samples:
+            return None
+        run = fmp4.TrackRun(AUDIO_TRACK_ID, self.audio_decode_time, tuple(samples))
+        self.audio_decode_time += sum(sample.duration for sample in samples)
+        return run
+
+    def _encode_audio(self) -> list[Sample]:
         assert self._audio is not None and self._waveform is not None
         video_end = samples_for_duration(
             Fraction(self.frames_encoded) / self.fps, self._audio.sample_rate
@@ -142,15 +252,10 @@ class VideoStreamEncoder:
         last_chunk = self.frames_encoded >= (self.total_frames or 0)
         end = self._audio.total_samples if last_chunk else video_end + AUDIO_LOOKAHEAD_SAMPLES
         try:
-            samples = self._audio.encode_until(self._waveform, end)
+            return self._audio.encode_until(self._waveform, end)
         except Exception:
             self._failed = True
             raise
-        if not samples:
-            return None
-        run = fmp4.TrackRun(AUDIO_TRACK_ID, self.audio_decode_time, tuple(samples))
-        self.audio_decode_time += sum(sample.duration for sample in samples)
-        return run
 
     def close(self) -> None:
         """Release the codec; safe to call twice."""
@@ -158,3 +263,5 @@ class VideoStreamEncoder:
         self._encoder.close()
         if self._audio is not None:
             self._audio.close()
+        if self._live is not None:
+            self._live.close()
