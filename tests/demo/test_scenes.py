@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vaecast.demo.font import text_mask
-from vaecast.demo.scenes import SCENE_NAMES, random_clip, render_scene
+from vaecast.demo.scenes import SCENE_NAMES, random_clip, render_scene, scene_reel
 from vaecast.errors import InvalidRequestError
 
 
@@ -73,3 +73,16 @@ def test_text_uses_the_built_in_font() -> None:
     assert torch.equal(text_mask("T?")[:, 6:], text_mask("~"))
     assert text_mask("ab").shape == (7, 11)
     assert torch.equal(text_mask("ab"), text_mask("AB"))
+
+
+@pytest.mark.parametrize("name", SCENE_NAMES)
+def test_a_reel_draws_the_scene_a_range_at_a_time(name: str) -> None:
+    # Film grain draws from the scene's generator frame after frame: ranges in order
+    # must draw the very same noise as the whole render.
+    whole = render_scene(name, 13, 24, 40, seed=5)
+    reel = scene_reel(name, 13, 24, 40, seed=5)
+    parts = [reel.render(count) for count in (1, 4, 0, 3, 5)]
+    assert torch.equal(torch.cat(parts, dim=2), whole)
+    assert reel.next_frame == 13
+    with pytest.raises(ValueError, match="cannot draw 1 frames from frame 13 of 13"):
+        reel.render(1)

@@ -12,4 +12,6 @@ where the picture moves. The same procedural clips are what `tiny` was fitted on
 - `scenes`: the named scenes and random training clips composed from them.
 - `soundtrack`: clicks on wall hits and a tone following a shape.
 - `sources`: demo requests and video files turned into `tiny` latents.
+- `live`: a scene's latents a block at a time, rendered and encoded as they are asked
+  for, as a generator would produce them (for push sessions).
 """

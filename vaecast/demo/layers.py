@@ -50,14 +50,37 @@ Layer = Callable[[torch.Tensor, int], None]
 
 def render(layers: list[Layer], frames: int, height: int, width: int) -> torch.Tensor:
     """Draw `layers` on every frame: a (1, 3, frames, height, width) clip in [0, 1]."""
-    video = torch.empty(1, 3, frames, height, width)
-    canvas = torch.zeros(3, height, width)
-    for index in range(frames):
-        canvas.zero_()
-        for layer in layers:
-            layer(canvas, index)
-        video[0, :, index] = canvas.clamp_(0.0, 1.0)
-    return video
+    return Reel(layers, frames, height, width).render(frames)
+
+
+class Reel:
+    """A clip's frames drawn in order, a range at a time.
+
+    Consecutive `render` calls concatenate to the whole clip bit for bit: `render` above
+    is one call for every frame. The order is the contract, not a convenience: film
+    grain draws from the clip's generator frame after frame, so frame k's noise is
+    only known once the noise of the frames before it has been drawn.
+    """
+
+    def __init__(self, layers: list[Layer], frames: int, height: int, width: int) -> None:
+        self.layers, self.frames, self.height, self.width = layers, frames, height, width
+        self.next_frame = 0  # also the number of frames drawn so far
+
+    def render(self, count: int) -> torch.Tensor:
+        """The next `count` frames, (1, 3, count, height, width) in [0, 1]."""
+        if not 0 <= count <= self.frames - self.next_frame:
+            raise ValueError(
+                f"cannot draw {count} frames from frame {self.next_frame} of {self.frames}"
+            )
+        video = torch.empty(1, 3, count, self.height, self.width)
+        canvas = torch.zeros(3, self.height, self.width)
+        for offset in range(count):
+            canvas.zero_()
+            for layer in self.layers:
+                layer(canvas, self.next_frame + offset)
+            video[0, :, offset] = canvas.clamp_(0.0, 1.0)
+        self.next_frame += count
+        return video
 
 
 def _hsv(h: float, s: float, v: float) -> torch.Tensor:

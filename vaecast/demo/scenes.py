@@ -5,7 +5,8 @@ text, fades and grain). All randomness comes from one seeded `torch.Generator`, 
 (name, frames, size, seed) always renders the same pixels and the same motions.
 
 `render_scene` gives the named scenes that the server and CLI encode into latents,
-and `scene_motions` how their shapes move, which is what the soundtrack follows;
+`scene_reel` the same frames a range at a time (the live demo's way), and
+`scene_motions` how their shapes move, which is what the soundtrack follows;
 `random_clip` draws a clip from the whole ingredient space and is what
 `tools/fit_tiny.py` trains on and what the quality benchmark holds out.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from vaecast.demo.layers import Ingredients, Layer, render
+from vaecast.demo.layers import Ingredients, Layer, Reel, render
 from vaecast.demo.motion import Motion
 from vaecast.errors import InvalidRequestError
 
@@ -40,6 +41,13 @@ def render_scene(name: str, frames: int, height: int, width: int, seed: int = 0)
     """Render the named scene as a (1, 3, frames, height, width) float32 clip in [0, 1]."""
     _, layers = _compose(name, frames, height, width, seed)
     return render(layers, frames, height, width)
+
+
+def scene_reel(name: str, frames: int, height: int, width: int, seed: int = 0) -> Reel:
+    """The named scene drawn a range of frames at a time, in order (a live producer's way):
+    its `render` calls concatenate to `render_scene`'s clip bit for bit."""
+    _, layers = _compose(name, frames, height, width, seed)
+    return Reel(layers, frames, height, width)
 
 
 def scene_motions(name: str, frames: int, height: int, width: int, seed: int = 0) -> list[Motion]:

@@ -34,11 +34,12 @@ def scene_soundtrack(
     fps: Fraction,
     seed: int = 0,
     sample_rate: int = DEFAULT_SAMPLE_RATE_HZ,
+    span: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """The named scene's sound, (2, samples) float32. Same seed, same motions as
-    `scenes.render_scene`, so what is heard is what is seen."""
+    `scenes.render_scene`, so what is heard is what is seen. `span`: see `synthesize`."""
     motions = scene_motions(name, frames, height, width, seed)
-    return synthesize(motions, frames, width, fps, sample_rate)
+    return synthesize(motions, frames, width, fps, sample_rate, span)
 
 
 def synthesize(
@@ -47,10 +48,20 @@ def synthesize(
     width: int,
     fps: Fraction,
     sample_rate: int = DEFAULT_SAMPLE_RATE_HZ,
+    span: tuple[int, int] | None = None,
 ) -> np.ndarray:
-    """The soundtrack of `frames` frames at `fps`: clicks on wall hits, a tone on motion 0."""
-    samples = round(Fraction(frames) / fps * sample_rate)
-    left_right = np.zeros((2, samples), np.float64)
+    """The soundtrack of `frames` frames at `fps`: clicks on wall hits, a tone on motion 0.
+
+    `span` (first frame, frame count) gives only the samples of those video frames,
+    from `sample_at(first)` to `sample_at(first + count)`: the same values as that
+    slice of the whole track, bit for bit, so consecutive spans concatenate to it.
+    """
+    first, count = (0, frames) if span is None else span
+    if first < 0 or count < 0 or first + count > frames:
+        raise ValueError(f"frames {first}..{first + count} are not within the {frames} frames")
+    low, high = sample_at(first, fps, sample_rate), sample_at(first + count, fps, sample_rate)
+    samples = sample_at(frames, fps, sample_rate)
+    left_right = np.zeros((2, high - low), np.float64)
     click_length = round(CLICK_SECONDS * sample_rate)
     click_time = np.arange(click_length) / sample_rate
     envelope = np.exp(-click_time / (CLICK_SECONDS / 5))
@@ -59,23 +70,37 @@ def synthesize(
         click = CLICK_AMPLITUDE * envelope * np.sin(2 * math.pi * pitch_hz * click_time)
         for hit in motion.wall_hits(frames):
             start = round(hit / float(fps) * sample_rate)
-            stop = min(samples, start + click_length)
+            # The part of this click inside the span (and inside the whole track).
+            begin, end = max(start, low), min(samples, start + click_length, high)
+            if begin >= end:
+                continue
             x, _ = motion.position(np.array([hit]))
             pan = float(np.clip(x[0] / max(width, 1), 0.0, 1.0))
-            left_right[0, start:stop] += (1 - pan) * click[: stop - start]
-            left_right[1, start:stop] += pan * click[: stop - start]
+            part = click[begin - start : end - start]
+            left_right[0, begin - low : end - low] += (1 - pan) * part
+            left_right[1, begin - low : end - low] += pan * part
     if motions:
-        left_right += _tone(motions[0], samples, width, fps, sample_rate)
+        left_right += _tone(motions[0], low, high, width, fps, sample_rate)
     return np.clip(left_right, -1.0, 1.0).astype(np.float32)
 
 
-def _tone(motion: Motion, samples: int, width: int, fps: Fraction, sample_rate: int) -> np.ndarray:
-    frame_time = np.arange(samples) / sample_rate * float(fps)
+def sample_at(frame: int, fps: Fraction, sample_rate: int) -> int:
+    """The first audio sample of video frame `frame` (one rounding rule for whole and spans)."""
+    return round(Fraction(frame) / fps * sample_rate)
+
+
+def _tone(
+    motion: Motion, low: int, high: int, width: int, fps: Fraction, sample_rate: int
+) -> np.ndarray:
+    """Samples low..high of the tone. Its phase is the running sum of every earlier
+    sample's frequency, so the sum starts at sample 0 whatever `low` is: np.cumsum adds
+    in order, which makes a span's phase that of the whole track, bit for bit."""
+    frame_time = np.arange(high) / sample_rate * float(fps)
     x, y = motion.position(frame_time)
     height = motion.y_high + motion.y_low  # the y range is symmetric inside the frame
     up = 1.0 - np.clip(y / max(height, 1e-9), 0.0, 1.0)
     frequency = TONE_LOW_HZ * 2.0 ** (2.0 * up)
-    phase = 2 * math.pi * np.cumsum(frequency) / sample_rate  # continuous through glides
+    phase = 2 * math.pi * np.cumsum(frequency)[low:] / sample_rate  # continuous through glides
     tone = TONE_AMPLITUDE * np.sin(phase)
-    pan = np.clip(x / max(width, 1), 0.0, 1.0)
+    pan = np.clip(x[low:] / max(width, 1), 0.0, 1.0)
     return np.stack([(1 - pan) * tone, pan * tone])

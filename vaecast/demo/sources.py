@@ -4,7 +4,8 @@ Both are encoded with the embedded `tiny` encoder, so their latents are in the
 `tiny` decoder's latent space (16 channels, Wan 2.1 geometry). The server's demo
 request (`POST /v1/videos` with a JSON body) and `vaecast latents` use this module:
 it checks a request's scene fields and video geometry, renders and encodes the
-scene, and gives its soundtrack.
+scene, and gives its soundtrack, whole or a span of frames at a time (the live
+producer of `live` renders and encodes a block at a time).
 """
 
 from __future__ import annotations
@@ -81,6 +82,31 @@ def scene_audio(
     """The scene's soundtrack at `fps`, (2, samples) float32: clicks on bounces, a tone."""
     return scene_soundtrack(
         spec.scene, spec.frames, spec.height, spec.width, fps, spec.seed, sample_rate
+    )
+
+
+def scene_audio_span(
+    spec: SceneSpec,
+    fps: Fraction,
+    first_frame: int,
+    frames: int,
+    sample_rate: int = DEFAULT_SAMPLE_RATE_HZ,
+) -> np.ndarray:
+    """The soundtrack of video frames first_frame..first_frame + frames - 1, (2, n) float32.
+
+    It is that slice of `scene_audio(spec, fps)` bit for bit (samples `sample_at(first)`
+    up to `sample_at(first + frames)`), made without the rest of the track, so a live
+    producer's spans concatenate to the whole soundtrack.
+    """
+    return scene_soundtrack(
+        spec.scene,
+        spec.frames,
+        spec.height,
+        spec.width,
+        fps,
+        spec.seed,
+        sample_rate,
+        span=(first_frame, frames),
     )
 
 
