@@ -1,0 +1,456 @@
+"""A client for push sessions: send latents to a vaecast server while they are generated.
+
+    with PushSession("http://127.0.0.1:8000", fps=16) as session:
+        print("watch:", session.watch_url)
+        for block in generate_blocks():  # (C, t, H, W) or (1, C, t, H, W) latent frames
+            session.push(block)
+
+`AsyncPushSession` is the same over aiohttp (`async with`, `await session.push(block)`).
+Entering creates the job (`POST /v1/videos`, `{"input": "push", ...}`); each `push`
+sends one safetensors block to the job's latents URL with its push token and returns the
+server's 202 answer once the block is queued. That POST waits while the server's block
+queue is full, so a generator is held back exactly as far as the decoder is behind.
+Leaving normally sends the final mark (an empty block with `?final=1`); leaving by an
+exception cancels the job (`DELETE`) and re-raises.
+
+Each request goes on a new connection: a generator may take longer between blocks than
+the server keeps an idle keep-alive connection, and a POST that failed on a connection
+the server had closed could not be retried safely (the block might have been queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import json
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+from urllib.parse import urlsplit
+
+import numpy as np
+import torch
+from safetensors.torch import save as save_safetensors
+
+from vaecast.errors import InvalidRequestError, VaecastError
+
+if TYPE_CHECKING:
+    import aiohttp
+
+Array = torch.Tensor | np.ndarray
+Fps = int | float | Fraction | str
+
+DEFAULT_TIMEOUT_S = 300.0  # seconds a request may wait for the server, backpressure included
+PUSH_TOKEN_HEADER = "X-Push-Token"
+MAX_ANSWER_BYTES = 1 << 20  # JSON answers are small: a URL that serves a video is a mistake
+_ENDED = (404, 409, 410)  # the job is over or gone: a DELETE would delete its record
+_NUMPY_FLOATS = (np.float16, np.float32, np.float64)
+
+
+class PushError(VaecastError):
+    """The server refused a request of a push session, or gave no answer.
+
+    `status` is the HTTP status (0 when no answer came: `type` is then `timeout` or
+    `connection_error`), `type` and `message` those of the server's JSON error, and
+    `retry_after_s` the `Retry-After` of a 429 or 503, if it sent one.
+    """
+
+    def __init__(
+        self, status: int, error_type: str, message: str, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = error_type
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        prefix = f"HTTP {self.status} " if self.status else ""
+        return f"{prefix}{self.type}: {self.message}"
+
+
+def encode_block(latents: Array, audio: Array | None = None) -> bytes:
+    """One block as the server reads it: safetensors with `latents` and maybe `audio`.
+
+    The latents keep their float dtype (the server converts); the audio goes as float32.
+    Checked here only as far as a mistake would otherwise cost a round trip.
+    """
+    tensor = _tensor(latents, "latents")
+    if not tensor.is_floating_point():
+        raise InvalidRequestError(f"latents must be floating point, got {tensor.dtype}")
+    if tensor.ndim not in (4, 5) or (tensor.ndim == 5 and tensor.shape[0] != 1):
+        raise InvalidRequestError(
+            f"a block is (C, t, H, W) or (1, C, t, H, W), got shape {tuple(tensor.shape)}"
+        )
+    if tensor.numel() == 0:
+        raise InvalidRequestError(f"the block is empty: shape {tuple(tensor.shape)}")
+    tensors = {"latents": tensor.contiguous()}
+    if audio is not None:
+        tensors["audio"] = _tensor(audio, "audio").to(torch.float32).contiguous()
+    return save_safetensors(tensors)
+
+
+def _tensor(value: Array, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()  # a block on the GPU is copied once, here
+    if isinstance(value, np.ndarray):
+        if value.dtype not in _NUMPY_FLOATS:
+            raise InvalidRequestError(f"{name} must be float16, 32 or 64, got {value.dtype}")
+        # torch.from_numpy warns on a read-only array; a copy is one block, cheap.
+        writable = value if value.flags.writeable else value.copy()
+        return torch.from_numpy(np.ascontiguousarray(writable))
+    raise InvalidRequestError(f"{name} must be a torch tensor or a numpy array, got {type(value)}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    method: str
+    path: str  # below the base URL, from "/"
+    headers: dict[str, str]
+    body: bytes | None = None
+
+
+def _answer(status: int, data: bytes, retry_after: str | None) -> dict[str, Any]:
+    """The JSON of a 2xx answer, or the PushError of any other."""
+    try:
+        parsed = json.loads(data) if len(data) <= MAX_ANSWER_BYTES else None
+    except ValueError:
+        parsed = None
+    if 200 <= status < 300 and isinstance(parsed, dict):
+        return parsed
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        error_type, message = str(error.get("type", "error")), str(error.get("message", ""))
+    else:  # not vaecast's JSON (a proxy's page, a wrong URL): quote the start of it
+        error_type = "bad_response" if 200 <= status < 300 else "http_error"
+        message = data[:200].decode("utf-8", "replace").strip() or "(empty answer)"
+    seconds = re.fullmatch(r"[0-9]{1,9}", retry_after or "")  # the HTTP-date form is not used
+    retry_after_s = float(seconds.group()) if seconds else None
+    raise PushError(status, error_type, message, retry_after_s)
+
+
+def _json_fps(fps: Fps) -> int | float | str:
+    """fps as JSON: a number as given, a Fraction as an int or a ratio the server reads."""
+    if isinstance(fps, Fraction):
+        return fps.numerator if fps.denominator == 1 else f"{fps.numerator}/{fps.denominator}"
+    return fps
+
+
+class _Session:
+    """What both sessions share: the requests they send, their state and the job's URLs."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        fps: Fps = 16,
+        model: str | None = None,
+        api_key: str | None = None,
+        audio_sample_rate: int | None = None,
+        audio_channels: int | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if urlsplit(url).scheme not in ("http", "https"):
+            raise InvalidRequestError(f"the server URL must be http:// or https://, got {url!r}")
+        self.base_url = url.rstrip("/")
+        self.timeout = timeout
+        self._api_key = api_key
+        create: dict[str, Any] = {"input": "push", "fps": _json_fps(fps)}
+        optional = {
+            "model": model,
+            "audio_sample_rate": audio_sample_rate,
+            "audio_channels": audio_channels,
+        }
+        create.update({key: value for key, value in optional.items() if value is not None})
+        self._create_body = json.dumps(create).encode()
+        self._job: dict[str, Any] | None = None
+        self._push_path = ""
+        self._token = ""  # shown once, at creation; kept out of `job` so it is not logged
+        self._finalized = False  # the final mark went out: the job will complete on its own
+        self._closed = False
+
+    # The job and its URLs.
+
+    @property
+    def job(self) -> dict[str, Any]:
+        """The job object as last seen: at creation, or at the last `refresh()`."""
+        return dict(self._opened())
+
+    @property
+    def id(self) -> str:
+        return str(self._opened()["id"])
+
+    @property
+    def content_url(self) -> str:
+        """The MP4, progressive while the job runs: what a player or `curl` opens."""
+        return self._url(self._opened()["urls"]["content"])
+
+    @property
+    def watch_url(self) -> str:
+        return self.content_url
+
+    @property
+    def events_url(self) -> str:
+        return self._url(self._opened()["urls"]["events"])
+
+    @property
+    def page_url(self) -> str:
+        """The server's preview page, showing this job."""
+        return f"{self.base_url}/?video={self.id}"
+
+    @property
+    def push_url(self) -> str:
+        self._opened()
+        return self._url(self._push_path)
+
+    def _opened(self) -> dict[str, Any]:
+        if self._job is None:
+            raise RuntimeError("the push session is not open: use it in a `with` or call open()")
+        return self._job
+
+    def _url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else self.base_url + path
+
+    # Requests, sans I/O.
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "vaecast-client"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _create_request(self) -> _Request:
+        return _Request("POST", "/v1/videos", self._headers("application/json"), self._create_body)
+
+    def _created(self, answer: dict[str, Any]) -> None:
+        push, urls = answer.pop("push", None), answer.get("urls")
+        if not (
+            "id" in answer
+            and isinstance(urls, dict)
+            and {"self", "content", "events"} <= urls.keys()
+            and isinstance(push, dict)
+            and {"url", "token"} <= push.keys()
+        ):
+            raise PushError(201, "bad_response", "the job object lacks its id, urls or push")
+        self._push_path, self._token = str(push["url"]), str(push["token"])
+        self._job = answer
+
+    def _check_pushable(self) -> None:
+        if self._closed:
+            raise RuntimeError("the push session is closed")
+        self._opened()
+
+    def _push_request(self, body: bytes, final: bool) -> _Request:
+        self._check_pushable()
+        headers = {**self._headers("application/octet-stream"), PUSH_TOKEN_HEADER: self._token}
+        return _Request("POST", self._push_path + ("?final=1" if final else ""), headers, body)
+
+    def _cancel_request(self) -> _Request:
+        return _Request("DELETE", self._opened()["urls"]["self"], self._headers())
+
+    def _refresh_request(self) -> _Request:
+        return _Request("GET", self._opened()["urls"]["self"], self._headers())
+
+    def _should_cancel(self, error: BaseException) -> bool:
+        ended = isinstance(error, PushError) and error.status in _ENDED
+        return self._job is not None and not self._finalized and not ended
+
+
+class PushSession(_Session):
+    """A push session over the standard library's http.client; see the module docstring."""
+
+    def open(self) -> Self:
+        """Create the job (once); `with` does this."""
+        if self._job is None:
+            self._created(self._send(self._create_request()))
+        return self
+
+    def push(
+        self, latents: Array, audio: Array | None = None, *, final: bool = False
+    ) -> dict[str, Any]:
+        """Send one block; the server's answer once it is queued (`latent_frames`, ...).
+
+        `final=True` marks it the last, so leaving the session sends nothing more.
+        """
+        self._check_pushable()  # before the work of serializing
+        answer = self._send(self._push_request(encode_block(latents, audio), final))
+        self._finalized |= final
+        return answer
+
+    def refresh(self) -> dict[str, Any]:
+        """The job as the server has it now (status, progress, ...); updates `job`."""
+        self._job = {**self._opened(), **self._send(self._refresh_request())}
+        return self.job
+
+    def cancel(self) -> dict[str, Any]:
+        """Cancel the job (DELETE); the session is closed. The server's answer."""
+        answer = self._send(self._cancel_request())
+        self._closed = True
+        return answer
+
+    def close(self, final: bool = True) -> None:
+        """End the session: send the final mark (`final=True`) or cancel the job.
+
+        Once the final mark has gone out (`push(..., final=True)`) there is nothing to
+        send or cancel. The session is closed even when this request fails; closing
+        twice does nothing.
+        """
+        if self._closed or self._job is None or self._finalized:
+            self._closed = True
+            return
+        request = self._push_request(b"", final=True) if final else self._cancel_request()
+        self._closed = True  # even if this fails: the server ends a session left open
+        self._send(request)
+        self._finalized = final
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close(final=True)
+            return
+        if self._should_cancel(exc):
+            try:
+                self._send(self._cancel_request())
+            except Exception as cancel_error:  # the original error is the one to see
+                exc.add_note(f"cancelling the job failed too: {cancel_error}")
+        self._closed = True
+
+    def _send(self, request: _Request) -> dict[str, Any]:
+        parts = urlsplit(self._url(request.path))
+        connection_type = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        connection = connection_type(parts.hostname or "", parts.port, timeout=self.timeout)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        try:
+            # A server may answer (401, 413) before reading a whole block: read that answer.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                connection.request(request.method, target, request.body, request.headers)
+            response = connection.getresponse()
+            data = response.read(MAX_ANSWER_BYTES + 1)
+        except TimeoutError as error:
+            raise PushError(0, "timeout", f"{request.method} {target}: no answer") from error
+        except (OSError, http.client.HTTPException) as error:
+            raise PushError(0, "connection_error", f"{request.method} {target}: {error}") from error
+        finally:
+            connection.close()
+        return _answer(response.status, data, response.getheader("Retry-After"))
+
+
+class AsyncPushSession(_Session):
+    """A push session over aiohttp, for a generator running in an event loop."""
+
+    _http: aiohttp.ClientSession | None = None
+
+    async def open(self) -> Self:
+        """Create the job (once); `async with` does this."""
+        if self._job is None:
+            import aiohttp  # here, so that the sync client and `vaecast push` need none of it
+
+            if self._http is None:
+                timeout = aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.timeout, sock_read=self.timeout
+                )
+                connector = aiohttp.TCPConnector(force_close=True)  # see the module docstring
+                self._http = aiohttp.ClientSession(connector=connector, timeout=timeout)
+            try:
+                self._created(await self._send(self._create_request()))
+            except BaseException:
+                await self._close_http()
+                raise
+        return self
+
+    async def push(
+        self, latents: Array, audio: Array | None = None, *, final: bool = False
+    ) -> dict[str, Any]:
+        """Send one block; see `PushSession.push`. Serialized in a thread, off the loop."""
+        self._check_pushable()  # before the work of serializing
+        body = await asyncio.to_thread(encode_block, latents, audio)
+        answer = await self._send(self._push_request(body, final))
+        self._finalized |= final
+        return answer
+
+    async def refresh(self) -> dict[str, Any]:
+        self._job = {**self._opened(), **(await self._send(self._refresh_request()))}
+        return self.job
+
+    async def cancel(self) -> dict[str, Any]:
+        try:
+            return await self._send(self._cancel_request())
+        finally:
+            self._closed = True
+            await self._close_http()
+
+    async def close(self, final: bool = True) -> None:
+        """See `PushSession.close`; also closes the HTTP client."""
+        try:
+            if not (self._closed or self._job is None or self._finalized):
+                request = self._push_request(b"", final=True) if final else self._cancel_request()
+                self._closed = True  # even if this fails: the server ends a session left open
+                await self._send(request)
+                self._finalized = final
+        finally:
+            self._closed = True
+            await self._close_http()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            await self.close(final=True)
+            return
+        try:
+            if self._should_cancel(exc):
+                await self._send(self._cancel_request())
+        except Exception as cancel_error:
+            exc.add_note(f"cancelling the job failed too: {cancel_error}")
+        finally:
+            self._closed = True
+            await self._close_http()
+
+    async def _close_http(self) -> None:
+        if self._http is not None:
+            http_session, self._http = self._http, None
+            await http_session.close()
+
+    async def _send(self, request: _Request) -> dict[str, Any]:
+        import aiohttp
+
+        if self._http is None:
+            raise RuntimeError("the push session is closed")
+        where = f"{request.method} {request.path}"
+        try:
+            async with self._http.request(
+                request.method,
+                self._url(request.path),
+                data=request.body,
+                headers=request.headers,
+            ) as response:
+                data = bytearray()
+                async for piece in response.content.iter_chunked(64 * 1024):
+                    data += piece
+                    if len(data) > MAX_ANSWER_BYTES:
+                        break
+                status, retry_after = response.status, response.headers.get("Retry-After")
+        except TimeoutError as error:
+            raise PushError(0, "timeout", f"{where}: no answer in time") from error
+        except aiohttp.ClientError as error:
+            raise PushError(0, "connection_error", f"{where}: {error}") from error
+        return _answer(status, bytes(data), retry_after)
