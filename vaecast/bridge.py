@@ -44,7 +44,7 @@ class HostChunk:
     (T, H, W, 3), that of the RGB frames they stand for)."""
 
     index: int
-    total: int
+    total: int | None  # None while a stream's length is unknown
     frame_start: int
     pixels: Yuv420Frames
 

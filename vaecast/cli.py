@@ -80,6 +80,19 @@ def _parser() -> argparse.ArgumentParser:
         help="drop a viewer whose socket accepts nothing for this long",
     )
     serve.add_argument(
+        "--push-queue-blocks",
+        type=int,
+        default=DEFAULTS.push_queue_blocks,
+        help="push sessions: latent blocks that may wait for the decoder before a push waits",
+    )
+    serve.add_argument(
+        "--push-idle-timeout",
+        type=float,
+        default=DEFAULTS.push_idle_timeout_s,
+        metavar="SECONDS",
+        help="a push session that receives nothing this long fails",
+    )
+    serve.add_argument(
         "--header-timeout",
         type=float,
         default=DEFAULTS.header_timeout_s,
@@ -175,6 +188,31 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("-o", "--output", type=Path, required=True)
     decode.add_argument("--model", default=DEFAULT_MODEL)
     _add_common(decode)
+
+    push = commands.add_parser(
+        "push", help="push a latent file to a server block by block, as a generator would"
+    )
+    push.set_defaults(run=_push)
+    push.add_argument("latents", type=Path, help=".safetensors (tensor 'latents', 'audio') or .npy")
+    push.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    push.add_argument(
+        "--latent-fps",
+        type=float,
+        default=4.0,
+        help="latent frames the simulated generator makes per second (default 4; 0: no wait)",
+    )
+    push.add_argument("--block-frames", type=int, default=1, help="latent frames per block")
+    push.add_argument("--model", default=None, help="default: the file's, else the server's")
+    push.add_argument("--fps", default=None, help="video fps (default: the file's, else 16)")
+    push.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        metavar="KEY",
+        help=f"the server's API key (default ${API_KEY_ENV})",
+    )
+    push.add_argument(
+        "--timeout", type=float, default=300.0, metavar="SECONDS", help="wait per request"
+    )
     return parser
 
 
@@ -252,6 +290,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_queued_jobs=args.max_queued,
         reader_write_timeout_s=args.reader_timeout,
         header_timeout_s=args.header_timeout,
+        push_queue_blocks=args.push_queue_blocks,
+        push_idle_timeout_s=args.push_idle_timeout,
         body_timeout_s=args.body_timeout,
         retention_s=args.retention,
         retention_memory_bytes=args.retention_memory_mb * MIB,
@@ -393,6 +433,21 @@ def _decode(args: argparse.Namespace) -> int:
         f"{float(fps):g} fps{sound})"
     )
     return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from vaecast.push_file import push_file  # the client: no server, no model loaded
+
+    return push_file(
+        args.latents,
+        args.url,
+        latent_fps=args.latent_fps,
+        block_frames=args.block_frames,
+        model=args.model,
+        fps=args.fps,
+        api_key=args.api_key,
+        timeout=args.timeout,
+    )
 
 
 if __name__ == "__main__":

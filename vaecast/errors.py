@@ -20,6 +20,18 @@ class VaecastError(Exception):
         super().__init__(message)
         self.message = message
 
+    def detached(self) -> VaecastError:
+        """The same error without a traceback, cause or context.
+
+        An error kept on a job, or raised to each of many readers, must not hold the
+        frames it was raised through: they reference tensors and requests, and as
+        reference cycles they wait for a full garbage collection (a long pause of the
+        event loop) to be freed.
+        """
+        copy = type(self).__new__(type(self), *self.args)
+        copy.__dict__.update(self.__dict__)
+        return copy
+
 
 class InvalidRequestError(VaecastError):
     """The request is well-formed but its content cannot be decoded (bad tensor, bad parameter)."""
@@ -107,6 +119,13 @@ class RequestTimeoutError(VaecastError):
 
     status = 408
     type = "request_timeout"
+
+
+class SessionTimeoutError(VaecastError):
+    """A push session received nothing for its idle timeout; the job records it."""
+
+    status = 408
+    type = "push_timeout"
 
 
 class ShuttingDownError(VaecastError):

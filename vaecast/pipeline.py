@@ -25,7 +25,6 @@ the decoder at its next chunk.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -34,14 +33,16 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from vaecast.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk, ToHost
+from vaecast.codecs.aac import AudioSettings
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
-from vaecast.errors import DecodeCancelled, DecodeFailedError
-from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodePlan
+from vaecast.errors import DecodeFailedError
+from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodePlan, StreamPlan
 
 DEFAULT_QUEUE_CHUNKS = 2
 
@@ -60,6 +61,12 @@ class LatentSource(Protocol):
 
     def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None: ...
 
+    def cancel(self) -> None:
+        """Callable from any thread: a decode waiting for latents stops."""
+
+    def take_audio(self) -> list[TimedAudio]:
+        """Audio that arrived with the latents since the last call."""
+
 
 @dataclass(frozen=True, slots=True)
 class WholeLatents:
@@ -69,6 +76,21 @@ class WholeLatents:
 
     def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
         decoder.decode_chunks(self.latents.to(decoder.device), on_chunk)
+
+    def cancel(self) -> None:
+        pass  # never waits: the bridge's cancel stops it
+
+    def take_audio(self) -> list[TimedAudio]:
+        return []  # a whole video's soundtrack is given to the encoder up front
+
+
+@dataclass(frozen=True, slots=True)
+class TimedAudio:
+    """Audio that came with a latent block: (channels, n) float32 from the block's
+    first video frame on."""
+
+    samples: np.ndarray
+    first_frame: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +111,22 @@ class Workers:
 
 
 @dataclass(frozen=True, slots=True)
+class AudioFormat:
+    """The audio a stream will carry, before any of it exists."""
+
+    sample_rate: int
+    channels: int
+
+
+@dataclass(frozen=True, slots=True)
 class VideoOutput:
-    """What the encoder makes of the decoded frames."""
+    """What the encoder makes of the decoded frames: a whole soundtrack up front, or
+    (a push session) the format of audio that arrives with the latents."""
 
     fps: Fraction
     settings: EncoderSettings = EncoderSettings()  # noqa: RUF009 (frozen, immutable)
     soundtrack: Soundtrack | None = None
+    audio_format: AudioFormat | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +134,7 @@ class FragmentDone:
     """One chunk's fragment is in the sink."""
 
     index: int
-    total: int
+    total: int | None  # None while a stream's length is unknown
     frame_start: int
     frames: int
     bytes: int
@@ -121,7 +153,7 @@ class PipelineObserver(Protocol):
 async def run_pipeline(
     source: LatentSource,
     decoder: ChunkedDecoder,
-    plan: DecodePlan,
+    plan: DecodePlan | StreamPlan,
     output: VideoOutput,
     sink: Sink,
     workers: Workers,
@@ -132,6 +164,8 @@ async def run_pipeline(
 ) -> None:
     """Decode `source` with `decoder`, encode each chunk, append each fragment to `sink`.
 
+    `plan` is the decoder's plan of a whole video, or its stream plan (frame size and
+    chunk sizes, not the length) for one whose length is known when its source ends.
     Raises DecodeFailedError when the decoder, the encoder or the sink fails, or the
     decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
     """
@@ -144,8 +178,7 @@ async def run_pipeline(
             plan.height,
             output.fps,
             output.settings,
-            soundtrack=output.soundtrack,
-            total_frames=plan.frames,
+            **_audio_options(output, plan),
         ),
     )
     bridge = ChunkBridge(loop, decoder.value_range, max_chunks=queue_chunks, to_host=stages.to_host)
@@ -157,7 +190,7 @@ async def run_pipeline(
         if observer is not None:
             observer.started(encoder.content_type)
         await _append(sink, encoder.init_segment)
-        chunks_done = 0
+        chunks_done = frames_done = 0
         while True:
             waited_from = time.perf_counter()
             item = await bridge.get()
@@ -166,9 +199,11 @@ async def run_pipeline(
                 break
             if isinstance(item, DecodeRaised):
                 raise DecodeFailedError(f"the decoder failed: {item.error}") from item.error
-            _check_against_plan(plan, chunks_done, item)
+            _check_against_plan(plan, chunks_done, frames_done, item)
             encode_from = time.perf_counter()
-            encoding = loop.run_in_executor(workers.encode, encoder.encode_chunk, item.pixels)
+            encoding = loop.run_in_executor(
+                workers.encode, _encode, encoder, item.pixels, source.take_audio()
+            )
             try:
                 fragment = await encoding
             except Exception as error:
@@ -176,6 +211,7 @@ async def run_pipeline(
             encode_s = time.perf_counter() - encode_from
             await _append(sink, fragment)
             chunks_done += 1
+            frames_done += item.frame_count
             if observer is not None:
                 observer.fragment(
                     FragmentDone(
@@ -188,16 +224,29 @@ async def run_pipeline(
                         decode_wait_s,
                     )
                 )
-        if chunks_done != plan.chunks:
+        if isinstance(plan, DecodePlan) and chunks_done != plan.chunks:
             raise DecodeFailedError(
                 f"the decoder published {chunks_done} chunks, its plan said {plan.chunks}"
             )
+        # A stream's length is known only now: the rest of its audio, cut to the video.
+        encoding = loop.run_in_executor(workers.encode, _finish, encoder, source.take_audio())
+        try:
+            tail = await encoding
+        except Exception as error:
+            raise DecodeFailedError(f"the encoder failed: {error}") from error
+        if tail:
+            await _append(sink, tail)
     finally:
         bridge.cancel()  # a no-op after a clean end; stops the decoder otherwise
+        source.cancel()  # and a decoder waiting for latents
         # Even while this task is being cancelled: the decoder thread must return and
         # the encoder must be idle before it is closed (one thread at a time).
-        with contextlib.suppress(DecodeCancelled):
-            await _join(decoding)
+        # The decode thread ends normally, or with DecodeCancelled (other errors came
+        # through the bridge). Drop that error's traceback: it holds the thread's frames
+        # (tensors among them) in a cycle only a full garbage collection would free.
+        await _join(decoding, outcome_handled=True)
+        if not decoding.cancelled() and (stopped := decoding.exception()) is not None:
+            stopped.__traceback__ = None
         if encoding is not None:
             await _join(encoding, outcome_handled=True)
         await _join(loop.run_in_executor(workers.encode, encoder.close))
@@ -223,13 +272,51 @@ async def _append(sink: Sink, segment: bytes) -> None:
         raise DecodeFailedError(f"the video could not be stored: {error}") from error
 
 
-def _check_against_plan(plan: DecodePlan, index: int, chunk: HostChunk) -> None:
-    expected = (
-        (index, plan.chunk_starts[index], plan.chunk_frames[index], plan.height, plan.width)
-        if index < plan.chunks
-        else None
-    )
+def _audio_options(output: VideoOutput, plan: DecodePlan | StreamPlan) -> dict[str, Any]:
+    if output.audio_format is not None:  # audio that will come with the latents
+        fmt = output.audio_format
+        return {"audio": AudioSettings(fmt.sample_rate, fmt.channels)}
+    total_frames = plan.frames if isinstance(plan, DecodePlan) else None
+    return {"soundtrack": output.soundtrack, "total_frames": total_frames}
+
+
+def _encode(encoder: VideoStreamEncoder, pixels: Any, audio: list[TimedAudio]) -> bytes:
+    """One chunk on the encode thread, after the audio that arrived with its latents."""
+    _append_audio(encoder, audio)
+    return encoder.encode_chunk(pixels)
+
+
+def _finish(encoder: VideoStreamEncoder, audio: list[TimedAudio]) -> bytes:
+    _append_audio(encoder, audio)
+    return encoder.finish()
+
+
+def _append_audio(encoder: VideoStreamEncoder, audio: list[TimedAudio]) -> None:
+    for piece in audio:
+        encoder.append_audio(piece.samples, at_sample=encoder.audio_sample_at(piece.first_frame))
+
+
+def _check_against_plan(
+    plan: DecodePlan | StreamPlan, index: int, frame_start: int, chunk: HostChunk
+) -> None:
     got = (chunk.index, chunk.frame_start, chunk.frame_count, *chunk.pixels.shape[1:3])
+    if isinstance(plan, StreamPlan):
+        # The length is open: each chunk has its planned size, except the last, which
+        # may be shorter (a later chunk would then start in the wrong place).
+        planned = plan.frames_of(index)
+        count = chunk.frame_count if 1 <= chunk.frame_count <= planned else planned
+        start = plan.chunk_start(index) if frame_start == plan.chunk_start(index) else None
+        expected = (index, start, count, plan.height, plan.width)
+    elif index < plan.chunks:
+        expected = (
+            index,
+            plan.chunk_starts[index],
+            plan.chunk_frames[index],
+            plan.height,
+            plan.width,
+        )
+    else:
+        expected = None
     if got != expected:
         raise DecodeFailedError(
             f"the decoder broke its plan at chunk {index}: got (index, frame_start, frames, "

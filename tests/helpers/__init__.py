@@ -6,17 +6,19 @@ import asyncio
 import contextlib
 import io
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import av
 import numpy as np
 import torch
 from safetensors.torch import save as save_safetensors
 
-from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan
+from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan, StreamPlan
 from vaecast.models.linear import LinearDecoder
 
 GATE_TIMEOUT_S = 30.0
+T = TypeVar("T")
 
 
 def smooth_latents(frames: int, height: int = 6, width: int = 8, seed: int = 0) -> torch.Tensor:
@@ -58,7 +60,16 @@ class GatedDecoder:
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return self.inner.plan(latent_shape)
 
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        return self.inner.plan_stream(first_block_shape)
+
     def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        self._recorded(lambda: self.inner.decode_chunks(latents, self._gated(on_chunk)))
+
+    def decode_stream(self, blocks: Iterable[torch.Tensor], on_chunk: ChunkCallback) -> DecodePlan:
+        return self._recorded(lambda: self.inner.decode_stream(blocks, self._gated(on_chunk)))
+
+    def _gated(self, on_chunk: ChunkCallback) -> ChunkCallback:
         def gated(chunk: DecodedChunk) -> None:
             if chunk.index == self.hold_at:
                 self.holding.set()
@@ -67,8 +78,11 @@ class GatedDecoder:
             on_chunk(chunk)
             self.published += 1
 
+        return gated
+
+    def _recorded(self, decode: Callable[[], T]) -> T:
         try:
-            self.inner.decode_chunks(latents, gated)
+            return decode()
         except BaseException as error:
             self.ended_with = error
             raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ from aiohttp import web
 
 from tests.helpers.cdp import Page
 from vaecast.demo.sources import SceneSpec
-from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan
+from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan, StreamPlan
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import ServerConfig
 from vaecast.server.job import Job
@@ -61,7 +61,16 @@ class GatedTinyDecoder:
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return self.inner.plan(latent_shape)
 
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        return self.inner.plan_stream(first_block_shape)
+
     def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
+        self.inner.decode_chunks(latents, self._gated(on_chunk))
+
+    def decode_stream(self, blocks: Iterable[torch.Tensor], on_chunk: ChunkCallback) -> DecodePlan:
+        return self.inner.decode_stream(blocks, self._gated(on_chunk))
+
+    def _gated(self, on_chunk: ChunkCallback) -> ChunkCallback:
         def gated(chunk: DecodedChunk) -> None:
             if chunk.index == self.hold_at:
                 self.holding.set()
@@ -71,7 +80,7 @@ class GatedTinyDecoder:
                     raise self.error
             on_chunk(chunk)
 
-        self.inner.decode_chunks(latents, gated)
+        return gated
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return self.inner.decode(latents)

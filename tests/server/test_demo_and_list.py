@@ -57,7 +57,7 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
             {**SMALL_DEMO, "colour": "red"},
             422,
             "unknown field(s) colour; a demo request takes: "
-            "fps, frames, height, model, scene, seed, sound, width",
+            "fps, frames, height, live, model, scene, seed, sound, width",
         ),
         (
             {**SMALL_DEMO, "frames": 13},

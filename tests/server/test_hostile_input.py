@@ -322,7 +322,7 @@ async def test_a_finished_job_lets_go_of_its_latents(start_server: StartServer):
     async with server.client.post("/v1/videos", data=body) as response:
         job = server.manager.get((await response.json())["id"])
     await asyncio.to_thread(decoder.holding.wait, 30)
-    latents = weakref.ref(job._request.latents)  # what the upload became
+    latents = weakref.ref(job._source.latents)  # what the upload became
     decoder.gate.set()
     await asyncio.wait_for(job.wait(), 30)
     gc.collect()
@@ -445,3 +445,23 @@ async def test_a_compressed_body_is_refused_not_inflated(start_server: StartServ
     assert error["message"] == (
         f"Content-Encoding '{encoding}' is not accepted; send the file uncompressed"
     )
+
+
+async def test_a_failed_job_keeps_its_error_without_the_frames_it_was_raised_through(
+    start_server: StartServer,
+):
+    # A traceback kept on a job holds the decode's frames (tensors, requests) in
+    # reference cycles that only a full garbage collection frees, pausing the loop.
+    from tests.helpers import FailingDecoder
+
+    server = await start_server(decoders={"linear": FailingDecoder(fail_at=1)})
+    async with server.client.post("/v1/videos", data=BODY) as response:
+        job = server.manager.get((await response.json())["id"])
+    await asyncio.wait_for(job.wait(), 30)
+    assert job.status == "failed"
+    error = job.error
+    assert error is not None and error.message.startswith("the decoder failed")
+    assert (error.__traceback__, error.__cause__, error.__context__) == (None, None, None)
+    async with server.client.get(f"/v1/videos/{job.id}/events") as response:
+        assert '"status": "failed"' in await response.text()
+    assert job.log.error is not None and job.log.error.__traceback__ is None

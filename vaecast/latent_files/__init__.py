@@ -71,7 +71,7 @@ def load_latents(data: bytes, check_shape: ShapeCheck | None = None) -> LatentFi
     if header is not None:
         return load_safetensors(data, header, check_shape)
     if data.startswith(NPY_MAGIC):
-        return LatentFile(load_npy(data, check_shape))
+        return load_npy(data, check_shape)
     if data.startswith(_ZIP_MAGIC) or (
         data[0] == _PICKLE_PROTO and len(data) > 1 and data[1] in _PICKLE_PROTOCOLS
     ):

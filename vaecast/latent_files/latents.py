@@ -30,6 +30,7 @@ class LatentFile:
     latents: torch.Tensor  # float32, BCTHW, B == 1, finite
     metadata: dict[str, str] = field(default_factory=dict)
     audio: torch.Tensor | None = None  # as uploaded; checked by `check_audio`
+    dtype: torch.dtype = torch.float32  # of the latents as uploaded, before conversion
 
 
 def declared_bytes(shape: Sequence[int], itemsize: int, limit: int) -> int | None:

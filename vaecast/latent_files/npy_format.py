@@ -18,6 +18,7 @@ from vaecast.errors import UnsupportedMediaError
 from vaecast.latent_files.latents import (
     MAX_DIM,
     SAFE_HINT,
+    LatentFile,
     ShapeCheck,
     bytes_text,
     check_declared,
@@ -45,7 +46,7 @@ _TOKEN = re.compile(
 _NAMES = {"True": True, "False": False, "None": None}
 
 
-def load_npy(data: bytes, check_shape: ShapeCheck | None) -> torch.Tensor:
+def load_npy(data: bytes, check_shape: ShapeCheck | None) -> LatentFile:
     descr, fortran_order, shape, offset = _read_header(data)
     dtype = _plain_dtype(descr)
     present = len(data) - offset
@@ -67,7 +68,8 @@ def load_npy(data: bytes, check_shape: ShapeCheck | None) -> torch.Tensor:
     if native.dtype.itemsize > 8:  # long double: torch has none; what overflows is caught later
         with np.errstate(over="ignore", invalid="ignore"):
             native = native.astype(np.float64)
-    return finish_latents(torch.from_numpy(native))
+    tensor = torch.from_numpy(native)
+    return LatentFile(finish_latents(tensor), dtype=tensor.dtype)
 
 
 def _read_header(data: bytes) -> tuple[object, bool, tuple[int, ...], int]:

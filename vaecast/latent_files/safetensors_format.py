@@ -97,7 +97,9 @@ def load_safetensors(
     metadata = entries.get("__metadata__") or {}
     if not isinstance(metadata, dict):  # deserialize refuses it first; never trust that
         raise UnsupportedMediaError(f"{CORRUPT}its __metadata__ is not an object")
-    return LatentFile(latents, {str(k): str(v) for k, v in metadata.items()}, audio)
+    return LatentFile(
+        latents, {str(k): str(v) for k, v in metadata.items()}, audio, dtype=torch_dtype
+    )
 
 
 def _latents_entry(entry: object, data_bytes: int) -> tuple[str, tuple[int, ...]]:

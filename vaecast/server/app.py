@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -15,7 +16,8 @@ from vaecast.server.config import ServerConfig
 from vaecast.server.http_errors import json_errors
 from vaecast.server.loop_lag import watch_loop_lag
 from vaecast.server.manager import JobManager
-from vaecast.server.routes import MANAGER, add_routes
+from vaecast.server.push import PushSessions
+from vaecast.server.routes import MANAGER, PUSH_SESSIONS, add_routes
 from vaecast.server.security import SecurityGuard
 
 # Bodies are read by vaecast.server.uploads with the configured limit; aiohttp's own
@@ -50,6 +52,7 @@ def create_app(
 
     async def job_manager(app: web.Application) -> AsyncIterator[None]:
         app[MANAGER] = manager = JobManager(config, decoders, stages)
+        app[PUSH_SESSIONS] = sessions = PushSessions(manager)
         manager.start()
         lag_watch = asyncio.create_task(
             watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"
@@ -57,6 +60,7 @@ def create_app(
         yield
         lag_watch.cancel()
         await asyncio.gather(lag_watch, return_exceptions=True)
+        await sessions.close()
         await manager.close()
 
     app.cleanup_ctx.append(job_manager)
@@ -100,6 +104,10 @@ async def serve_until_signalled(
     try:
         await web.TCPSite(runner, host, port).start()
         bound_host, bound_port = runner.addresses[0][:2]
+        # What exists now (modules, weights, the app) lives as long as the process: keep
+        # it out of the garbage collector's full passes, which otherwise scan all of it
+        # and pause the event loop for a hundred milliseconds and more.
+        gc.freeze()
         announce(bound_host, bound_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

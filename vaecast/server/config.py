@@ -42,6 +42,10 @@ class ServerConfig:
     # between two reads: nginx's client_header_timeout and client_body_timeout.
     header_timeout_s: float = 60.0
     body_timeout_s: float = 60.0
+    # Push sessions: latent blocks that may wait for the decoder before a push waits
+    # (backpressure), and how long a session may receive nothing before it fails.
+    push_queue_blocks: int = 4
+    push_idle_timeout_s: float = 60.0
     # Finished jobs stay fetchable this long, and while their bytes in RAM fit the
     # budget (oldest evicted first); a job's MP4 past the spill threshold goes to a
     # temporary file in spill_dir (None: the system's temp dir).

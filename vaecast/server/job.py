@@ -15,7 +15,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,8 +26,18 @@ import torch
 
 from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import CancelledByShutdown, DecodeCancelled, DecodeFailedError, VaecastError
-from vaecast.models.base import ChunkedDecoder, DecodePlan
-from vaecast.pipeline import FragmentDone, Stages, VideoOutput, WholeLatents, Workers, run_pipeline
+from vaecast.latent_feed import LatentFeed
+from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
+from vaecast.pipeline import (
+    AudioFormat,
+    FragmentDone,
+    LatentSource,
+    Stages,
+    VideoOutput,
+    WholeLatents,
+    Workers,
+    run_pipeline,
+)
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
 from vaecast.server.segment_log import FollowableLog, SegmentLog
@@ -48,37 +58,69 @@ FINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CAN
 
 @dataclass(frozen=True, slots=True)
 class DecodeRequest:
+    """A whole video's latents, uploaded or rendered."""
+
     latents: torch.Tensor  # BCTHW float32, checked by vaecast.latent_files
     model: str
     fps: Fraction
     soundtrack: Soundtrack | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PushRequest:
+    """A push session: latents will arrive in blocks, with audio of this format if any."""
+
+    model: str
+    fps: Fraction
+    audio_format: AudioFormat | None = None
+
+
 class Job:
     def __init__(
         self,
-        request: DecodeRequest,
+        request: DecodeRequest | PushRequest,
         decoder: ChunkedDecoder,
-        plan: DecodePlan,
+        plan: DecodePlan | None,
         config: ServerConfig,
         metrics: Metrics,
     ) -> None:
+        """`plan` is None for a push session: its length is known at its last block."""
         self.id = "video_" + secrets.token_hex(12)
         self.decoder = decoder
         self.plan = plan
         self.config = config
         self.metrics = metrics
-        # The latents and the waveform are dropped when the job ends: a finished job
-        # keeps only its MP4, which retention accounts for.
-        self._request: DecodeRequest | None = request
         self.model = request.model
         self.fps = request.fps
-        soundtrack = request.soundtrack
-        self.audio = (
-            None
-            if soundtrack is None
-            else {"sample_rate": soundtrack.sample_rate, "channels": soundtrack.channels}
-        )
+        # The latents and the waveform are dropped when the job ends: a finished job
+        # keeps only its MP4, which retention accounts for.
+        self._source: LatentSource | None
+        self._output: VideoOutput | None
+        if isinstance(request, DecodeRequest):
+            self.feed: LatentFeed | None = None
+            self._source = WholeLatents(request.latents)
+            self._output = VideoOutput(request.fps, config.encoder, request.soundtrack)
+            audio = request.soundtrack
+            self.audio = (
+                None
+                if audio is None
+                else {"sample_rate": audio.sample_rate, "channels": audio.channels}
+            )
+        else:
+            self.feed = self._source = LatentFeed(
+                asyncio.get_running_loop(), config.push_queue_blocks
+            )
+            self._output = VideoOutput(
+                request.fps, config.encoder, audio_format=request.audio_format
+            )
+            audio_format = request.audio_format
+            self.audio = (
+                None
+                if audio_format is None
+                else {"sample_rate": audio_format.sample_rate, "channels": audio_format.channels}
+            )
+        # The frame size, before the length is known (a push session's first block).
+        self.stream_plan: StreamPlan | None = None
         self.status = JobStatus.QUEUED
         self.error: VaecastError | None = None
         self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
@@ -97,6 +139,7 @@ class Job:
         self.decode_wait_s = 0.0  # loop time spent waiting for the decoder's next chunk
         self.encode_s = 0.0
         self._viewers = 0
+        self._abort_status = JobStatus.CANCELLED  # how a cancelled task ends the job
         self._task: asyncio.Task[None] | None = None
         self._emit("queued")
 
@@ -123,9 +166,19 @@ class Job:
         return self.status in FINAL_STATUSES
 
     @property
-    def progress(self) -> int:
-        """Percent of chunks decoded and encoded."""
+    def progress(self) -> int | None:
+        """Percent of chunks decoded and encoded; None while the length is unknown."""
+        if self.plan is None:
+            return None
         return round(100 * self.chunks_done / self.plan.chunks)
+
+    @property
+    def realtime_factor(self) -> float | None:
+        """Seconds of video made per second of decoding: above 1, faster than real time."""
+        if self._started is None or self.frames_done == 0:
+            return None
+        end = self._finished if self._finished is not None else time.perf_counter()
+        return round(float(self.frames_done / self.fps) / max(end - self._started, 1e-6), 3)
 
     @property
     def run_seconds(self) -> float | None:
@@ -137,24 +190,27 @@ class Job:
     def to_json(self) -> dict[str, Any]:
         """The job as the API shows it, less what the routes add (URLs, queue place)."""
         plan = self.plan
+        geometry = plan or self.stream_plan
         return {
             "id": self.id,
             "object": "video",
+            "input": "latents" if self.feed is None else "push",
             "model": self.model,
             "status": self.status.value,
             "progress": self.progress,
             "created_at": int(self.created_at),
-            "frames": plan.frames,
-            "width": plan.width,
-            "height": plan.height,
+            "frames": None if plan is None else plan.frames,
+            "width": None if geometry is None else geometry.width,
+            "height": None if geometry is None else geometry.height,
             "fps": float(self.fps),
             "audio": self.audio,
-            "seconds": round(float(plan.frames / self.fps), 3),
-            "chunks": {"done": self.chunks_done, "total": plan.chunks},
+            "seconds": None if plan is None else round(float(plan.frames / self.fps), 3),
+            "chunks": {"done": self.chunks_done, "total": None if plan is None else plan.chunks},
             "frames_done": self.frames_done,
             "bytes": self.log.size,
             "content_type": self.content_type,
             "timings": self._timings(),
+            "realtime_factor": self.realtime_factor,
             "error": (
                 {"type": self.error.type, "message": self.error.message}
                 if self.error is not None and self.status is not JobStatus.COMPLETED
@@ -181,28 +237,57 @@ class Job:
         if self._task is not None:
             self._task.cancel()
 
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the job has ended (at once if it has)."""
+        if self._task is None or self._task.done():
+            callback()
+        else:
+            self._task.add_done_callback(lambda _: callback())
+
     async def wait(self) -> None:
         if self._task is not None:
             await asyncio.shield(self._task)
 
+    def abort(self, error: VaecastError) -> None:
+        """End the job as failed with `error` (a push session gone idle, say)."""
+        if self.finished:
+            return
+        self.error = error
+        self._abort_status = JobStatus.FAILED
+        if self.feed is not None:
+            self.feed.fail(error)
+        if self._task is not None:
+            self._task.cancel()
+
+    def length_known(self, plan: DecodePlan) -> None:
+        """A push session's last block came: the whole video's plan."""
+        self.plan = plan
+        self._emit("length", frames=plan.frames, chunks=plan.chunks)
+
     async def run(
         self, slot: AbstractAsyncContextManager[Any], workers: Workers, stages: Stages
     ) -> None:
-        """Wait for `slot`, then run the pipeline into the log; record how it ended."""
+        """Wait for `slot`, then run the pipeline into the log; record how it ended.
+
+        A push session first waits for its first block outside the slot: a session
+        takes a decode slot only once it has something to decode.
+        """
         try:
+            source, output = self._source, self._output
+            assert source is not None and output is not None, "a job runs once"
+            if self.feed is not None:
+                first_shape = await self.feed.first_block_shape()
+                self.stream_plan = self.decoder.plan_stream(first_shape)
             async with slot:
                 self.status = JobStatus.IN_PROGRESS
                 self._started = time.perf_counter()
                 self._emit("started")
-                request = self._request
-                assert request is not None, "a job runs once"
-                source = WholeLatents(request.latents)
-                output = VideoOutput(request.fps, self.config.encoder, request.soundtrack)
-                del request  # the job's reference goes at close-out; keep no other
+                plan = self.plan or self.stream_plan
+                assert plan is not None
                 await run_pipeline(
                     source,
                     self.decoder,
-                    self.plan,
+                    plan,
                     output,
                     self.log,
                     workers,
@@ -215,7 +300,7 @@ class Job:
             self.metrics.decode_seconds.observe(time.perf_counter() - self._started)
             self._emit("done", job=self.to_json())
         except asyncio.CancelledError:
-            self._end(JobStatus.CANCELLED, self.error or DecodeCancelled("cancelled"))
+            self._end(self._abort_status, self.error or DecodeCancelled("cancelled"))
             # Swallowed on purpose: a cancelled job is an outcome, recorded above,
             # and nothing awaits this task expecting the cancel to propagate.
         except VaecastError as error:
@@ -237,11 +322,18 @@ class Job:
         self.metrics.chunk_encode_seconds.observe(done.encode_s)
         self.chunks_done += 1
         self.frames_done += done.frames
+        now = time.perf_counter()
         if self._first_fragment is None:
-            self._first_fragment = time.perf_counter()
+            self._first_fragment = now
             self.metrics.time_to_first_fragment.observe(self._first_fragment - self._created)
+        latency: dict[str, float] = {}
+        arrived = None if self.feed is None else self.feed.chunk_arrivals.pop(done.index, None)
+        if arrived is not None:
+            latency["latency_s"] = round(now - arrived, 4)
+            self.metrics.block_to_fragment_seconds.observe(now - arrived)
         self._emit(
             "chunk",
+            **latency,
             index=done.index,
             total=done.total,
             frame_start=done.frame_start,
@@ -258,12 +350,12 @@ class Job:
         # A task cancelled before its first step never enters `run`, so nothing
         # there closed the logs: do it here, or readers would wait forever.
         if not self.finished:
-            self._end(JobStatus.CANCELLED, self.error or DecodeCancelled("cancelled"))
+            self._end(self._abort_status, self.error or DecodeCancelled("cancelled"))
         self._close_out()
 
     def _end(self, status: JobStatus, error: VaecastError) -> None:
         self.status = status
-        self.error = error
+        self.error = error = error.detached()
         self.log.abort(error)
         self._emit("error", error={"type": error.type, "message": error.message})
 
@@ -272,7 +364,7 @@ class Job:
         if self.finished_at is not None:
             return
         self._finished = self.finished_at = time.perf_counter()
-        self._request = None
+        self._source = self._output = None
         self.events.finish()
         self.metrics.jobs_finished.labels(self.status.value).inc()
         log.info("job %s", self._summary())
@@ -297,8 +389,9 @@ class Job:
         error = self.error.message if self.error and self.status is not JobStatus.COMPLETED else ""
         return (
             f"id={self.id} model={self.model} status={self.status.value} "
-            f"frames={self.frames_done}/{self.plan.frames} "
-            f"chunks={self.chunks_done}/{self.plan.chunks} bytes={self.log.size} "
+            f"frames={self.frames_done}/{None if self.plan is None else self.plan.frames} "
+            f"chunks={self.chunks_done}/{None if self.plan is None else self.plan.chunks} "
+            f"bytes={self.log.size} "
             f"ttff_s={timings['time_to_first_fragment_s']} total_s={timings['total_s']} "
             f"encode_s={timings['encode_s']} error={error!r}"
         )

@@ -27,7 +27,7 @@ from vaecast.errors import (
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import DecodeRequest, Job
+from vaecast.server.job import DecodeRequest, Job, PushRequest
 from vaecast.server.metrics import Metrics
 from vaecast.server.retention import EvictionReason, Retention
 
@@ -50,7 +50,7 @@ class Admission:
     def __exit__(self, *exc_info: object) -> None:
         self._give_back()
 
-    def submit(self, request: DecodeRequest) -> Job:
+    def submit(self, request: DecodeRequest | PushRequest) -> Job:
         manager = self._manager
         if manager is None:
             raise RuntimeError("an admission is used once")
@@ -151,6 +151,14 @@ class JobManager:
                 f"model {name!r} is not served here; this server serves: {served}"
             ) from None
 
+    def check_stream_shape(
+        self, job: Job, latent_frames: int, block_shape: tuple[int, ...]
+    ) -> None:
+        """The limits on a push session that would hold `latent_frames` latent frames in
+        all, of `block_shape`'s size (413 past them)."""
+        shape = (1, block_shape[1], latent_frames, *block_shape[3:])
+        self._plan_within_limits(job.model, shape)
+
     def check_latent_shape(self, model: str | None, latent_shape: tuple[int, ...]) -> None:
         """The size limits on a latent shape as declared, before the tensor is converted.
 
@@ -189,25 +197,30 @@ class JobManager:
             )
         return plan
 
-    def _start_job(self, request: DecodeRequest) -> Job:
-        plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
+    def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
+        plan = None
+        if isinstance(request, DecodeRequest):
+            plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
         if self.draining:
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
         _, decoder = self.decoder_for(request.model)
         job = Job(request, decoder, plan, self.config, self.metrics)
         self._unfinished += 1
-        self._waiting.append(job)
+        # A push session joins the queue when its first block arrives (see Job.run).
+        if plan is not None:
+            self._waiting.append(job)
         self.jobs[job.id] = job
-        task = asyncio.create_task(
-            job.run(self._slot(job), self._workers, self._stages), name=f"job-{job.id}"
-        )
+        slot = self._slot(job, join_queue=plan is None)
+        task = asyncio.create_task(job.run(slot, self._workers, self._stages), name=f"job-{job.id}")
         job.attach(task)
         self._tasks.add(task)
         task.add_done_callback(lambda task: self._job_ended(task, job))
         return job
 
     @contextlib.asynccontextmanager
-    async def _slot(self, job: Job) -> AsyncIterator[None]:
+    async def _slot(self, job: Job, join_queue: bool) -> AsyncIterator[None]:
+        if join_queue:
+            self._waiting.append(job)
         async with self._slots:
             self._waiting.remove(job)
             yield

@@ -84,6 +84,13 @@ class Metrics:
             registry=r,
         )
 
+        self.block_to_fragment_seconds = Histogram(
+            "vaecast_push_block_to_fragment_seconds",
+            "Push sessions: from a latent block's arrival to the fragment of a chunk it "
+            "completed, in the log",
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "vaecast_event_loop_lag_seconds",
             "How late a periodic event-loop tick fired (anything that blocks the loop shows here)",

@@ -14,18 +14,21 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.errors import JobStateError, NotFoundError, VaecastError
+from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError, VaecastError
 from vaecast.params import leading_int, parse_int
 from vaecast.server.http_errors import error_response
 from vaecast.server.http_ranges import ByteRange, Unsatisfiable, etag_matches, parse_range
-from vaecast.server.job import Job, JobStatus
-from vaecast.server.manager import JobManager
+from vaecast.server.job import DecodeRequest, Job, JobStatus, PushRequest
+from vaecast.server.live_demo import LiveDemoRequest, start_producer
+from vaecast.server.manager import Admission, JobManager
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from vaecast.server.push import PushSessions, push_json, push_latents
 from vaecast.server.uploads import read_decode_request
 
 log = logging.getLogger("vaecast.http")
 
 MANAGER = web.AppKey("manager", JobManager)
+PUSH_SESSIONS = web.AppKey("push_sessions", PushSessions)
 
 
 LIST_DEFAULT = 20
@@ -47,6 +50,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/videos/{video_id}", delete_video)
     app.router.add_get("/v1/videos/{video_id}/content", get_content)
     app.router.add_get("/v1/videos/{video_id}/events", get_events)
+    app.router.add_post("/v1/videos/{video_id}/latents", post_latents)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
 
@@ -82,12 +86,26 @@ async def list_videos(request: web.Request) -> web.Response:
 async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
-        job = admission.submit(
-            await read_decode_request(request, manager.config, manager.check_latent_shape)
+        decode_request = await read_decode_request(
+            request, manager.config, manager.check_latent_shape
         )
-    return web.json_response(
-        job_json(job, manager), status=201, headers={"Location": job_urls(job.id)["self"]}
-    )
+        job = _submit(admission, decode_request)
+    body = job_json(job, manager)
+    if isinstance(decode_request, PushRequest):  # where to push, and the secret to do it
+        body["push"] = push_json(request.app[PUSH_SESSIONS].open(job))
+    return web.json_response(body, status=201, headers={"Location": job_urls(job.id)["self"]})
+
+
+def _submit(admission: Admission, request: DecodeRequest | PushRequest | LiveDemoRequest) -> Job:
+    if isinstance(request, LiveDemoRequest):
+        job = admission.submit(request.session())
+        start_producer(job, request)
+        return job
+    return admission.submit(request)
+
+
+async def post_latents(request: web.Request) -> web.Response:
+    return await push_latents(request, request.app[PUSH_SESSIONS])
 
 
 async def get_video(request: web.Request) -> web.Response:
@@ -158,9 +176,14 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
     """Upload latents; the response body is the progressive MP4 of their decode."""
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
-        job = admission.submit(
-            await read_decode_request(request, manager.config, manager.check_latent_shape)
+        decode_request = await read_decode_request(
+            request, manager.config, manager.check_latent_shape
         )
+        if isinstance(decode_request, PushRequest):
+            raise InvalidRequestError(
+                "a push session is created with POST /v1/videos; its viewers use /content"
+            )
+        job = _submit(admission, decode_request)
     try:
         return await _send_stream(request, job, extra_headers={"X-Video-Id": job.id})
     finally:
@@ -308,6 +331,8 @@ async def get_events(request: web.Request) -> web.StreamResponse:
         if next_event is not None and not next_event.done():
             next_event.cancel()  # the cancel ends the generator too, as it propagates out
         else:
+            if next_event is not None and not next_event.cancelled():
+                next_event.exception()  # looked at: the end of the events, or nothing
             await events.aclose()
     await _end_response(response)
     return response

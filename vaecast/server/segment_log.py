@@ -89,7 +89,7 @@ class FollowableLog(Generic[T]):
                 return
             if self._closed:
                 if self._error is not None:
-                    raise self._error
+                    raise self._error.detached()  # each reader its own: no shared frames
                 return
             await appended.wait()
 
@@ -109,7 +109,7 @@ class FollowableLog(Generic[T]):
                 index += 1
             if self._closed:
                 if self._error is not None:
-                    raise self._error
+                    raise self._error.detached()  # each reader its own: no shared frames
                 return
             await appended.wait()
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from vaecast.codecs.aac import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ
 from vaecast.codecs.stream import Soundtrack
 from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
 from vaecast.demo.sources import DEMO_DEFAULTS, parse_scene_spec, scene_audio, scene_latents
@@ -38,9 +39,12 @@ from vaecast.errors import (
     UnsupportedMediaError,
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
-from vaecast.params import parse_fps
+from vaecast.latent_files.audio import MAX_AUDIO_CHANNELS
+from vaecast.params import parse_fps, parse_int
+from vaecast.pipeline import AudioFormat
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import DecodeRequest
+from vaecast.server.job import DecodeRequest, PushRequest
+from vaecast.server.live_demo import LiveDemoRequest
 from vaecast.server.multipart import boundary_of, parse_form
 
 FILE_FIELDS = ("file", "latents")
@@ -48,7 +52,8 @@ READ_CHUNK_BYTES = 256 * 1024
 MAX_FIELD_BYTES = 1024
 MAX_FORM_PARTS = 32
 MAX_JSON_BYTES = 64 * 1024
-DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound"}
+DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound", "live"}
+PUSH_FIELDS = frozenset({"input", "fps", "model", "audio_sample_rate", "audio_channels"})
 # Demo latents are in the embedded model's latent space: decode them with it.
 DEMO_MODEL = "tiny"
 # A demo scene is rendered whole as float32 RGB before it is encoded: bound that to
@@ -67,9 +72,12 @@ class Upload:
 
 async def read_decode_request(
     request: web.Request, config: ServerConfig, check_shape: ShapeCheck
-) -> DecodeRequest:
+) -> DecodeRequest | PushRequest | LiveDemoRequest:
     if request.content_type == "application/json":
-        return await _read_demo_request(request, config)
+        body = await _read_json_object(request, config)
+        if body.get("input") == "push":
+            return _push_request(body, config)
+        return await _demo_request(body, config)
     upload = await read_upload(request, config)
     named_model = upload.fields.get("model") or request.query.get("model") or None
 
@@ -94,7 +102,7 @@ async def read_decode_request(
     )
 
 
-async def _read_demo_request(request: web.Request, config: ServerConfig) -> DecodeRequest:
+async def _read_json_object(request: web.Request, config: ServerConfig) -> dict[str, Any]:
     body_bytes = await _read_limited(_body_chunks(request, config), MAX_JSON_BYTES)
     try:
         body = json.loads(body_bytes)
@@ -102,6 +110,34 @@ async def _read_demo_request(request: web.Request, config: ServerConfig) -> Deco
         raise MalformedRequestError(f"the JSON body cannot be parsed: {error}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("a demo request is a JSON object")
+    return body
+
+
+def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
+    """`{"input": "push", "fps", "model", "audio_sample_rate", "audio_channels"}`."""
+    unknown = sorted(set(body) - PUSH_FIELDS)
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown field(s) {', '.join(unknown)}; a push session takes: "
+            f"{', '.join(sorted(PUSH_FIELDS))}"
+        )
+    fps = parse_fps(_text_field(body, "fps", numbers=True), config.default_fps)
+    rate, channels = body.get("audio_sample_rate"), body.get("audio_channels")
+    audio_format = None
+    if rate is not None or channels is not None:
+        rate_text = _text_field(body, "audio_sample_rate", numbers=True) or ""
+        channels_text = _text_field(body, "audio_channels", numbers=True) or "1"
+        audio_format = AudioFormat(
+            parse_int(rate_text, "audio_sample_rate", MIN_SAMPLE_RATE_HZ, MAX_SAMPLE_RATE_HZ),
+            parse_int(channels_text, "audio_channels", 1, MAX_AUDIO_CHANNELS),
+        )
+    model = _text_field(body, "model") or config.default_model
+    return PushRequest(model=model, fps=fps, audio_format=audio_format)
+
+
+async def _demo_request(
+    body: dict[str, Any], config: ServerConfig
+) -> DecodeRequest | LiveDemoRequest:
     unknown = sorted(set(body) - DEMO_FIELDS)
     if unknown:
         raise InvalidRequestError(
@@ -125,6 +161,11 @@ async def _read_demo_request(request: web.Request, config: ServerConfig) -> Deco
     sound = body.get("sound", True)
     if not isinstance(sound, bool):
         raise InvalidRequestError(f"sound must be true or false, got {sound!r}")
+    live = body.get("live", False)
+    if not isinstance(live, bool):
+        raise InvalidRequestError(f"live must be true or false, got {live!r}")
+    if live:  # produced block by block inside a push session (vaecast.server.live_demo)
+        return LiveDemoRequest(spec, model, fps, sound, config.device)
     # Rendering and encoding take seconds of CPU: never on the loop.
     latents = await asyncio.to_thread(scene_latents, spec, config.device)
     soundtrack = None

@@ -116,10 +116,17 @@ function setup() {
       return structuredClone(view());
     },
   });
-  Promise.all([loadModels(), refreshJobs()])
+  Promise.all([loadModels(), refreshJobs(), watchFromAddress()])
     .then(() => (page.ready = true))
     .catch((error) => ui.showError(`cannot reach the server: ${error.message}`));
   render();
+}
+
+// `/?video=ID` (what vaecast.client's page_url gives a producer to share) shows that
+// job at once: a push session plays from its first block, a finished job from disk.
+async function watchFromAddress() {
+  const id = new URLSearchParams(location.search).get("video");
+  if (id) show(await getJson(`/v1/videos/${encodeURIComponent(id)}`), performance.now());
 }
 
 setup();

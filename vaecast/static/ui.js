@@ -41,6 +41,8 @@ export function demoRequest(form) {
     height,
     seed: Number(data.get("seed")),
     fps: Number(data.get("fps")),
+    // Produced block by block inside a push session: it plays from the first block.
+    live: true,
   };
   if (data.get("model")) body.model = data.get("model");
   return { headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };

@@ -1,0 +1,143 @@
+"""Latent blocks that arrive over time: pushed on the event loop, pulled by the decoder.
+
+A push session's blocks come in over HTTP while a generator produces them. The
+event loop `put`s each block into a *bounded* queue (the put waits while it is full:
+that is the backpressure a producer wants), and the decode thread iterates over the
+blocks, blocking until the next one exists, inside `decoder.decode_stream`. So the
+pipeline runs unchanged: this is just a latent source that blocks.
+
+The thread side never hangs: while it waits it looks at the cancel flag and at the
+loop every `GET_POLL_S`, as the bridge does for its puts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from vaecast.errors import DecodeCancelled, VaecastError
+from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
+from vaecast.pipeline import TimedAudio
+
+GET_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    latents: torch.Tensor
+    arrived: float  # time.perf_counter() when it was put
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """Put after the last block."""
+
+
+class LatentFeed:
+    """One push session's latent blocks (BCTHW), in order; see the module docstring."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_blocks: int) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[_Block | _End] = asyncio.Queue(max_blocks)
+        self._cancelled = threading.Event()
+        self._error: VaecastError | None = None
+        self._first: asyncio.Future[tuple[int, ...]] = loop.create_future()
+        self._audio: list[TimedAudio] = []  # arrived, not yet handed to the encoder
+        self._ended = False
+        # Per chunk published, when the newest block the decoder had taken by then
+        # arrived: where that chunk's block-to-viewer latency starts.
+        self._taken_arrival: float | None = None
+        self.chunk_arrivals: dict[int, float] = {}
+        self.latent_frames = 0
+
+    # The event loop's side.
+
+    async def put(self, latents: torch.Tensor, audio: TimedAudio | None = None) -> None:
+        """Queue a block (waits while the queue is full); its audio goes to the encoder
+        with the next chunk it encodes."""
+        if self._ended:
+            raise RuntimeError("put after the end of the feed")
+        self.latent_frames += int(latents.shape[2])
+        if not self._first.done():
+            self._first.set_result(tuple(latents.shape))
+        if audio is not None:
+            self._audio.append(audio)
+        await self._queue.put(_Block(latents, time.perf_counter()))
+
+    async def end(self) -> None:
+        """No more blocks: the decoder finishes what it has (waits while the queue is full)."""
+        if self._ended:
+            return
+        self._ended = True
+        if not self._first.done():
+            self._set_first_error(DecodeCancelled("the session ended before any block"))
+        await self._queue.put(_End())
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    async def first_block_shape(self) -> tuple[int, ...]:
+        """The shape of the first block, once it has been put."""
+        return await asyncio.shield(self._first)
+
+    def fail(self, error: VaecastError) -> None:
+        """Stop the decoder at its next wait for a block, raising `error` there."""
+        self._error = error
+        self.cancel()
+
+    def take_audio(self) -> list[TimedAudio]:
+        audio, self._audio = self._audio, []
+        return audio
+
+    # The decode thread's side.
+
+    def cancel(self) -> None:
+        """Callable from any thread: the decoder's next wait for a block raises."""
+        self._cancelled.set()
+        if not self._first.done():
+            self._loop.call_soon_threadsafe(self._cancel_first)
+
+    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
+        def on_chunk_timed(chunk: DecodedChunk) -> None:
+            if self._taken_arrival is not None:
+                self.chunk_arrivals[chunk.index] = self._taken_arrival
+            on_chunk(chunk)
+
+        decoder.decode_stream(self._blocks(), on_chunk_timed)
+
+    def _blocks(self) -> Iterator[torch.Tensor]:
+        while True:
+            item = self._get()
+            if isinstance(item, _End):
+                return
+            self._taken_arrival = item.arrived
+            yield item.latents
+
+    def _get(self) -> _Block | _End:
+        future = asyncio.run_coroutine_threadsafe(self._queue.get(), self._loop)
+        while True:
+            try:
+                return future.result(timeout=GET_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if self._cancelled.is_set() or not self._loop.is_running():
+                    future.cancel()
+                    if self._error is not None:
+                        raise self._error.detached() from None
+                    raise DecodeCancelled("decode cancelled") from None
+            except concurrent.futures.CancelledError:
+                raise DecodeCancelled("event loop stopped") from None
+
+    def _cancel_first(self) -> None:
+        self._set_first_error(self._error or DecodeCancelled("cancelled"))
+
+    def _set_first_error(self, error: VaecastError) -> None:
+        if not self._first.done():
+            self._first.set_exception(error)
+            self._first.exception()  # nobody may be waiting: do not warn that none looked

@@ -1,0 +1,228 @@
+"""Push sessions: latents pushed over HTTP while a generator produces them.
+
+`POST /v1/videos {"input": "push", ...}` creates a job whose latent source is a
+LatentFeed and answers its push URL and a secret token (shown only then).
+`POST /v1/videos/{id}/latents` with `X-Push-Token` appends a block; `?final=1` (or
+metadata `final`) marks the last one, and an empty body with `?final=1` just ends
+the session. Viewers use what every job has (`/content`, `/events`, the page) and
+see the video from its first block; the length is known at the end.
+
+The feed's queue is bounded: a push waits while it is full, which is the
+backpressure a producer wants. A session that receives nothing for
+`push_idle_timeout_s` fails with a recorded error, and its viewers' streams end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import secrets
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from aiohttp import web
+
+from vaecast.codecs.aac import AAC_FRAME_SAMPLES
+from vaecast.errors import (
+    ForbiddenError,
+    InvalidRequestError,
+    JobStateError,
+    NotFoundError,
+    SessionTimeoutError,
+    UnauthorizedError,
+)
+from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
+from vaecast.pipeline import TimedAudio
+from vaecast.server.config import ServerConfig
+from vaecast.server.job import Job
+from vaecast.server.manager import JobManager
+from vaecast.server.uploads import read_upload
+
+TOKEN_HEADER = "X-Push-Token"
+FINAL_VALUES = frozenset({"1", "true", "yes"})
+
+
+class PushSession:
+    """One push session's token, its order of pushes, and its idle watchdog."""
+
+    def __init__(self, job: Job, manager: JobManager) -> None:
+        assert job.feed is not None, "a push session's job has a feed"
+        self.job = job
+        self.feed = job.feed
+        self.token = secrets.token_urlsafe(32)
+        self._manager = manager
+        self._config: ServerConfig = manager.config
+        self._pushing = asyncio.Lock()  # blocks are appended in the order they came
+        self._last_push = time.perf_counter()
+        self._dtype: torch.dtype | None = None
+        self._block_shape: tuple[int, ...] | None = None
+        self._watchdog = asyncio.create_task(self._watch_idle(), name=f"push-idle-{job.id}")
+
+    def authorize(self, presented: str | None) -> None:
+        if not presented:
+            raise UnauthorizedError(f"pushing latents needs the session's {TOKEN_HEADER} header")
+        if not hmac.compare_digest(presented.encode(), self.token.encode()):
+            raise ForbiddenError(f"the {TOKEN_HEADER} is not this session's token")
+
+    async def push(self, data: bytes, final: bool, params: dict[str, str]) -> dict[str, Any]:
+        """Append a block (or only end the session); the 202 body."""
+        async with self._pushing:
+            self.check_open()
+            self._last_push = time.perf_counter()
+            if data:
+                latents, audio, final_in_file = await asyncio.to_thread(
+                    self._parse_block, data, params
+                )
+                final = final or final_in_file
+                self.check_open()  # it may have ended while the block was parsed
+                await self.feed.put(latents, audio)
+            elif not final:
+                raise InvalidRequestError("the block is empty; send latents, or ?final=1 to end")
+            if final:
+                await self._end()
+            self._last_push = time.perf_counter()
+            return {"latent_frames": self.feed.latent_frames, "frames_done": self.job.frames_done}
+
+    async def close(self) -> None:
+        self._watchdog.cancel()
+        await asyncio.gather(self._watchdog, return_exceptions=True)
+
+    def check_open(self) -> None:
+        if self.feed.ended:
+            raise JobStateError(f"video {self.job.id} has had its final block")
+        if self.job.finished:
+            raise JobStateError(f"video {self.job.id} has ended: {self.job.status.value}")
+
+    async def _end(self) -> None:
+        if self._block_shape is None:
+            await self.feed.end()  # nothing was pushed: the job ends, cancelled
+            return
+        total = (1, self._block_shape[1], self.feed.latent_frames, *self._block_shape[3:])
+        self.job.length_known(self.job.decoder.plan(total))
+        await self.feed.end()
+
+    def _parse_block(
+        self, data: bytes, params: dict[str, str]
+    ) -> tuple[torch.Tensor, TimedAudio | None, bool]:
+        """Runs in a thread: the block's tensor checked against the session, its audio."""
+
+        def check_shape(shape: tuple[int, ...]) -> None:
+            first = self._block_shape
+            if first is not None and (shape[1], *shape[3:]) != (first[1], *first[3:]):
+                raise InvalidRequestError(
+                    f"this block's latents are {shape[1]}x{shape[3]}x{shape[4]} (C x H x W); "
+                    f"the session's first block fixed {first[1]}x{first[3]}x{first[4]}"
+                )
+            if first is None:
+                self.job.decoder.plan_stream(shape)  # channels and size the decoder takes
+            self._manager.check_stream_shape(self.job, self.feed.latent_frames + shape[2], shape)
+
+        latent_file = load_latents(data, check_shape)
+        latents = latent_file.latents
+        if self._dtype is not None and latent_file.dtype != self._dtype:
+            raise InvalidRequestError(
+                f"this block's latents are {_dtype_name(latent_file.dtype)}; "
+                f"the session's first block was {_dtype_name(self._dtype)}"
+            )
+        merged = {**latent_file.metadata, **params}
+        audio = None
+        if latent_file.audio is not None:
+            waveform = self._check_audio(latent_file.audio, merged.get(AUDIO_RATE_KEY))
+            audio = self._place_audio(waveform, tuple(latents.shape))
+        if self._block_shape is None:
+            self._block_shape, self._dtype = tuple(latents.shape), latent_file.dtype
+        final = str(latent_file.metadata.get("final", "")).lower() in FINAL_VALUES
+        return latents, audio, final
+
+    def _check_audio(self, audio: torch.Tensor, rate_text: str | None) -> np.ndarray:
+        expected = self.job.audio
+        if expected is None:
+            raise InvalidRequestError(
+                "this session was created without audio: give audio_sample_rate and "
+                "audio_channels when creating it"
+            )
+        waveform, rate = check_audio(audio, rate_text or str(expected["sample_rate"]))
+        if (rate, waveform.shape[0]) != (expected["sample_rate"], expected["channels"]):
+            raise InvalidRequestError(
+                f"this block's audio is {waveform.shape[0]} channel(s) at {rate} Hz; the session "
+                f"was created for {expected['channels']} at {expected['sample_rate']} Hz"
+            )
+        return waveform
+
+    def _place_audio(self, waveform: np.ndarray, shape: tuple[int, ...]) -> TimedAudio:
+        """A block's audio, starting at its first video frame; no longer than the block's
+        video (plus an AAC frame of slack), so no block can ask for hours of silence."""
+        start, count = self.feed.latent_frames, shape[2]
+        first_frame = self._frames_of(start, shape)
+        block_frames = self._frames_of(start + count, shape) - first_frame
+        rate = int(self.job.audio["sample_rate"]) if self.job.audio else 0
+        allowed = math.ceil(block_frames * rate / self.job.fps) + AAC_FRAME_SAMPLES
+        if waveform.shape[1] > allowed:
+            raise InvalidRequestError(
+                f"this block's audio has {waveform.shape[1]} samples; its {block_frames} "
+                f"video frames last {allowed - AAC_FRAME_SAMPLES} at {rate} Hz"
+            )
+        return TimedAudio(waveform, first_frame)
+
+    def _frames_of(self, latent_frames: int, shape: tuple[int, ...]) -> int:
+        """Video frames that the first `latent_frames` latent frames decode to."""
+        return self.job.decoder.plan_stream(shape).frames_for(latent_frames)
+
+    async def _watch_idle(self) -> None:
+        timeout_s = self._config.push_idle_timeout_s
+        while not self.job.finished and not self.feed.ended:
+            idle_s = time.perf_counter() - self._last_push
+            if idle_s >= timeout_s and not self._pushing.locked():
+                self.job.abort(
+                    SessionTimeoutError(f"the push session received nothing for {timeout_s:g} s")
+                )
+                return
+            await asyncio.sleep(max(0.01, timeout_s - idle_s))
+
+
+class PushSessions:
+    """The sessions of one server, by job id."""
+
+    def __init__(self, manager: JobManager) -> None:
+        self._manager = manager
+        self.config = manager.config
+        self._sessions: dict[str, PushSession] = {}
+
+    def open(self, job: Job) -> PushSession:
+        # Forget sessions whose job is gone (evicted or deleted): their ids answer 410.
+        for job_id in [i for i in self._sessions if i not in self._manager.jobs]:
+            del self._sessions[job_id]
+        session = self._sessions[job.id] = PushSession(job, self._manager)
+        return session
+
+    def get(self, job_id: str) -> PushSession:
+        job = self._manager.get(job_id)  # 404 or 410 first
+        session = self._sessions.get(job.id)
+        if session is None:
+            raise NotFoundError(f"video {job_id} is not a push session")
+        return session
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self._sessions.values()))
+
+
+def push_json(session: PushSession) -> dict[str, str]:
+    return {"url": f"/v1/videos/{session.job.id}/latents", "token": session.token}
+
+
+async def push_latents(request: web.Request, sessions: PushSessions) -> web.Response:
+    """`POST /v1/videos/{id}/latents`: 202 once the block is queued (see the module)."""
+    session = sessions.get(request.match_info["video_id"])
+    session.authorize(request.headers.get(TOKEN_HEADER))
+    session.check_open()  # before reading a body for nothing
+    upload = await read_upload(request, sessions.config)
+    final = request.query.get("final", "").lower() in FINAL_VALUES
+    body = await session.push(upload.data, final, {**request.query, **upload.fields})
+    return web.json_response(body, status=202)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
