@@ -26,7 +26,7 @@ import asyncio
 import functools
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any
@@ -39,7 +39,14 @@ from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.latent_files import load_latents
-from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk, DecodePlan, get_decoder
+from vaecast.models.base import (
+    ChunkCallback,
+    ChunkedDecoder,
+    DecodedChunk,
+    DecodePlan,
+    StreamPlan,
+    get_decoder,
+)
 from vaecast.params import parse_fps
 from vaecast.pipeline import Stages
 from vaecast.server.app import create_app, runner_settings, serve_until_signalled
@@ -63,15 +70,24 @@ class TimedDecoder:
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return self.inner.plan(latent_shape)
 
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        return self.inner.plan_stream(first_block_shape)
+
     def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
         self.trace.mark(self.arm, "decode_start")
+        self.inner.decode_chunks(latents, self._timed(on_chunk))
 
+    def decode_stream(self, blocks: Iterable[torch.Tensor], on_chunk: ChunkCallback) -> DecodePlan:
+        self.trace.mark(self.arm, "decode_start")
+        return self.inner.decode_stream(blocks, self._timed(on_chunk))
+
+    def _timed(self, on_chunk: ChunkCallback) -> ChunkCallback:
         def timed(chunk: DecodedChunk) -> None:
             self.trace.mark(self.arm, "decoded", chunk.index)
             on_chunk(chunk)  # quantize, host copy, bounded put (may block)
             self.trace.mark(self.arm, "handed_off", chunk.index)
 
-        self.inner.decode_chunks(latents, timed)
+        return timed
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return self.inner.decode(latents)
