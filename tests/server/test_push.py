@@ -269,3 +269,27 @@ async def test_audio_longer_than_its_block_is_refused(start_server: StartServer)
         assert (await response.json())["error"]["message"] == (
             "this block's audio has 57600000 samples; its 1 video frames last 2000 at 16000 Hz"
         )
+
+
+@pytest.mark.parametrize("split", [(1, 2, 3), (3, 1, 2), (6,)])
+async def test_any_split_gives_the_pixels_of_one_upload_with_tiny(
+    start_server: StartServer, split: tuple[int, ...]
+):
+    from vaecast.models.tiny import TinyDecoder
+
+    server = await start_server(decoders={"linear": TinyDecoder()})
+    session = await create_session(server, fps=8)
+    first = 0
+    for count in split:
+        last = first + count
+        assert (await push(server, session, LATENTS[:, :, first:last], final=last == 6))[0] == 202
+        first = last
+    job = server.manager.get(session["id"])
+    await asyncio.wait_for(job.wait(), 60)
+    async with server.client.get(session["urls"]["content"]) as response:
+        pushed = decode_mp4(await response.read())
+    body = safetensors_bytes(latents=LATENTS)
+    async with server.client.post("/v1/videos/stream", data=body, params={"fps": "8"}) as r:
+        whole = decode_mp4(await r.read())
+    assert len(pushed) == len(whole) == 21
+    assert all((a == b).all() for a, b in zip(pushed, whole, strict=True))
