@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from vaecast.server.http_ranges import ByteRange, Unsatisfiable, etag_matches, parse_range
+from vaecast.server.http_ranges import (
+    ByteRange,
+    Unsatisfiable,
+    WaitFor,
+    etag_matches,
+    growing_range,
+    parse_range,
+)
 
 SIZE = 1000
 
@@ -41,6 +48,58 @@ def test_content_range_and_length():
     byte_range = ByteRange(10, 19)
     assert byte_range.length == 10
     assert byte_range.content_range(SIZE) == "bytes 10-19/1000"
+    assert byte_range.content_range(None) == "bytes 10-19/*"  # complete length unknown
+
+
+COMMITTED = 1000  # bytes of a still-growing representation written so far
+BEYOND = 10**18  # where positions of more than 18 digits land
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        # The whole representation as it grows (200).
+        (None, None),
+        ("", None),
+        ("bytes=0-", None),  # Chromium's first request for a media URL
+        ("BYTES = 0 - ", None),
+        ("bytes=0-1,5-6", None),  # several ranges: ignored, as for a finished file
+        ("items=0-1", None),
+        ("bytes=20-10", None),
+        ("bytes=-", None),
+        # Bytes that exist: at once.
+        ("bytes=10-19", ByteRange(10, 19)),
+        ("bytes=0-0", ByteRange(0, 0)),
+        ("bytes=0-999", ByteRange(0, 999)),  # the last committed byte
+        ("bytes=500-", ByteRange(500, 999)),  # open: to the current end
+        ("bytes=999-", ByteRange(999, 999)),
+        # Bytes that do not exist yet: wait for the last one asked for.
+        ("bytes=0-1000", WaitFor(1001)),
+        ("bytes=990-5000", WaitFor(5001)),
+        ("bytes=1000-", WaitFor(1001)),  # at the current end: the next byte
+        ("bytes=5000-", WaitFor(5001)),
+        ("bytes=5000-6000", WaitFor(6001)),
+        ("bytes=1" + "0" * 30 + "-", WaitFor(BEYOND + 1)),  # in effect, the end
+        # A suffix is relative to an end that is not known yet.
+        ("bytes=-100", WaitFor(None)),
+        ("bytes=-0", WaitFor(None)),  # unsatisfiable, but only the end can say so
+    ],
+)
+def test_growing_range(header, expected):
+    assert growing_range(header, COMMITTED) == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("bytes=0-", None),
+        ("bytes=0-0", WaitFor(1)),
+        ("bytes=5-", WaitFor(6)),
+        ("bytes=-10", WaitFor(None)),
+    ],
+)
+def test_growing_range_before_any_byte(header, expected):
+    assert growing_range(header, 0) == expected
 
 
 @pytest.mark.parametrize(
