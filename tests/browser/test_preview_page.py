@@ -220,7 +220,8 @@ async def test_recent_jobs_list_links_finished_videos(server: Server, page: Page
     assert rows[0]["id"] == job["id"]
     assert rows[0]["cells"][1:4] == ["completed", "5 @ 8", "64\N{MULTIPLICATION SIGN}48"]
     assert rows[0]["links"] == [
-        [f"{server.url}/v1/videos/{job['id']}/content", f"{job['id']}.mp4", "Download"]
+        [f"{server.url}/v1/videos/{job['id']}/content", f"{job['id']}.mp4", "Download"],
+        [f"{server.url}/v1/videos/{job['id']}/playlist.m3u8", "", "HLS"],
     ]
     assert_no_script_errors(page)
 

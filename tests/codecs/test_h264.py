@@ -80,14 +80,20 @@ def test_encoder_continues_across_calls(encoder: H264Encoder) -> None:
     assert encoder.frames_encoded == 5
 
 
-def test_keyframe_interval() -> None:
-    settings = EncoderSettings(keyframe_interval_s=0.5)
+def test_keyframes_start_the_first_chunk_past_each_interval() -> None:
+    settings = EncoderSettings(keyframe_interval_s=0.5)  # 8 frames at 16 fps
     enc = H264Encoder(WIDTH, HEIGHT, Fraction(16), settings)
+    frames = gradient_yuv(21)
     try:
-        samples = enc.encode(gradient_yuv(20))
+        # Chunks as a causal decoder makes them: 1 frame, then 4 at a time.
+        samples = [s for start, stop in CHUNKS_OF_21 for s in enc.encode(frames[start:stop])]
     finally:
         enc.close()
-    assert [i for i, s in enumerate(samples) if s.is_sync] == [0, 8, 16]
+    # Frame 8 is inside the chunk 5-8; the next chunk, at 9, starts with the keyframe.
+    assert [i for i, s in enumerate(samples) if s.is_sync] == [0, 9, 17]
+
+
+CHUNKS_OF_21 = [(0, 1), (1, 5), (5, 9), (9, 13), (13, 17), (17, 21)]
 
 
 def test_samples_decode_with_avcc_as_extradata() -> None:

@@ -121,13 +121,16 @@ class H264Encoder:
         self.timescale, self.frame_duration = media_timescale(self.fps)
         self.keyframe_interval_frames = max(1, round(settings.keyframe_interval_s * self.fps))
         self.frames_encoded = 0
+        self._next_keyframe = 0
 
         context = av.CodecContext.create("libx264", "w")
         context.width, context.height = width, height
         context.pix_fmt = "yuv420p"
         context.time_base = Fraction(1, self.timescale)
         context.framerate = self.fps
-        context.gop_size = self.keyframe_interval_frames
+        # Our keyframes come at call boundaries (below), up to a chunk after the interval:
+        # x264's own limit must not put one first, in the middle of a chunk.
+        context.gop_size = 2 * self.keyframe_interval_frames
         context.max_b_frames = 0
         context.flags |= Flags.global_header
         # What goes into the SPS VUI: what Yuv420Frames hold (BT.601, limited range).
@@ -175,9 +178,12 @@ class H264Encoder:
         for index in range(len(frames)):
             frame = self._from_i420(frames.planes[index])
             frame.pts = self.frames_encoded * self.frame_duration
-            if self.frames_encoded % self.keyframe_interval_frames == 0:
-                # Keyframes at fixed positions, whatever x264's scenecut does between.
+            if index == 0 and self.frames_encoded >= self._next_keyframe:
+                # A keyframe starts the first call (a chunk, a fragment) at or past each
+                # interval, whatever x264's scenecut does between: so a fragment starts
+                # with one now and then, and HLS can start a segment there.
                 frame.pict_type = PictureType.I
+                self._next_keyframe = self.frames_encoded + self.keyframe_interval_frames
             packets = self._context.encode(frame)
             if len(packets) != 1:
                 raise RuntimeError(

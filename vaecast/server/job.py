@@ -39,6 +39,7 @@ from vaecast.pipeline import (
     run_pipeline,
 )
 from vaecast.server.config import ServerConfig
+from vaecast.server.hls import PartIndex
 from vaecast.server.metrics import Metrics
 from vaecast.server.segment_log import FollowableLog, SegmentLog
 
@@ -124,6 +125,8 @@ class Job:
         self.status = JobStatus.QUEUED
         self.error: VaecastError | None = None
         self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+        # Each part's duration and keyframe, for the HLS playlist of the same bytes.
+        self.parts = PartIndex()
         # Progress as events (queued, started, chunk..., then done or error), for
         # GET /v1/videos/{id}/events; closed when the job ends.
         self.events: FollowableLog[dict[str, Any]] = FollowableLog()
@@ -289,7 +292,7 @@ class Job:
                     self.decoder,
                     plan,
                     output,
-                    self.log,
+                    self,  # the sink: the log, and the HLS parts
                     workers,
                     stages=stages,
                     observer=self,
@@ -311,7 +314,11 @@ class Job:
         finally:
             self._close_out()
 
-    # The pipeline's observer.
+    # The pipeline's sink and observer.
+
+    async def append(self, segment: bytes) -> None:
+        await self.log.append(segment)
+        self.parts.add(segment)
 
     def started(self, content_type: str) -> None:
         self.content_type = content_type

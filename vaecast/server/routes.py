@@ -7,18 +7,16 @@ import contextlib
 import importlib.resources
 import json
 import logging
-import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError, VaecastError
+from vaecast.errors import InvalidRequestError, NotFoundError
 from vaecast.params import leading_int, parse_int
-from vaecast.server.http_errors import error_response
-from vaecast.server.http_ranges import ByteRange, Unsatisfiable, etag_matches, parse_range
-from vaecast.server.job import DecodeRequest, Job, JobStatus, PushRequest
+from vaecast.server.content import send_content, send_stream
+from vaecast.server.hls_routes import add_hls_routes
+from vaecast.server.job import DecodeRequest, Job, PushRequest
 from vaecast.server.live_demo import LiveDemoRequest, start_producer
 from vaecast.server.manager import Admission, JobManager
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -51,6 +49,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/videos/{video_id}/content", get_content)
     app.router.add_get("/v1/videos/{video_id}/events", get_events)
     app.router.add_post("/v1/videos/{video_id}/latents", post_latents)
+    add_hls_routes(app, MANAGER)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
 
@@ -115,7 +114,12 @@ async def get_video(request: web.Request) -> web.Response:
 
 def job_urls(job_id: str) -> dict[str, str]:
     base = f"/v1/videos/{job_id}"
-    return {"self": base, "content": f"{base}/content", "events": f"{base}/events"}
+    return {
+        "self": base,
+        "content": f"{base}/content",
+        "events": f"{base}/events",
+        "playlist": f"{base}/playlist.m3u8",
+    }
 
 
 def job_json(job: Job, manager: JobManager) -> dict[str, Any]:
@@ -144,32 +148,9 @@ async def delete_video(request: web.Request) -> web.Response:
 
 
 async def get_content(request: web.Request) -> web.StreamResponse:
-    """The MP4: progressive while decoding, then a plain file (Range, ETag, HEAD).
-
-    While the video grows only the whole of it can be streamed: no range, or
-    `Range: bytes=0-` (Chromium's first request for a media URL), gets 200 and the
-    growing stream; any other range waits for the decode to finish, then gets 206.
-    """
+    """The MP4, growing or finished (vaecast.server.content has the rules)."""
     job = request.app[MANAGER].get(request.match_info["video_id"])
-    _refuse_if_broken(job)
-    range_header = request.headers.get("Range")
-    if not job.log.complete and range_header and not _FROM_START.match(range_header):
-        await job.wait()  # to the end of the decode, without reading what it wrote
-        _refuse_if_broken(job)
-    if job.log.complete:
-        return await _send_file(request, job)
-    return await _send_stream(request, job)
-
-
-_FROM_START = re.compile(r"^\s*bytes\s*=\s*0\s*-\s*$", re.IGNORECASE)
-
-
-def _refuse_if_broken(job: Job) -> None:
-    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-        assert job.error is not None
-        raise JobStateError(
-            f"video {job.id} has no content: {job.status.value}: {job.error.message}"
-        )
+    return await send_content(request, job)
 
 
 async def stream_video(request: web.Request) -> web.StreamResponse:
@@ -185,99 +166,11 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
             )
         job = _submit(admission, decode_request)
     try:
-        return await _send_stream(request, job, extra_headers={"X-Video-Id": job.id})
+        return await send_stream(request, job, extra_headers={"X-Video-Id": job.id})
     finally:
         # This job has no other audience: if its one client left, stop decoding.
         if not job.finished:
             job.cancel("the client disconnected")
-
-
-async def _send_file(request: web.Request, job: Job) -> web.StreamResponse:
-    size = job.log.size
-    etag = f'"{job.id}-{size}"'
-    headers = {
-        "Content-Type": job.content_type,
-        "Accept-Ranges": "bytes",
-        "ETag": etag,
-        "Cache-Control": "private, max-age=3600",
-    }
-    if etag_matches(request.headers.get("If-None-Match"), etag):
-        return web.Response(status=304, headers=headers)
-    try:
-        byte_range = parse_range(request.headers.get("Range"), size)
-    except Unsatisfiable:
-        response = error_response(416, "range_not_satisfiable", f"the video has {size} bytes")
-        response.headers["Content-Range"] = f"bytes */{size}"
-        return response
-    response = web.StreamResponse(headers=headers)
-    if byte_range is None:
-        byte_range = ByteRange(0, size - 1)
-    else:
-        response.set_status(206)
-        response.headers["Content-Range"] = byte_range.content_range(size)
-    response.content_length = byte_range.length
-    await response.prepare(request)
-    if request.method != "HEAD":
-        await _write_parts(
-            request, response, job, job.log.read_range(byte_range.first, byte_range.last)
-        )
-    return response
-
-
-async def _send_stream(
-    request: web.Request, job: Job, extra_headers: dict[str, str] | None = None
-) -> web.StreamResponse:
-    """Write the job's MP4 as it grows; cut the connection if the job breaks midway.
-
-    An error after the headers cannot change the status, so the connection is
-    closed without the terminating chunk: clients see a truncated transfer, and the
-    job object says why.
-    """
-    await job.log.wait_for_init()  # the Content-Type names the codec: known from then on
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": job.content_type,
-            "Cache-Control": "no-store",
-            **(extra_headers or {}),
-        }
-    )
-    response.enable_chunked_encoding()
-    await response.prepare(request)
-    if request.method != "HEAD":
-        await _write_parts(request, response, job, job.log.follow())
-    return response
-
-
-async def _write_parts(
-    request: web.Request, response: web.StreamResponse, job: Job, parts: AsyncIterator[bytes]
-) -> None:
-    """Write `parts` to one viewer; drop only that viewer if it stalls or leaves."""
-    metrics = request.app[MANAGER].metrics
-    timeout_s = request.app[MANAGER].config.reader_write_timeout_s
-    try:
-        async with job.viewer(), contextlib.aclosing(parts):
-            async for part in parts:
-                await asyncio.wait_for(response.write(part), timeout_s)
-                metrics.bytes_sent.inc(len(part))
-    except VaecastError as error:
-        log.info("stream of %s cut: %s", job.id, error.message)
-        _cut(request)
-        return
-    except TimeoutError:
-        log.info("viewer of %s dropped: nothing read for %g s", job.id, timeout_s)
-        metrics.readers_dropped.inc()
-        _cut(request)
-        return
-    except ConnectionError:  # reset, or lost while waiting for the socket to drain
-        log.info("viewer of %s left", job.id)
-        return
-    await _end_response(response)
-
-
-def _cut(request: web.Request) -> None:
-    """Close the connection without ending the response: the client sees it truncated."""
-    if request.transport is not None:
-        request.transport.close()
 
 
 async def get_events(request: web.Request) -> web.StreamResponse:

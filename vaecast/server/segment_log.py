@@ -197,6 +197,29 @@ class SegmentLog:
         """Until the init segment exists (or the log broke before it, raising why)."""
         await self._segments.wait_for(1)
 
+    async def wait_for_segments(self, count: int) -> None:
+        """Until `count` segments exist or the log is closed (raising a broken log's error)."""
+        await self._segments.wait_for(count)
+
+    async def read_segment(self, index: int) -> bytes:
+        """Segment `index` (0: the init segment), which must exist."""
+        segment = self._segments.items()[index]
+        return await self._read(segment, 0, segment.length)
+
+    def segment_size(self, index: int) -> int:
+        return self._segments.items()[index].length
+
+    async def wait_for_size(self, size: int | None) -> None:
+        """Until the log holds `size` bytes or is closed (`size` None: until it is closed);
+        raises the error of a log that broke before it got there."""
+        while size is None or self._size < size:
+            if self.closed:
+                if self.error is not None:
+                    raise self.error.detached()  # each waiter its own: no shared frames
+                return
+            # One segment at a time: the size only changes when one is appended.
+            await self._segments.wait_for(len(self._segments) + 1)
+
     async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
         """Yield segments from index `start` as they exist (see FollowableLog.follow)."""
         async for segment in self._segments.follow(start):

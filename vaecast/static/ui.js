@@ -119,8 +119,8 @@ export function renderJobs(jobs, watch) {
     row.append(
       cell(job.id.replace(/^video_/, "").slice(0, 8), job.id),
       cell(job.status.replace("_", " ")),
-      cell(`${job.frames} @ ${job.fps}`),
-      cell(`${job.width}×${job.height}`),
+      cell(`${job.frames ?? "…"} @ ${job.fps}`), // a push session: length known at its end
+      cell(job.width === null ? "…" : `${job.width}×${job.height}`),
     );
     const actions = document.createElement("td");
     if (job.status === "queued" || job.status === "in_progress" || job.status === "completed") {
@@ -136,6 +136,14 @@ export function renderJobs(jobs, watch) {
       link.download = `${job.id}.mp4`;
       link.textContent = "Download";
       actions.append(link);
+    }
+    if (job.status === "queued" || job.status === "in_progress" || job.status === "completed") {
+      // The same fragments as Low-Latency HLS: for Safari, iOS and any HLS player.
+      const hls = document.createElement("a");
+      hls.href = job.urls.playlist;
+      hls.textContent = "HLS";
+      hls.title = "LL-HLS playlist (Safari, VLC, ffplay, hls.js)";
+      actions.append(hls);
     }
     row.append(actions);
     return row;

@@ -1,0 +1,189 @@
+"""Low-Latency HLS over a job's own fragments: the playlist, its media, FFmpeg reading it."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import m3u8
+import pytest
+
+from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
+from tests.helpers.server import Server, StartServer
+from vaecast.server.hls import Part, media_playlist, part_position, segments
+
+LATENTS = smooth_latents(frames=20)  # linear: 1 + 4 * 19 = 77 frames, 20 chunks
+FPS = 16
+
+
+def parts_of(durations: list[float], independent: set[int]) -> list[Part]:
+    return [Part(d, i in independent) for i, d in enumerate(durations)]
+
+
+def test_parts_group_into_segments_at_keyframes():
+    parts = parts_of([0.0625] + [0.25] * 9, {0, 5, 9})
+    grouped = segments(parts, finished=False)
+    assert [(s.first_part, len(s.parts), s.complete) for s in grouped] == [
+        (0, 5, True),
+        (5, 4, True),
+        (9, 1, False),  # the running segment: complete only at the next keyframe or the end
+    ]
+    assert segments(parts, finished=True)[-1].complete
+
+
+def test_a_running_playlist_by_the_rules_of_ll_hls():
+    parts = parts_of([0.0625] + [0.25] * 9, {0, 5, 9})
+    text = media_playlist(parts, finished=False, target_duration_s=1.0, part_target_s=0.25)
+    playlist = m3u8.loads(text)
+    assert playlist.playlist_type == "event" and not playlist.is_endlist
+    assert playlist.target_duration == 1  # round(1.0625) for the first segment
+    assert playlist.part_inf.part_target == 0.25
+    assert playlist.server_control.can_block_reload == "YES"
+    assert playlist.server_control.part_hold_back >= 3 * playlist.part_inf.part_target
+    assert playlist.segment_map[0].uri == "hls/init.mp4"
+    # The running segment (its parts, no URI of its own yet) comes last.
+    assert [s.uri for s in playlist.segments] == ["hls/segment/0.m4s", "hls/segment/1.m4s", None]
+    assert [p.uri for p in playlist.segments[2].parts] == ["hls/part/9.m4s"]
+    listed = [p.uri for s in playlist.segments[:2] for p in s.parts]
+    assert listed == [f"hls/part/{i}.m4s" for i in range(9)]
+    assert 'URI="hls/part/9.m4s",INDEPENDENT=YES' in text  # the running segment's part
+    assert playlist.preload_hint.uri == "hls/part/10.m4s"
+    for segment in playlist.segments[:2]:
+        assert abs(segment.duration - sum(p.duration for p in segment.parts)) < 1e-4
+        assert round(segment.duration) <= playlist.target_duration
+        assert segment.parts[0].independent == "YES"
+    assert all(
+        p.duration <= playlist.part_inf.part_target for s in playlist.segments for p in s.parts
+    )
+
+
+def test_a_finished_playlist_ends_and_hints_nothing():
+    parts = parts_of([0.0625, 0.25, 0.25], {0})
+    playlist = m3u8.loads(
+        media_playlist(parts, finished=True, target_duration_s=2.0, part_target_s=0.25)
+    )
+    assert playlist.is_endlist and playlist.preload_hint is None
+    assert [s.uri for s in playlist.segments] == ["hls/segment/0.m4s"]
+
+
+@pytest.mark.parametrize(
+    ("msn", "part", "needed"),
+    [(0, 0, None), (0, None, None), (1, 3, None), (1, None, 11), (1, 5, 11), (2, 0, 11)],
+)
+def test_what_a_blocking_reload_waits_for(msn: int, part: int | None, needed: int | None):
+    parts = parts_of([0.0625] + [0.25] * 9, {0, 5})  # segment 1 has parts 5..9 so far
+    assert part_position(parts, False, msn, part) == needed
+
+
+async def start_job(server: Server) -> dict:
+    body = safetensors_bytes(latents=LATENTS)
+    async with server.client.post("/v1/videos", data=body, params={"fps": str(FPS)}) as r:
+        assert r.status == 201
+        return await r.json()
+
+
+async def playlist_text(server: Server, job: dict, **params: str) -> str:
+    async with server.client.get(job["urls"]["playlist"], params=params) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["Content-Type"].startswith("application/vnd.apple.mpegurl")
+        return await response.text()
+
+
+async def playlist_of(server: Server, job: dict, **params: str) -> m3u8.M3U8:
+    return m3u8.loads(await playlist_text(server, job, **params))
+
+
+async def test_a_running_jobs_playlist_grows_and_blocking_reload_waits(
+    start_server: StartServer,
+):
+    decoder = GatedDecoder(hold_at=12)
+    server = await start_server(decoders={"linear": decoder})
+    job = await start_job(server)
+    assert job["urls"]["playlist"] == f"/v1/videos/{job['id']}/playlist.m3u8"
+    await asyncio.to_thread(decoder.holding.wait, 30)
+    await until(lambda: len(server.manager.get(job["id"]).parts.parts) == 12)
+    held = await playlist_of(server, job)
+    assert not held.is_endlist and held.preload_hint.uri == "hls/part/12.m4s"
+    # Part 12 is segment 1's part (12 - its first); it does not exist yet: the reload waits.
+    parts = server.manager.get(job["id"]).parts.parts
+    second = next(i for i, part in enumerate(parts) if i and part.independent)
+    waiting = asyncio.create_task(
+        playlist_text(server, job, _HLS_msn="1", _HLS_part=str(12 - second))
+    )
+    part_12 = asyncio.create_task(server.client.get(f"/v1/videos/{job['id']}/hls/part/12.m4s"))
+    await asyncio.sleep(0)
+    assert not waiting.done() and not part_12.done()
+    decoder.gate.set()
+    reloaded = await asyncio.wait_for(waiting, 30)
+    assert 'URI="hls/part/12.m4s"' in reloaded.split("#EXT-X-PRELOAD-HINT")[0]
+    response = await asyncio.wait_for(part_12, 30)
+    assert response.status == 200 and len(await response.read()) > 0
+    async with server.client.get(job["urls"]["playlist"], params={"_HLS_msn": "9"}) as r:
+        assert r.status == 400  # far past the last segment
+    await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
+    assert (await playlist_of(server, job)).is_endlist
+
+
+async def test_the_parts_are_the_content_exactly_and_segments_their_parts(
+    start_server: StartServer,
+):
+    server = await start_server()
+    job = await start_job(server)
+    await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
+    playlist = await playlist_of(server, job)
+    base = f"/v1/videos/{job['id']}/"
+
+    async def get(uri: str) -> bytes:
+        async with server.client.get(base + uri) as response:
+            assert response.status == 200, uri
+            return await response.read()
+
+    init = await get(playlist.segment_map[0].uri)
+    parts = [await get(p.uri) for s in playlist.segments for p in s.parts]
+    async with server.client.get(job["urls"]["content"]) as response:
+        content = await response.read()
+    assert init + b"".join(parts) == content
+    first = 0
+    for segment in playlist.segments:
+        whole = await get(segment.uri)
+        assert whole == b"".join(parts[first : first + len(segment.parts)])
+        first += len(segment.parts)
+    durations = sum(p.duration for s in playlist.segments for p in s.parts)
+    assert abs(durations - len(decode_mp4(content)) / FPS) < 1e-3
+
+
+async def test_a_failed_jobs_playlist_ends_where_its_video_ends(start_server: StartServer):
+    from tests.helpers import FailingDecoder
+
+    server = await start_server(decoders={"linear": FailingDecoder(fail_at=3)})
+    job = await start_job(server)
+    await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
+    playlist = await playlist_of(server, job)
+    assert playlist.is_endlist and playlist.preload_hint is None
+    assert len([p for s in playlist.segments for p in s.parts]) <= 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="tools/install-test-deps installs it")
+async def test_ffmpegs_hls_demuxer_reads_a_running_job_to_the_end(start_server: StartServer):
+    decoder = GatedDecoder(hold_at=12)  # segment 0 (parts 0-8) is complete, the rest held
+    server = await start_server(decoders={"linear": decoder})
+    job = await start_job(server)
+    await asyncio.to_thread(decoder.holding.wait, 30)
+    # FFmpeg starts a live playlist near its end unless told to start at its beginning.
+    ffprobe = await asyncio.create_subprocess_exec(
+        "ffprobe", "-v", "error", "-live_start_index", "0", "-count_frames",
+        "-select_streams", "v:0", "-show_entries", "stream=nb_read_frames", "-of", "csv=p=0",
+        server.url + job["urls"]["playlist"],
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    # It reads the live playlist and its first segment while the decode is held...
+    assert server.runner.server is not None
+    asked = server.runner.server.requests_count
+    await until(lambda: server.runner.server.requests_count >= asked + 3)  # type: ignore[union-attr]
+    assert ffprobe.returncode is None
+    # ... then follows it to the end.
+    decoder.gate.set()
+    out, err = await asyncio.wait_for(ffprobe.communicate(), 90)
+    assert ffprobe.returncode == 0, err.decode()
+    assert out.decode().split()[0] == "77"  # every frame (ffprobe prints it per program too)
