@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
 from tests.helpers.browser import (
     CONFIG,
@@ -18,12 +16,11 @@ from tests.helpers.browser import (
     GatedTinyDecoder,
     Server,
     assert_no_script_errors,
+    serving,
     start_demo,
 )
 from tests.helpers.cdp import Browser, Page
-from tests.helpers.server import serve_on_loopback
 from vaecast.demo.sources import SceneSpec
-from vaecast.server.app import create_app, runner_settings
 from vaecast.server.security_config import SecurityConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
@@ -36,17 +33,8 @@ FPS = 16
 @pytest_asyncio.fixture(loop_scope="module")
 async def keyed_server() -> AsyncIterator[Server]:
     config = replace(CONFIG, security=SecurityConfig(api_key=KEY))
-    decoder = GatedTinyDecoder()
-    app = create_app(config, {"tiny": decoder})
-    runner = web.AppRunner(app, **runner_settings(config))
-    url = await serve_on_loopback(app, runner)
-    client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
-    try:
-        yield Server(url, client, app, decoder)
-    finally:
-        decoder.release()
-        await client.close()
-        await runner.cleanup()
+    async with serving(GatedTinyDecoder(), config) as server:
+        yield server
 
 
 async def key_asked(page: Page) -> str:

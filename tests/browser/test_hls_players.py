@@ -20,12 +20,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from tests.helpers.browser import CONFIG, PLAY_TIMEOUT_S, VIDEO_FACTS, Server
+from tests.helpers.browser import PLAY_TIMEOUT_S, VIDEO_FACTS, Server, serving
 from tests.helpers.cdp import Browser, Page
 from tests.helpers.hls_players import (
     HLS_JS,
@@ -37,8 +36,6 @@ from tests.helpers.hls_players import (
     SteppedTinyDecoder,
     add_player_pages,
 )
-from tests.helpers.server import serve_on_loopback
-from vaecast.server.app import create_app, runner_settings
 from vaecast.server.job import Job
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
@@ -98,20 +95,14 @@ def hls_js() -> None:
 async def server() -> AsyncIterator[Server]:
     """The browser tests' server (conftest's), its decoder stepped chunk by chunk, with
     the player pages and hls.js added to its app before it starts."""
-    decoder = SteppedTinyDecoder()
-    app = create_app(CONFIG, {"tiny": decoder})
-    add_player_pages(app, HLS_JS)
-    app[PLAYLIST_GATE] = gate = PlaylistGate()
-    gate.add_to(app)
-    runner = web.AppRunner(app, **runner_settings(CONFIG))
-    url = await serve_on_loopback(app, runner)
-    client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
-    try:
-        yield Server(url, client, app, decoder)
-    finally:
-        decoder.release()
-        await client.close()
-        await runner.cleanup()
+
+    def extend(app: web.Application) -> None:
+        add_player_pages(app, HLS_JS)
+        app[PLAYLIST_GATE] = gate = PlaylistGate()
+        gate.add_to(app)
+
+    async with serving(SteppedTinyDecoder(), extend=extend) as server:
+        yield server
 
 
 @pytest_asyncio.fixture(loop_scope="module")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +14,11 @@ import torch
 from aiohttp import web
 
 from tests.helpers.cdp import Page
+from tests.helpers.server import serve_on_loopback
 from vaecast.demo.sources import SceneSpec
 from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan, StreamPlan
 from vaecast.models.tiny import TinyDecoder
+from vaecast.server.app import create_app, runner_settings
 from vaecast.server.config import ServerConfig
 from vaecast.server.job import Job
 from vaecast.server.manager import JobManager
@@ -154,3 +157,25 @@ async def start_demo(page: Page, spec: SceneSpec, fps: int) -> None:
 def assert_no_script_errors(page: Page) -> None:
     """No uncaught exception, rejected promise or console.error in the page."""
     assert [line for line in page.console if line.startswith(("exception", "error"))] == []
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    decoder: GatedTinyDecoder,
+    config: ServerConfig = CONFIG,
+    extend: Callable[[web.Application], None] | None = None,
+) -> AsyncIterator[Server]:
+    """A vaecast server on 127.0.0.1 serving `decoder` as `tiny`; `extend` adds to its
+    app (routes, middlewares) before it starts. The decoder's gate opens at the end."""
+    app = create_app(config, {"tiny": decoder})
+    if extend is not None:
+        extend(app)
+    runner = web.AppRunner(app, **runner_settings(config))
+    url = await serve_on_loopback(app, runner)
+    client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
+    try:
+        yield Server(url, client, app, decoder)
+    finally:
+        decoder.release()
+        await client.close()
+        await runner.cleanup()
