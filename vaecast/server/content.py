@@ -168,7 +168,11 @@ async def _write_parts(
     except ConnectionError:  # reset, or lost while waiting for the socket to drain
         log.info("viewer of %s left", job.id)
         return
-    # The end of a response whose client may already have gone (and that is fine).
+    await end_response(response)
+
+
+async def end_response(response: web.StreamResponse) -> None:
+    """Write the end of a response whose client may already have gone (and that is fine)."""
     with contextlib.suppress(ConnectionError):
         await response.write_eof()
 

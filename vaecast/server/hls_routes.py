@@ -19,6 +19,7 @@ from aiohttp import web
 
 from vaecast.errors import MalformedRequestError, NotFoundError
 from vaecast.params import leading_int
+from vaecast.server.content import end_response
 from vaecast.server.hls import MEDIA_TYPE, media_playlist, part_position, segments, too_far_ahead
 from vaecast.server.job import Job, JobStatus
 from vaecast.server.manager import JobManager
@@ -119,10 +120,13 @@ async def _send_segments(request: web.Request, job: Job, indexes: list[int]) -> 
     response.content_length = sum(job.log.segment_size(i) for i in indexes)
     await response.prepare(request)
     if request.method != "HEAD":
-        async with job.viewer():
-            for index in indexes:
-                await response.write(await job.log.read_segment(index))
-    await response.write_eof()
+        try:
+            async with job.viewer():
+                for index in indexes:
+                    await response.write(await job.log.read_segment(index))
+        except ConnectionError:  # the player left (it often does, between parts)
+            return response
+    await end_response(response)
     return response
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.resources
 import json
 import logging
@@ -14,7 +13,7 @@ from aiohttp import web
 
 from vaecast.errors import InvalidRequestError, NotFoundError
 from vaecast.params import leading_int, parse_int
-from vaecast.server.content import send_content, send_stream
+from vaecast.server.content import end_response, send_content, send_stream
 from vaecast.server.hls_routes import add_hls_routes
 from vaecast.server.job import DecodeRequest, Job, PushRequest
 from vaecast.server.live_demo import LiveDemoRequest, start_producer
@@ -227,14 +226,8 @@ async def get_events(request: web.Request) -> web.StreamResponse:
             if next_event is not None and not next_event.cancelled():
                 next_event.exception()  # looked at: the end of the events, or nothing
             await events.aclose()
-    await _end_response(response)
+    await end_response(response)
     return response
-
-
-async def _end_response(response: web.StreamResponse) -> None:
-    """Write the end of a response whose client may already have gone (and that is fine)."""
-    with contextlib.suppress(ConnectionError):
-        await response.write_eof()
 
 
 def _sse(event: str, event_id: int, data: dict[str, Any]) -> bytes:
