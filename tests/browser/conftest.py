@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers.browser import GatedTinyDecoder, Server, serving
-from tests.helpers.cdp import CHROMIUM, Browser, launch_chromium
+from tests.helpers.cdp import CHROMIUM, Browser, Page, launch_chromium
 
 # The server exactly as `vaecast serve` configures it by default (crf included):
 # the colour tolerance below is what a user's stream gets.
@@ -34,3 +34,13 @@ async def browser() -> AsyncIterator[Browser]:
         )
     async with launch_chromium() as launched:
         yield launched
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    """A fresh tab for one test, closed after it."""
+    page = await browser.new_page()
+    try:
+        yield page
+    finally:
+        await browser.close_page(page)

@@ -25,7 +25,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests.helpers.browser import PLAY_TIMEOUT_S, VIDEO_FACTS, Server, serving
-from tests.helpers.cdp import Browser, Page
+from tests.helpers.cdp import Page
 from tests.helpers.hls_players import (
     HLS_JS,
     HLS_JS_PAGE,
@@ -103,15 +103,6 @@ async def server() -> AsyncIterator[Server]:
 
     async with serving(SteppedTinyDecoder(), extend=extend) as server:
         yield server
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    page = await browser.new_page()
-    try:
-        yield page
-    finally:
-        await browser.close_page(page)
 
 
 async def until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> None:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-import pytest_asyncio
 import torch
 from safetensors.torch import save_file
 
@@ -63,15 +61,6 @@ READ_FRAME = """(async (t) => {
   context.drawImage(v, 0, 0);
   return Array.from(context.getImageData(0, 0, canvas.width, canvas.height).data);
 })(%r)"""
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    page = await browser.new_page()
-    try:
-        yield page
-    finally:
-        await browser.close_page(page)
 
 
 async def open_preview(page: Page, server: Server) -> None:

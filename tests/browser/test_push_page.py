@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
-import pytest_asyncio
 
 from tests.helpers import safetensors_bytes
 from tests.helpers.browser import (
@@ -15,21 +12,12 @@ from tests.helpers.browser import (
     Server,
     assert_no_script_errors,
 )
-from tests.helpers.cdp import Browser, Page
+from tests.helpers.cdp import Page
 from vaecast.demo.sources import SceneSpec, scene_latents
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 
 SPEC = SceneSpec("shapes", frames=17, width=256, height=160)  # 5 latent frames
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    page = await browser.new_page()
-    try:
-        yield page
-    finally:
-        await browser.close_page(page)
 
 
 async def test_the_page_plays_a_push_session_before_its_last_block(
