@@ -49,21 +49,25 @@ LONG_HOLD_AT = 10
 SHORT_HOLD_AT = 3
 WAIT_S = 30.0
 
-# Chromium 156's own HLS (media/filters/hls_*) refuses this; measured, with the cause
-# its media log gives:
-# - a first playlist with no complete segment (parts only, the default 2 s keyframe
-#   interval and a job under 33 frames in): DEMUXER_ERROR_COULD_NOT_PARSE <-
-#   HlsDemuxerStatus "Unsupported container" (it sniffs the container from the first
-#   segment and ignores EXT-X-PART);
-# - with complete segments (keyframe interval 0.5 s): a playlist without ENDLIST is
-#   live to it and it starts at the live edge (the last three segments; EXT-X-START is
-#   ignored), so it never plays a running job from its start; with two segments it
-#   failed with "Segment queue never had any data".
-# A finished job's playlist (ENDLIST) plays whole: see the first test.
+# Chromium 156's own HLS cannot play a running job to its end, by its design (read in
+# its source, media/filters/hls_rendition*.cc and media/formats/hls/segment_stream.cc,
+# and measured here):
+# - it sniffs the container from the first complete segment and ignores EXT-X-PART, so
+#   a first playlist of parts alone (a job under one keyframe interval in) is refused:
+#   DEMUXER_ERROR_COULD_NOT_PARSE <- HlsDemuxerStatus "Unsupported container";
+# - whether a playlist is live is fixed at its first load (EXT-X-MEDIA-SEQUENCE and no
+#   ENDLIST: live). A live rendition keeps only the last three segments of each playlist
+#   it loads (SkipEarlySegmentsForLiveStream; EXT-X-START is ignored), so it does not
+#   start at a running job's start, and it never sets the end of stream, so a later
+#   ENDLIST does not bring `ended`. Without EXT-X-MEDIA-SEQUENCE it is VOD and never
+#   reloads, so it stops where the first playlist stopped.
+# No playlist a server can write gets every frame of a running job to `ended` from it.
+# A finished job's playlist (ENDLIST) plays whole: see the first test. The README
+# points browsers with Media Source Extensions at hls.js or the progressive stream.
 NATIVE_LIVE = (
-    "Chromium 156's own HLS needs a complete segment in its first playlist and starts "
-    "a playlist without ENDLIST at its live edge, so it cannot play a running job from "
-    "its start (Unsupported container / Segment queue never had any data)"
+    "Chromium 156's own HLS joins a running playlist at its last three segments and a "
+    "live rendition never ends (media/formats/hls/segment_stream.cc, "
+    "media/filters/hls_rendition_impl.cc)"
 )
 
 # hls.js 1.7.4, measured: when the first playlist it loads after a pause in the decode

@@ -52,8 +52,12 @@ GRID = 4
 READ_FRAME = """(async (t) => {
   const v = document.getElementById("video");
   v.pause();
+  // After 'seeked' alone, drawImage can still draw the frame from before the seek:
+  // wait for the new frame to be presented as well.
+  const presented = new Promise((resolve) => v.requestVideoFrameCallback(resolve));
   v.currentTime = t;
   await new Promise((resolve) => v.addEventListener("seeked", resolve, {once: true}));
+  await presented;
   const canvas = document.createElement("canvas");
   canvas.width = v.videoWidth;
   canvas.height = v.videoHeight;

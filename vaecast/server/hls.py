@@ -115,6 +115,9 @@ def media_playlist(
         "#EXT-X-PLAYLIST-TYPE:EVENT",
         "#EXT-X-MEDIA-SEQUENCE:0",
         "#EXT-X-INDEPENDENT-SEGMENTS",
+        # A generated video is watched from its start, not joined at its live edge
+        # (Safari, AVPlayer, ExoPlayer and hls.js honour this; Chromium's own HLS does not).
+        "#EXT-X-START:TIME-OFFSET=0,PRECISE=YES",
         '#EXT-X-MAP:URI="hls/init.mp4"',
     ]
     for number, segment in enumerate(grouped):
