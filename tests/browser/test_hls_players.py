@@ -77,7 +77,9 @@ NATIVE_LIVE = (
 # takes the fragment of the last part it loaded as done and looks for the next one).
 # It comes about whenever the decode stops for longer than hls.js's blocking-reload
 # timeout (max(3 x PART-TARGET, 0.8 x TARGETDURATION) = 1.6 s here; hls.js then polls
-# without _HLS_msn), then resumes and ends within one poll.
+# without _HLS_msn), then resumes and ends within one poll. Tried on the server's side
+# and rejected: a finished playlist without EXT-X-PART lines (a VOD player needs none)
+# gets hls.js to `ended`, but it skips the rest of that segment (37 of 65 frames).
 HLS_JS_LIVE_TO_VOD = (
     "hls.js 1.7.4 stalls when a playlist that ends the job also completes the segment it "
     "was loading by parts"
