@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from vaecast.cluster.records import ReplicaOptions
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack
 from vaecast.decode_file import decode_to_file
@@ -159,6 +160,44 @@ def _parser() -> argparse.ArgumentParser:
         help="let pages of this origin (https://app.example.com) call the API (repeatable); "
         "other origins' POST and DELETE get 403",
     )
+    # Ray mode (vaecast.cluster; README: Across machines).
+    cluster = serve.add_argument_group(
+        "across machines (Ray Serve)",
+        "decode on a Ray Serve deployment of decoder replicas; any front end attached to "
+        "the same cluster serves any job (needs: pip install 'vaecast[ray]')",
+    )
+    cluster.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="local (a Ray instance in this process), auto (the cluster this machine "
+        "joined with `ray start`) or ray://HOST:PORT",
+    )
+    cluster.add_argument("--replicas", type=int, default=1, help="decoder replicas (default 1)")
+    cluster.add_argument(
+        "--max-replicas",
+        type=int,
+        default=None,
+        help="autoscale between --replicas and this many replicas",
+    )
+    cluster.add_argument(
+        "--replica-gpus", type=float, default=0.0, help="GPUs per replica (default 0)"
+    )
+    cluster.add_argument(
+        "--replica-cpus", type=float, default=1.0, help="CPUs per replica (default 1)"
+    )
+    cluster.add_argument(
+        "--replica-models",
+        action="append",
+        metavar="MODEL",
+        help="a model each replica loads (repeatable; default: the --model list)",
+    )
+    cluster.add_argument(
+        "--max-ongoing",
+        type=int,
+        default=2,
+        help="jobs one replica decodes at once: Serve's max_ongoing_requests (default 2)",
+    )
     _add_common(serve)
 
     latents = commands.add_parser(
@@ -286,7 +325,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_frames=args.max_frames,
             max_pixels_per_frame=args.max_pixels,
         ),
-        decode_slots=args.decode_slots,
+        decode_slots=args.decode_slots if args.ray is None else _cluster_slots(args),
         max_queued_jobs=args.max_queued,
         reader_write_timeout_s=args.reader_timeout,
         header_timeout_s=args.header_timeout,
@@ -303,6 +342,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     # Checked before any model loads: a --weights mistake is a usage error.
     weights = _weights_by_model(args.weights, models)
+    replicas = None if args.ray is None else _start_replicas(args, models, weights)
 
     async def serve() -> None:
         # Weights load in a thread: the loop is already running signal handling.
@@ -310,7 +350,7 @@ def _serve(args: argparse.Namespace) -> int:
             name: await asyncio.to_thread(_load_decoder, name, args.device, weights.get(name))
             for name in models
         }
-        app = create_app(config, decoders)
+        app = create_app(config, decoders, cluster=replicas)
 
         def announce(host: str, port: int) -> None:
             print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)
@@ -331,6 +371,43 @@ def _serve(args: argparse.Namespace) -> int:
 
     _run_loop(serve())
     return 0
+
+
+def _cluster_slots(args: argparse.Namespace) -> int:
+    """Ray mode: the jobs the replicas decode at once, for this front end's admission."""
+    return max(args.replicas, args.max_replicas or 0) * args.max_ongoing
+
+
+def _start_replicas(
+    args: argparse.Namespace, models: list[str], weights: dict[str, str]
+) -> ReplicaOptions:
+    """Join the cluster and deploy the decoder replicas (unless another front end did)."""
+    from vaecast.cluster.connect import check_address, connect
+
+    check_address(args.ray)
+    if args.replicas < 1 or (args.max_replicas is not None and args.max_replicas < args.replicas):
+        raise InvalidRequestError("--replicas must be >= 1 and --max-replicas >= --replicas")
+    replica_models = tuple(args.replica_models or models)
+    options = ReplicaOptions(
+        models=replica_models,
+        device="cuda" if args.replica_gpus > 0 else args.device,
+        weights=tuple((name, path) for name, path in weights.items() if name in replica_models),
+        replicas=args.replicas,
+        max_replicas=args.max_replicas,
+        gpus=args.replica_gpus,
+        cpus=args.replica_cpus,
+        max_ongoing=args.max_ongoing,
+    )
+    connect(args.ray)
+    from vaecast.cluster.replica import deploy
+
+    print(f"vaecast: starting decoder replicas on Ray ({args.ray})", flush=True)
+    deployed = deploy(options)
+    if not deployed:
+        print(
+            "vaecast: the cluster already runs vaecast's decoder replicas: using them", flush=True
+        )
+    return options
 
 
 def _weights_by_model(specs: list[str], models: list[str]) -> dict[str, str]:

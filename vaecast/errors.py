@@ -168,3 +168,16 @@ class MisdirectedRequestError(VaecastError):
 
     status = 421
     type = "misdirected_request"
+
+
+class ClusterUnavailableError(VaecastError):
+    """`--ray`: the Ray cluster cannot be reached (at start, or a job's state is lost)."""
+
+    status = 503
+    type = "cluster_unavailable"
+
+
+class ReplicaFailedError(DecodeFailedError):
+    """The decoder replica running a job died or became unreachable mid-job."""
+
+    type = "replica_failed"

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from vaecast.cluster.records import ReplicaOptions
 from vaecast.models.base import ChunkedDecoder
 from vaecast.pipeline import Stages
 from vaecast.server.config import ServerConfig
@@ -34,25 +35,42 @@ def create_app(
     config: ServerConfig,
     decoders: Mapping[str, ChunkedDecoder],
     stages: Stages = Stages(),  # noqa: B008 (frozen, immutable)
+    *,
+    cluster: ReplicaOptions | None = None,
 ) -> web.Application:
     """An app serving `decoders` (already loaded: model loading is the caller's job,
     done off the event loop). `stages` replaces the pipeline's host conversion or
-    encoder for every job, e.g. to measure them or to inject faults."""
+    encoder for every job, e.g. to measure them or to inject faults.
+
+    With `cluster` (after `vaecast.cluster.connect` and the replicas' deployment),
+    jobs run on Ray Serve decoder replicas and any front end serves any job
+    (vaecast.cluster.frontend); `decoders` then only plan and check requests."""
     if config.default_model not in decoders:
         raise ValueError(f"default model {config.default_model!r} is not among {sorted(decoders)}")
     # The guard sits inside json_errors (its refusals are JSON) and before every
     # handler, so a refused request never reaches one nor has its body read.
     guard = SecurityGuard(config.security)
+    middlewares = [json_errors, guard.middleware]
+    if cluster is not None:
+        from vaecast.cluster.frontend import mirror_jobs
+
+        middlewares.append(mirror_jobs)  # after the guard: a refused request looks up nothing
     app = web.Application(
-        middlewares=[json_errors, guard.middleware],
+        middlewares=middlewares,
         client_max_size=config.limits.max_upload_bytes,
     )
     app.on_response_prepare.append(guard.add_cors_headers)
     add_routes(app)
 
     async def job_manager(app: web.Application) -> AsyncIterator[None]:
-        app[MANAGER] = manager = JobManager(config, decoders, stages)
-        app[PUSH_SESSIONS] = sessions = PushSessions(manager)
+        if cluster is None:
+            app[MANAGER] = manager = JobManager(config, decoders, stages)
+            app[PUSH_SESSIONS] = sessions = PushSessions(manager)
+        else:
+            from vaecast.cluster.frontend import ClusterJobManager, ClusterPushSessions
+
+            app[MANAGER] = manager = ClusterJobManager(config, decoders, cluster)
+            app[PUSH_SESSIONS] = sessions = ClusterPushSessions(manager)
         manager.start()
         lag_watch = asyncio.create_task(
             watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"

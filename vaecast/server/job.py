@@ -86,13 +86,15 @@ class Job:
         metrics: Metrics,
     ) -> None:
         """`plan` is None for a push session: its length is known at its last block."""
-        self.id = "video_" + secrets.token_hex(12)
-        self.decoder = decoder
-        self.plan = plan
-        self.config = config
-        self.metrics = metrics
-        self.model = request.model
-        self.fps = request.fps
+        self._init_state(
+            "video_" + secrets.token_hex(12),
+            request.model,
+            request.fps,
+            decoder,
+            plan,
+            config,
+            metrics,
+        )
         # The latents and the waveform are dropped when the job ends: a finished job
         # keeps only its MP4, which retention accounts for.
         self._source: LatentSource | None
@@ -120,6 +122,26 @@ class Job:
                 if audio_format is None
                 else {"sample_rate": audio_format.sample_rate, "channels": audio_format.channels}
             )
+        self._emit("queued")
+
+    def _init_state(
+        self,
+        job_id: str,
+        model: str,
+        fps: Fraction,
+        decoder: ChunkedDecoder,
+        plan: DecodePlan | None,
+        config: ServerConfig,
+        metrics: Metrics,
+    ) -> None:
+        """What every job has, whatever runs it (a mirror of a job in a Ray cluster too)."""
+        self.id = job_id
+        self.decoder = decoder
+        self.plan = plan
+        self.config = config
+        self.metrics = metrics
+        self.model = model
+        self.fps = fps
         # The frame size, before the length is known (a push session's first block).
         self.stream_plan: StreamPlan | None = None
         self.status = JobStatus.QUEUED
@@ -144,7 +166,6 @@ class Job:
         self._viewers = 0
         self._abort_status = JobStatus.CANCELLED  # how a cancelled task ends the job
         self._task: asyncio.Task[None] | None = None
-        self._emit("queued")
 
     # Viewers.
 
@@ -219,6 +240,7 @@ class Job:
                 if self.error is not None and self.status is not JobStatus.COMPLETED
                 else None
             ),
+            "replica": None,  # the decoder replica's id in Ray mode (vaecast.cluster)
         }
 
     # Running.

@@ -14,6 +14,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from vaecast.errors import (
     JobStateError,
@@ -111,6 +112,10 @@ class JobManager:
     def capacity_left(self) -> int:
         """Jobs that could still be admitted now."""
         return max(0, self.capacity - self._unfinished - self._reserved)
+
+    def replica_health(self) -> dict[str, Any] | None:
+        """Decoder replicas elsewhere (Ray mode); None: this process decodes."""
+        return None
 
     def queue_position(self, job: Job) -> int | None:
         """1 for the next job to start; None once started (or never queued)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -42,10 +43,37 @@ class _StateCollector(Collector):
         )
 
 
+class _ReplicaCollector(Collector):
+    """Ray mode: the decoder replicas, as the front end last heard from Serve."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        read = self._metrics.read_replicas
+        health = None if read is None else read()
+        if health is None:
+            return
+        replicas = GaugeMetricFamily(
+            "vaecast_replicas", "Decoder replicas, by state (Ray Serve)", labels=["state"]
+        )
+        for state, count in sorted(health["states"].items()):
+            replicas.add_metric([state], count)
+        yield replicas
+        yield GaugeMetricFamily(
+            "vaecast_replicas_healthy",
+            "Decoder replicas running (Ray Serve)",
+            value=health["healthy"],
+        )
+
+
 class Metrics:
     def __init__(self, read_state: Callable[[], tuple[Iterable[str], int, int]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_StateCollector(read_state))
+        # Ray mode: the replicas' health (vaecast.cluster.frontend sets it).
+        self.read_replicas: Callable[[], dict[str, Any] | None] | None = None
+        self.registry.register(_ReplicaCollector(self))
         r = self.registry
         self.jobs_finished = Counter(
             "vaecast_jobs_finished", "Jobs that ended, by final status", ["status"], registry=r

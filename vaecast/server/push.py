@@ -48,18 +48,24 @@ FINAL_VALUES = frozenset({"1", "true", "yes"})
 class PushSession:
     """One push session's token, its order of pushes, and its idle watchdog."""
 
-    def __init__(self, job: Job, manager: JobManager) -> None:
+    def __init__(
+        self, job: Job, manager: JobManager, token: str | None = None, watch_idle: bool = True
+    ) -> None:
+        """`token` is the session's secret (a new one by default); without `watch_idle`
+        the idle timeout is someone else's (a job's actor in Ray mode)."""
         assert job.feed is not None, "a push session's job has a feed"
         self.job = job
         self.feed = job.feed
-        self.token = secrets.token_urlsafe(32)
+        self.token = token or secrets.token_urlsafe(32)
         self._manager = manager
         self._config: ServerConfig = manager.config
         self._pushing = asyncio.Lock()  # blocks are appended in the order they came
         self._last_push = time.perf_counter()
         self._dtype: torch.dtype | None = None
         self._block_shape: tuple[int, ...] | None = None
-        self._watchdog = asyncio.create_task(self._watch_idle(), name=f"push-idle-{job.id}")
+        self._watchdog: asyncio.Task[None] | None = None
+        if watch_idle:
+            self._watchdog = asyncio.create_task(self._watch_idle(), name=f"push-idle-{job.id}")
 
     def authorize(self, presented: str | None) -> None:
         if not presented:
@@ -70,6 +76,7 @@ class PushSession:
     async def push(self, data: bytes, final: bool, params: dict[str, str]) -> dict[str, Any]:
         """Append a block (or only end the session); the 202 body."""
         async with self._pushing:
+            await self._sync()
             self.check_open()
             self._last_push = time.perf_counter()
             if data:
@@ -87,8 +94,12 @@ class PushSession:
             return {"latent_frames": self.feed.latent_frames, "frames_done": self.job.frames_done}
 
     async def close(self) -> None:
-        self._watchdog.cancel()
-        await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+
+    async def _sync(self) -> None:
+        """Before a push: take in state kept elsewhere (nothing here; see vaecast.cluster)."""
 
     def check_open(self) -> None:
         if self.feed.ended:
@@ -124,8 +135,8 @@ class PushSession:
         latents = latent_file.latents
         if self._dtype is not None and latent_file.dtype != self._dtype:
             raise InvalidRequestError(
-                f"this block's latents are {_dtype_name(latent_file.dtype)}; "
-                f"the session's first block was {_dtype_name(self._dtype)}"
+                f"this block's latents are {dtype_name(latent_file.dtype)}; "
+                f"the session's first block was {dtype_name(self._dtype)}"
             )
         merged = {**latent_file.metadata, **params}
         audio = None
@@ -224,5 +235,5 @@ async def push_latents(request: web.Request, sessions: PushSessions) -> web.Resp
     return web.json_response(body, status=202)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")

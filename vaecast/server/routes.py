@@ -238,17 +238,18 @@ async def healthz(request: web.Request) -> web.Response:
     """Liveness (any answer) and readiness (200 only while jobs are admitted)."""
     manager = request.app[MANAGER]
     ready = not manager.draining
-    return web.json_response(
-        {
-            "status": "ok" if ready else "draining",
-            "ready": ready,
-            "models": sorted(manager.decoders),
-            "jobs": len(manager.jobs),
-            "queue": {"depth": manager.queue_depth, "max": manager.config.max_queued_jobs},
-            "decode_slots": manager.config.decode_slots,
-        },
-        status=200 if ready else 503,
-    )
+    body: dict[str, Any] = {
+        "status": "ok" if ready else "draining",
+        "ready": ready,
+        "models": sorted(manager.decoders),
+        "jobs": len(manager.jobs),
+        "queue": {"depth": manager.queue_depth, "max": manager.config.max_queued_jobs},
+        "decode_slots": manager.config.decode_slots,
+    }
+    replicas = manager.replica_health()
+    if replicas is not None:  # Ray mode: the decoder replicas (count, healthy, by state)
+        body["replicas"] = replicas
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

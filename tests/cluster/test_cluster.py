@@ -1,0 +1,288 @@
+"""Ray mode on a real local cluster: two `vaecast serve --ray auto` front ends, decoder
+replicas on Ray Serve, and the faults the issue names (a replica killed, a front end
+killed, no cluster at all)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import torch
+
+from tests.cluster.conftest import FrontEnd, RayCluster
+from tests.helpers import decode_mp4, safetensors_bytes
+
+TIMEOUT = aiohttp.ClientTimeout(total=90)
+# tiny: 8x the latent size, 1 + 4 (t - 1) frames, a chunk per latent frame.
+SMALL = torch.rand(1, 16, 9, 6, 8, generator=torch.Generator().manual_seed(1)) * 2 - 1  # 33 frames
+SMALL_FRAMES = 33
+
+
+def test_without_ray_nothing_imports_ray():
+    code = (
+        "import sys, vaecast.cli, vaecast.server.app, vaecast.server.routes\n"
+        "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_an_unreachable_cluster_is_one_clear_line_at_start():
+    result = subprocess.run(
+        [sys.executable, "-m", "vaecast.cli", "serve", "--ray", "ray://127.0.0.1:1", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("vaecast: error:")]
+    assert errors == [
+        "vaecast: error: cannot reach the Ray cluster at ray://127.0.0.1:1: "
+        "ray client connection timeout"
+    ], result.stderr
+
+
+async def create(session: aiohttp.ClientSession, front_end: FrontEnd, **form: object) -> dict:
+    if "latents" in form:
+        data = aiohttp.FormData()
+        body = io.BytesIO(safetensors_bytes(latents=form.pop("latents")))
+        data.add_field("file", body, filename="z.safetensors")
+        for name, value in form.items():
+            data.add_field(name, str(value))
+        request = session.post(f"{front_end.url}/v1/videos", data=data)
+    else:
+        request = session.post(f"{front_end.url}/v1/videos", json={"input": "push", **form})
+    async with request as response:
+        assert response.status == 201, await response.text()
+        return await response.json()
+
+
+async def push(
+    session: aiohttp.ClientSession,
+    front_end: FrontEnd,
+    job: dict,
+    block: torch.Tensor | None,
+    final: bool = False,
+) -> dict:
+    body = b"" if block is None else safetensors_bytes(latents=block.contiguous())
+    async with session.post(
+        f"{front_end.url}{job['push']['url']}",
+        data=body,
+        headers={"X-Push-Token": job["push"]["token"]},
+        params={"final": "1"} if final else {},
+    ) as response:
+        assert response.status == 202, await response.text()
+        return await response.json()
+
+
+async def get_json(session: aiohttp.ClientSession, url: str, status: int = 200) -> dict:
+    async with session.get(url) as response:
+        assert response.status == status, await response.text()
+        return await response.json()
+
+
+async def read_all(session: aiohttp.ClientSession, url: str, headers: dict | None = None) -> bytes:
+    async with session.get(url, headers=headers or {}) as response:
+        assert response.status in (200, 206), await response.text()
+        return await response.read()
+
+
+async def until_bytes(response: aiohttp.ClientResponse, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        piece = await response.content.readany()
+        assert piece, "the stream ended early"
+        data += piece
+    return data
+
+
+async def events(session: aiohttp.ClientSession, url: str) -> AsyncIterator[dict]:
+    """A job's events after the first ("queued", id 0), as dicts; ends at done or error."""
+    async with session.get(url, headers={"Last-Event-ID": "0"}) as response:
+        assert response.status == 200
+        name = None
+        async for raw in response.content:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: ") and name != "state":
+                event = json.loads(line[6:])
+                yield event
+                if event["event"] in ("done", "error"):
+                    return
+
+
+async def until(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_a_job_of_one_front_end_is_served_by_both_byte_for_byte(front_ends):
+    a, b = front_ends
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+
+        async def both_replicas_healthy() -> bool:  # as Serve's controller last said
+            health = await get_json(session, f"{b.url}/healthz")
+            return health["replicas"] == {
+                "count": 2, "healthy": 2, "states": {"RUNNING": 2}, "max_ongoing_requests": 1
+            }  # fmt: skip
+
+        await until(both_replicas_healthy)
+        async with session.get(f"{a.url}/metrics") as response:
+            assert 'vaecast_replicas{state="RUNNING"} 2.0' in await response.text()
+
+        job = await create(session, a, latents=SMALL, fps=16)
+        base = f"/v1/videos/{job['id']}"
+        from_a, from_b = await asyncio.gather(
+            read_all(session, a.url + base + "/content"),
+            read_all(session, b.url + base + "/content"),
+        )
+        assert from_a == from_b
+        assert len(decode_mp4(from_a)) == SMALL_FRAMES
+        # Status, events, playlist, Range and DELETE from the front end that did not create it.
+        on_b = await get_json(session, b.url + base)
+        assert (on_b["status"], on_b["frames_done"], on_b["bytes"]) == (
+            "completed",
+            33,
+            len(from_a),
+        )
+        assert (
+            on_b["replica"]
+            and on_b["replica"] == (await get_json(session, a.url + base))["replica"]
+        )
+        seen = [event async for event in events(session, b.url + base + "/events")]
+        assert [e["event"] for e in seen] == ["started"] + ["chunk"] * 9 + ["done"]
+        async with session.get(b.url + base + "/playlist.m3u8") as response:
+            playlist = await response.text()
+        assert playlist.count("#EXT-X-PART:") == 9 and "#EXT-X-ENDLIST" in playlist
+        ranged = await read_all(session, b.url + base + "/content", {"Range": "bytes=100-199"})
+        assert ranged == from_a[100:200]
+        async with session.delete(b.url + base) as response:
+            assert (await response.json())["deleted"] is True
+
+        async def gone_on_a() -> bool:
+            async with session.get(a.url + base) as response:
+                return response.status == 410
+
+        await until(gone_on_a)
+
+
+@pytest.mark.slow
+async def test_a_push_session_is_pushed_through_both_front_ends(front_ends):
+    a, b = front_ends
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        job = await create(session, a, fps=16)
+        content = f"/v1/videos/{job['id']}/content"
+        # A viewer of B, before any block: its answer starts with the first block.
+        viewing = asyncio.create_task(session.get(b.url + content))
+        first = await push(session, a, job, SMALL[:, :, :3])
+        assert first["latent_frames"] == 3
+        async with await viewing as viewer_b:
+            live = await until_bytes(viewer_b, 1000)  # from B, while the session is open
+            await push(session, b, job, SMALL[:, :, 3:6])
+            await push(session, a, job, SMALL[:, :, 6:8])
+            last = await push(session, b, job, SMALL[:, :, 8:], final=True)
+            assert last["latent_frames"] == 9
+            from_b = live + await viewer_b.read()
+        from_a = await read_all(session, a.url + content)
+        assert from_a == from_b
+        assert len(decode_mp4(from_a)) == SMALL_FRAMES
+        done = await get_json(session, f"{a.url}/v1/videos/{job['id']}")
+        assert (done["status"], done["input"], done["frames"]) == ("completed", "push", 33)
+
+
+@pytest.mark.slow
+async def test_delete_stops_the_replica_decode_at_its_next_chunk(front_ends):
+    a, b = front_ends
+    long = torch.rand(1, 16, 41, 30, 52, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        job = await create(session, a, latents=long, fps=16)
+        base = f"/v1/videos/{job['id']}"
+        async with session.get(a.url + base + "/content") as viewer:
+            await until_bytes(viewer, 2000)  # the init segment and a fragment or more
+            seen = (await get_json(session, b.url + base))["chunks"]["done"]
+            stopping = time.monotonic()
+            async with session.delete(b.url + base) as response:
+                assert response.status == 200, await response.text()
+                cancelled = await response.json()
+            took_s = time.monotonic() - stopping
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await viewer.read()  # cut, not ended
+        assert cancelled["status"] == "cancelled"
+        assert cancelled["error"]["type"] == "cancelled"
+        ended = [event async for event in events(session, a.url + base + "/events")][-1]
+        # The replica reported how far its decoder got when its decode returned: past
+        # what the viewer had by at most the chunks in flight (bridge queue, relay, one
+        # being encoded) and the next one, and far from the 41 of the whole video.
+        assert ended["event"] == "error" and "decoded_chunks" in ended, ended
+        assert seen <= ended["decoded_chunks"] <= seen + 7, (seen, ended)
+        assert took_s < 15
+
+
+@pytest.mark.slow
+async def test_a_killed_replica_fails_its_job_and_the_other_job_goes_on(front_ends):
+    a, b = front_ends
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        doomed, other = await create(session, a, fps=16), await create(session, a, fps=16)
+        pids = {}
+        for job in (doomed, other):
+            await push(session, a, job, SMALL[:, :, :2])
+            async for event in events(session, f"{b.url}/v1/videos/{job['id']}/events"):
+                if event["event"] == "started":
+                    pids[job["id"]] = event["replica"]["pid"]
+                    break
+        # One job per replica (--max-ongoing 1): killing one's replica spares the other.
+        assert pids[doomed["id"]] != pids[other["id"]]
+        content = f"/v1/videos/{doomed['id']}/content"
+        async with (
+            session.get(a.url + content) as viewer_a,
+            session.get(b.url + content) as viewer_b,
+        ):
+            await until_bytes(viewer_a, 500)
+            await until_bytes(viewer_b, 500)
+            os.kill(pids[doomed["id"]], signal.SIGKILL)
+            for viewer in (viewer_a, viewer_b):
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await viewer.read()
+        failed = await get_json(session, f"{b.url}/v1/videos/{doomed['id']}")
+        assert failed["status"] == "failed"
+        assert failed["error"]["type"] == "replica_failed", failed["error"]
+        assert pids[doomed["id"]] and failed["replica"]
+
+        await push(session, b, other, SMALL[:, :, 2:], final=True)
+        video = await read_all(session, f"{a.url}/v1/videos/{other['id']}/content")
+        assert len(decode_mp4(video)) == SMALL_FRAMES
+
+
+@pytest.mark.slow
+async def test_a_killed_front_end_leaves_its_job_running_and_watchable(
+    ray_cluster: RayCluster, front_ends
+):
+    a, b = front_ends
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        job = await create(session, a, fps=16)
+        await push(session, a, job, SMALL[:, :, :4])
+        content = f"/v1/videos/{job['id']}/content"
+        async with session.get(b.url + content) as viewer_b:
+            live = await until_bytes(viewer_b, 1000)
+            a.kill()  # mid-stream, as a crash would
+            await push(session, b, job, SMALL[:, :, 4:], final=True)
+            video = live + await viewer_b.read()
+        assert len(decode_mp4(video)) == SMALL_FRAMES
+        done = await get_json(session, f"{b.url}/v1/videos/{job['id']}")
+        assert done["status"] == "completed"

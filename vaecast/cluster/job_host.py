@@ -1,0 +1,579 @@
+"""Jobs' shared state in Ray mode: `SharedJob`, kept by named, detached `JobHost` actors.
+
+A SharedJob is the job, as far as the cluster is concerned: its status, error and
+progress events, its fragments (each put in Ray's object store, the refs kept in
+order), which replica decodes it, and a push session's block queue. It drives the
+decode itself: it calls the decoder replicas' streaming `decode` and takes each
+record as it comes, so the job does not depend on the front end that created it.
+
+Front ends follow it by long polls (`follow`: what is new since the fragment and the
+event they have, and the job's state) and copy what they stream into a local Job
+mirror; a push goes from any front end into the block queue (`push_block` waits while
+it is full), and the replica pulls blocks from it (`next_block`).
+
+After the job ends it keeps its fragments for `retention_s`, or until DELETE, then
+tells its followers why they are gone, and its host forgets it.
+
+Why hosts, and not an actor per job: an actor is a process, which on a loaded node
+took 2 to 6 s to start and import Ray Serve (measured here), all of it added to the
+job's time to first fragment, and some 150 MB each. `JOB_HOSTS` async actors, started
+with the first front end, keep any number of jobs; a job's id names its host
+(`records.host_name`), so any front end finds any job. The price: a host that dies
+takes its share of the jobs with it (Ray restarts it, empty; their viewers are cut
+and the jobs answer 503 on the front ends that were following them).
+
+This module imports neither torch nor PyAV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import ray
+from ray import serve
+
+from vaecast.cluster.records import (
+    APP_NAME,
+    DEPLOYMENT_NAME,
+    GONE_AGE,
+    GONE_DELETED,
+    Audio,
+    Block,
+    Chunk,
+    DecodeCall,
+    JobRef,
+    JobSpec,
+    PushState,
+    ReplicaInfo,
+    Segment,
+    Snapshot,
+    Started,
+    Update,
+)
+from vaecast.errors import (
+    DecodeCancelled,
+    DecodeFailedError,
+    JobStateError,
+    ReplicaFailedError,
+    SessionTimeoutError,
+    VaecastError,
+)
+
+FINAL = frozenset({"completed", "failed", "cancelled"})
+# Fragments and events per `follow` answer: a late follower catches up in batches.
+FOLLOW_BATCH = 64
+# A deleted or expired job is kept this much longer, so that followers waiting on
+# it hear why before it is forgotten.
+GONE_GRACE_S = 1.0
+# A cancelled job ends once its replica says its decode returned, or after this long.
+REPLICA_STOP_WAIT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    push_queue_blocks: int
+    push_idle_timeout_s: float
+    retention_s: float
+
+
+class SharedJob:
+    """One job's shared state and its drive of a replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        call: DecodeCall,
+        settings: JobSettings,
+        ref: JobRef,
+        forget: Callable[[], None],
+    ) -> None:
+        self.spec = spec
+        self._ref = ref
+        self._forget = forget
+        self._call = call  # its latents are dropped once the replica has them
+        self._settings = settings
+        self.status = "queued"
+        self.error: VaecastError | None = None
+        self.events: list[dict[str, Any]] = []
+        self.fragments: list[Any] = []  # ObjectRefs, in order
+        self.fragment_sizes: list[int] = []
+        self.replica: ReplicaInfo | None = None
+        self.content_type = "video/mp4"
+        self.plan = spec.plan
+        self.stream_plan: dict[str, Any] | None = None
+        self.chunks_done = self.frames_done = 0
+        self.encode_s = self.decode_wait_s = 0.0
+        self._created = time.perf_counter()
+        self._started: float | None = None
+        self._first_fragment: float | None = None
+        self._finished: float | None = None
+        self._gone: str | None = None
+        self._stop_error: VaecastError | None = None
+        self._stop_failed = False
+        self._replica_stop = asyncio.Event()
+        self._decoded_chunks: int | None = None
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._side: set[asyncio.Task[None]] = set()
+        # A push session's blocks (None after the last), and what each next one must match.
+        self._blocks: asyncio.Queue[Block | None] = asyncio.Queue(settings.push_queue_blocks)
+        self._first_block = asyncio.Event()
+        self._push = PushState(0, None, None, False) if spec.input == "push" else None
+        self._last_push = time.perf_counter()
+        self._pushes_in_flight = 0
+        self._emit("queued")
+
+    # Lifetime.
+
+    async def start(self) -> None:
+        """Start the decode (once); a push session's waits for its first block."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._drive())
+            if self._push is not None:
+                self._in_background(self._watch_idle())
+
+    async def cancel(self, error: VaecastError) -> None:
+        """Stop the job (DELETE, a stream's client gone); returns once it has ended."""
+        await self._stop(error)
+
+    async def fail(self, error: VaecastError) -> None:
+        """End the job as failed with `error` (a live demo's producer failed, say)."""
+        await self._stop(error, failed=True)
+
+    async def delete(self) -> VaecastError | None:
+        """DELETE of a finished job: its fragments go now, then the job itself."""
+        if self.status not in FINAL:
+            return JobStateError(f"video {self.spec.job_id} is {self.status}: cancel it first")
+        self._go(GONE_DELETED)
+        return None
+
+    async def replica_stopped(self, decoded_chunks: int) -> None:
+        """The replica's decode of this job has returned, after `decoded_chunks` chunks."""
+        self._decoded_chunks = decoded_chunks
+        self._replica_stop.set()
+
+    async def replica_info(self) -> ReplicaInfo | None:
+        return self.replica
+
+    async def follow(self, fragments_seen: int, events_seen: int, wait_s: float) -> Update:
+        """What is new after `fragments_seen` fragments and `events_seen` events, once
+        there is something (or the job is gone, or `wait_s` passed)."""
+        deadline = time.perf_counter() + wait_s
+        while (
+            self._gone is None
+            and fragments_seen >= len(self.fragments)
+            and events_seen >= len(self.events)
+        ):
+            changed = self._changed
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                break
+        if self._gone is not None:
+            return Update([], [], self._snapshot(), True, deleted=self._gone)
+        fragments = self.fragments[fragments_seen : fragments_seen + FOLLOW_BATCH]
+        events = self.events[events_seen : events_seen + FOLLOW_BATCH]
+        final = (
+            self.status in FINAL
+            and fragments_seen + len(fragments) == len(self.fragments)
+            and events_seen + len(events) == len(self.events)
+        )
+        sizes = self.fragment_sizes[fragments_seen : fragments_seen + len(fragments)]
+        return Update(fragments, events, self._snapshot(), final, fragment_sizes=sizes)
+
+    # A push session.
+
+    async def push_state(self) -> PushState | None:
+        return self._push
+
+    async def push_block(
+        self,
+        latents: Any,
+        audio: Audio | None,
+        expected_latent_frames: int,
+        dtype: str,
+        stream_plan: dict[str, Any] | None,
+    ) -> PushState | VaecastError:
+        """Queue a block pushed through any front end; waits while the queue is full.
+
+        `expected_latent_frames` is what the front end checked the block against: a
+        push that another one overtook meanwhile is refused (its audio would be placed
+        wrongly). Errors are returned, not raised: they reach the front end intact.
+        """
+        state = self._push
+        if state is None:
+            return JobStateError(f"video {self.spec.job_id} is not a push session")
+        if (refused := self._refuse_push()) is not None:
+            return refused
+        if expected_latent_frames != state.latent_frames:
+            return JobStateError(f"video {self.spec.job_id}: another block came first; push again")
+        shape = tuple(latents.shape)
+        self._push = replace(
+            state,
+            latent_frames=state.latent_frames + shape[2],
+            block_shape=state.block_shape or shape,
+            dtype=state.dtype or dtype,
+        )
+        if self.stream_plan is None and stream_plan is not None:
+            self.stream_plan = stream_plan
+        self._first_block.set()
+        self._last_push = time.perf_counter()
+        self._pushes_in_flight += 1
+        try:
+            if not await self._until_job_ends(self._blocks.put(Block(latents, audio, time.time()))):
+                return self._refuse_push() or JobStateError(f"video {self.spec.job_id} has ended")
+        finally:
+            self._pushes_in_flight -= 1
+            self._last_push = time.perf_counter()
+        self._changed_now()
+        return self._push
+
+    async def end_feed(self, plan: dict[str, Any] | None) -> PushState | VaecastError:
+        """The last block came: the whole video's `plan` (None when nothing was pushed)."""
+        state = self._push
+        if state is None:
+            return JobStateError(f"video {self.spec.job_id} is not a push session")
+        if (refused := self._refuse_push()) is not None:
+            return refused
+        self._push = replace(state, ended=True)
+        if state.block_shape is None:  # nothing was pushed: as a LatentFeed ends
+            self._in_background(
+                self._stop(DecodeCancelled("the session ended before any block"), failed=True)
+            )
+            return self._push
+        if plan is not None:
+            self.plan = plan
+            self._emit("length", frames=sum(plan["chunk_frames"]), chunks=len(plan["chunk_frames"]))
+        await self._until_job_ends(self._blocks.put(None))
+        return self._push
+
+    async def next_block(self) -> Block | None:
+        """The replica's next block (None: the session ended); waits for one."""
+        return await self._blocks.get()
+
+    # Driving the replica.
+
+    async def _drive(self) -> None:
+        stream = None
+        ended = False
+        try:
+            if self._push is not None:
+                await self._first_block.wait()
+            call = replace(self._call, job=self._ref)
+            self._call = replace(self._call, latents=None)
+            handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=APP_NAME)
+            stream = handle.options(stream=True).decode.remote(call)
+            del call
+            async for record in stream:
+                await self._take(record)
+            ended = True
+            if self.plan is not None and self.chunks_done != len(self.plan["chunk_frames"]):
+                raise DecodeFailedError(
+                    f"the replica ended after {self.chunks_done} chunks, "
+                    f"the plan has {len(self.plan['chunk_frames'])}"
+                )
+            self.status = "completed"
+            self._finished = time.perf_counter()
+            self._emit("done", job=self._job_object())
+        except asyncio.CancelledError:
+            if stream is not None and not ended:
+                stream.cancel()
+                if self.replica is not None:  # the replica decodes it: until it has stopped
+                    await self._until_replica_stopped()
+            self._end(
+                "failed" if self._stop_failed else "cancelled",
+                self._stop_error or DecodeCancelled("cancelled"),
+            )
+        except VaecastError as error:
+            self._end("failed", error)
+        except Exception as error:
+            self._end("failed", self._replica_lost(error))
+        finally:
+            if stream is not None and not ended:
+                stream.cancel()  # a no-op once it ended; stops the replica's decode otherwise
+            self._call = replace(self._call, latents=None, soundtrack=None)
+            self._changed_now()
+            self._in_background(self._expire())
+
+    async def _take(self, record: Started | Segment | Chunk | VaecastError) -> None:
+        if isinstance(record, Segment):
+            self.fragments.append(ray.put(record.data))
+            self.fragment_sizes.append(len(record.data))
+        elif isinstance(record, Chunk):
+            self._chunk(record)
+        elif isinstance(record, Started):
+            self.replica, self.content_type = record.replica, record.content_type
+            self.status = "in_progress"
+            self._started = time.perf_counter()
+            self._emit("started", replica=asdict(record.replica))
+        elif isinstance(record, VaecastError):
+            raise record
+        self._changed_now()
+
+    def _chunk(self, chunk: Chunk) -> None:
+        self.chunks_done += 1
+        self.frames_done += chunk.frames
+        self.encode_s += chunk.encode_s
+        self.decode_wait_s += chunk.decode_wait_s
+        if self._first_fragment is None:
+            self._first_fragment = time.perf_counter()
+        latency = {}
+        if chunk.block_arrived is not None:
+            latency["latency_s"] = round(time.time() - chunk.block_arrived, 4)
+        self._emit(
+            "chunk",
+            **latency,
+            index=chunk.index,
+            total=chunk.total,
+            frame_start=chunk.frame_start,
+            frames=chunk.frames,
+            bytes=chunk.bytes,
+            frames_done=self.frames_done,
+            total_bytes=sum(self.fragment_sizes),
+            progress=self._progress(),
+        )
+
+    async def _stop(self, error: VaecastError, failed: bool = False) -> None:
+        if self.status in FINAL:
+            return
+        if self._task is None:  # never started
+            self._end("failed" if failed else "cancelled", error)
+            return
+        self._stop_error, self._stop_failed = error, failed
+        self._task.cancel()
+        await asyncio.wait([self._task])
+
+    async def _until_replica_stopped(self) -> None:
+        # Past the wait the job ends cancelled all the same; the replica is Serve's to watch.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._replica_stop.wait(), REPLICA_STOP_WAIT_S)
+
+    def _end(self, status: str, error: VaecastError) -> None:
+        self.status = status
+        self.error = error.detached()
+        self._finished = time.perf_counter()
+        stopped = {} if self._decoded_chunks is None else {"decoded_chunks": self._decoded_chunks}
+        self._emit("error", error={"type": error.type, "message": error.message}, **stopped)
+
+    def _replica_lost(self, error: Exception) -> VaecastError:
+        where = "" if self.replica is None else f" {self.replica.id}"
+        first_line = (str(error).strip().splitlines() or [""])[0][:200]
+        return ReplicaFailedError(
+            f"the decoder replica{where} failed: {type(error).__name__}: {first_line}"
+        )
+
+    def _refuse_push(self) -> VaecastError | None:
+        if self._push is not None and self._push.ended:
+            return JobStateError(f"video {self.spec.job_id} has had its final block")
+        if self.status in FINAL:
+            return JobStateError(f"video {self.spec.job_id} has ended: {self.status}")
+        return None
+
+    async def _until_job_ends(self, waiting: Any) -> bool:
+        """Await `waiting` unless the job ends first (then cancel it: False)."""
+        put = asyncio.ensure_future(waiting)
+        try:
+            while not put.done():
+                if self.status in FINAL:
+                    return False
+                woken = asyncio.ensure_future(self._changed.wait())
+                try:
+                    await asyncio.wait([put, woken], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+            return True
+        finally:
+            if not put.done():
+                put.cancel()
+
+    async def _watch_idle(self) -> None:
+        timeout_s = self._settings.push_idle_timeout_s
+        while self.status not in FINAL and self._push is not None and not self._push.ended:
+            idle_s = time.perf_counter() - self._last_push
+            if idle_s >= timeout_s and self._pushes_in_flight == 0:
+                await self._stop(
+                    SessionTimeoutError(f"the push session received nothing for {timeout_s:g} s"),
+                    failed=True,
+                )
+                return
+            await asyncio.sleep(max(0.01, timeout_s - idle_s))
+
+    async def _expire(self) -> None:
+        await asyncio.sleep(self._settings.retention_s)
+        self._go(GONE_AGE)
+
+    def _go(self, reason: str) -> None:
+        """Free the fragments, tell the followers why (GONE_*), then leave the host."""
+        if self._gone is not None:
+            return
+        self._gone = reason
+        self.fragments.clear()
+        self._changed_now()
+        asyncio.get_running_loop().call_later(GONE_GRACE_S, self._forget)
+
+    # State.
+
+    def _progress(self) -> int | None:
+        if self.plan is None:
+            return None
+        return round(100 * self.chunks_done / len(self.plan["chunk_frames"]))
+
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(
+            self.status,
+            self._job_object(),
+            self.error,
+            self.content_type,
+            self.plan,
+            self.stream_plan,
+            self._push,
+        )
+
+    def _job_object(self) -> dict[str, Any]:
+        """The job as the API shows it: the fields of `vaecast.server.job.Job.to_json`."""
+        spec, plan = self.spec, self.plan
+        geometry = plan or self.stream_plan
+        frames = None if plan is None else sum(plan["chunk_frames"])
+        return {
+            "id": spec.job_id,
+            "object": "video",
+            "input": spec.input,
+            "model": spec.model,
+            "status": self.status,
+            "progress": self._progress(),
+            "created_at": int(spec.created_at),
+            "frames": frames,
+            "width": None if geometry is None else geometry["width"],
+            "height": None if geometry is None else geometry["height"],
+            "fps": float(spec.fps),
+            "audio": spec.audio,
+            "seconds": None if frames is None else round(float(frames / spec.fps), 3),
+            "chunks": {
+                "done": self.chunks_done,
+                "total": None if plan is None else len(plan["chunk_frames"]),
+            },
+            "frames_done": self.frames_done,
+            "bytes": sum(self.fragment_sizes),
+            "content_type": self.content_type,
+            "timings": self._timings(),
+            "realtime_factor": self._realtime_factor(),
+            "error": (
+                {"type": self.error.type, "message": self.error.message}
+                if self.error is not None and self.status != "completed"
+                else None
+            ),
+            "replica": None if self.replica is None else self.replica.id,
+        }
+
+    def _timings(self) -> dict[str, float | None]:
+        def since_created(moment: float | None) -> float | None:
+            return None if moment is None else round(moment - self._created, 4)
+
+        return {
+            "queued_s": since_created(self._started),
+            "time_to_first_fragment_s": since_created(self._first_fragment),
+            "total_s": since_created(self._finished),
+            "decode_wait_s": round(self.decode_wait_s, 4),
+            "encode_s": round(self.encode_s, 4),
+        }
+
+    def _realtime_factor(self) -> float | None:
+        if self._started is None or self.frames_done == 0:
+            return None
+        end = self._finished if self._finished is not None else time.perf_counter()
+        seconds = float(self.frames_done / self.spec.fps)
+        return round(seconds / max(end - self._started, 1e-6), 3)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self.events.append({"event": event, "status": self.status, **fields})
+        self._changed_now()
+
+    def _changed_now(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _in_background(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+
+class JobHost:
+    """A named, detached async actor that keeps jobs (runs as `ray.remote(JobHost)`).
+
+    Its methods are the SharedJob's, by job id; a job it does not have (never, or no
+    longer) answers None.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, SharedJob] = {}
+
+    async def create(self, spec: JobSpec, call: DecodeCall, settings: JobSettings) -> None:
+        if spec.job_id in self._jobs:
+            return
+        me = ray.get_runtime_context().current_actor
+        job = SharedJob(
+            spec,
+            call,
+            settings,
+            JobRef(me, spec.job_id),
+            forget=lambda: self._jobs.pop(spec.job_id, None),
+        )
+        self._jobs[spec.job_id] = job
+        await job.start()
+
+    async def jobs(self) -> int:
+        return len(self._jobs)
+
+    async def spec(self, job_id: str) -> JobSpec | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.spec
+
+    async def follow(self, job_id: str, *args: Any) -> Update | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else await job.follow(*args)
+
+    async def cancel(self, job_id: str, error: VaecastError) -> None:
+        if (job := self._jobs.get(job_id)) is not None:
+            await job.cancel(error)
+
+    async def fail(self, job_id: str, error: VaecastError) -> None:
+        if (job := self._jobs.get(job_id)) is not None:
+            await job.fail(error)
+
+    async def delete(self, job_id: str) -> VaecastError | None:
+        if (job := self._jobs.get(job_id)) is not None:
+            return await job.delete()
+        return None
+
+    async def push_state(self, job_id: str) -> PushState | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else await job.push_state()
+
+    async def push_block(self, job_id: str, *args: Any) -> PushState | VaecastError:
+        job = self._jobs.get(job_id)
+        return _gone(job_id) if job is None else await job.push_block(*args)
+
+    async def end_feed(self, job_id: str, plan: dict[str, Any] | None) -> PushState | VaecastError:
+        job = self._jobs.get(job_id)
+        return _gone(job_id) if job is None else await job.end_feed(plan)
+
+    async def next_block(self, job_id: str) -> Block | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else await job.next_block()
+
+    async def replica_stopped(self, job_id: str, decoded_chunks: int) -> None:
+        if (job := self._jobs.get(job_id)) is not None:
+            await job.replica_stopped(decoded_chunks)
+
+
+def _gone(job_id: str) -> VaecastError:
+    return JobStateError(f"video {job_id} is no longer kept in the cluster")

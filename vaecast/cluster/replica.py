@@ -1,0 +1,327 @@
+"""The decoder replicas: a Ray Serve deployment that runs `run_pipeline` per job.
+
+Each replica loads its models once and decodes jobs as `decode(call)`, a streaming
+method (called through `handle.options(stream=True)`): it runs the one pipeline with
+a sink that hands every segment to the generator, and yields small records (see
+`vaecast.cluster.records`): Started (with this replica's id), each Segment, each
+chunk's timings, and a VaecastError as the last record of a decode that failed.
+
+Bounds: a replica runs at most `max_ongoing_requests` decodes (Serve queues the
+rest); the relay between the pipeline and the generator holds at most
+`RELAY_SEGMENTS` segments, so the encoder waits when the generator is not taken
+from. Cancel: when the caller cancels the call, the generator's CancelledError
+cancels the pipeline's task, and `run_pipeline` stops the decoder at its next chunk
+and returns only once the decode thread has returned.
+
+A push session's blocks are pulled from the job's host by the decode thread itself
+(`ActorBlocks`, a LatentSource), one `next_block` call at a time, so the job's
+bounded queue is the only buffer of pushed latents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray import serve
+from ray.exceptions import GetTimeoutError
+
+from vaecast.cluster.records import (
+    APP_NAME,
+    DEPLOYMENT_NAME,
+    Block,
+    Chunk,
+    DecodeCall,
+    JobRef,
+    ReplicaInfo,
+    ReplicaOptions,
+    Segment,
+    Started,
+)
+from vaecast.codecs.h264 import EncoderSettings
+from vaecast.codecs.stream import Soundtrack
+from vaecast.errors import DecodeCancelled, DecodeFailedError, UnknownModelError, VaecastError
+from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
+from vaecast.pipeline import (
+    AudioFormat,
+    FragmentDone,
+    TimedAudio,
+    VideoOutput,
+    WholeLatents,
+    Workers,
+    run_pipeline,
+)
+
+RELAY_SEGMENTS = 2
+GET_POLL_S = 0.05
+
+
+class DecoderReplica:
+    """One replica: its models, its threads, and `decode`."""
+
+    def __init__(self, options: ReplicaOptions) -> None:
+        from vaecast.models.base import get_decoder
+
+        weights = dict(options.weights)
+        self._decoders: dict[str, ChunkedDecoder] = {
+            name: get_decoder(name, device=options.device, weights=weights.get(name))
+            for name in options.models
+        }
+        slots = max(1, options.max_ongoing)
+        self._workers = Workers(
+            decode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-decode"),
+            encode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-encode"),
+        )
+        context = serve.get_replica_context()
+        self.info = ReplicaInfo(
+            context.replica_id.unique_id, ray.get_runtime_context().get_node_id(), os.getpid()
+        )
+
+    async def decode(self, call: DecodeCall) -> AsyncIterator[Any]:
+        relay = _Relay(self.info)
+        task = asyncio.create_task(self._run(call, relay), name=f"decode-{call.job_id}")
+        try:
+            async for record in relay:
+                yield record
+        finally:
+            task.cancel()
+            # run_pipeline returns only after the decode thread has returned: then the
+            # job's host hears how far the decoder got (a cancel's proof).
+            await asyncio.gather(task, return_exceptions=True)
+            if call.job is not None:
+                call.job.replica_stopped(relay.decoded_chunks)
+
+    async def _run(self, call: DecodeCall, relay: _Relay) -> None:
+        try:
+            decoder = self._decoders.get(call.model)
+            if decoder is None:
+                raise UnknownModelError(
+                    f"model {call.model!r} is not loaded on this replica "
+                    f"(it has: {', '.join(sorted(self._decoders))})"
+                )
+            source: WholeLatents | ActorBlocks
+            if call.latents is not None:
+                latents = torch.from_numpy(call.latents)
+                plan: Any = decoder.plan(tuple(latents.shape))
+                source = WholeLatents(latents)
+            else:
+                source = ActorBlocks(call.job)
+                first = await source.first_block()
+                if first is None:
+                    raise DecodeCancelled("the session ended before any block")
+                plan = decoder.plan_stream(tuple(first.shape))
+                relay.arrivals = source.chunk_arrivals
+            soundtrack = None if call.soundtrack is None else Soundtrack(*call.soundtrack)
+            audio_format = None if call.audio_format is None else AudioFormat(*call.audio_format)
+            output = VideoOutput(
+                call.fps, EncoderSettings(**call.encoder), soundtrack, audio_format
+            )
+            await run_pipeline(
+                _Counted(source, relay),
+                decoder,
+                plan,
+                output,
+                relay,
+                self._workers,
+                observer=relay,
+                queue_chunks=call.queue_chunks,
+            )
+        except VaecastError as error:
+            relay.end(error.detached())
+        except Exception as error:
+            relay.end(DecodeFailedError(f"internal error on the replica: {error}"))
+        else:
+            relay.end(None)
+
+
+class _Relay:
+    """The pipeline's sink and observer, read as an async iterator of records.
+
+    `append` waits while RELAY_SEGMENTS segments are not yet taken; each segment is
+    followed by at most one Chunk, and a decode by one end, so the queue is bounded.
+    """
+
+    def __init__(self, info: ReplicaInfo) -> None:
+        self._info = info
+        self._records: asyncio.Queue[Any] = asyncio.Queue()
+        self._room = asyncio.Semaphore(RELAY_SEGMENTS)
+        self.arrivals: dict[int, float] = {}
+        self.decoded_chunks = 0  # chunks the decoder published (counted on its thread)
+
+    def started(self, content_type: str) -> None:
+        self._records.put_nowait(Started(self._info, content_type))
+
+    async def append(self, segment: bytes) -> None:
+        await self._room.acquire()
+        self._records.put_nowait(Segment(segment))
+
+    def fragment(self, done: FragmentDone) -> None:
+        self._records.put_nowait(
+            Chunk(
+                done.index,
+                done.total,
+                done.frame_start,
+                done.frames,
+                done.bytes,
+                done.encode_s,
+                done.decode_wait_s,
+                self.arrivals.pop(done.index, None),
+            )
+        )
+
+    def end(self, error: VaecastError | None) -> None:
+        self._records.put_nowait(_End(error))
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        while True:
+            record = await self._records.get()
+            if isinstance(record, _End):
+                if record.error is not None:
+                    yield record.error
+                return
+            if isinstance(record, Segment):
+                self._room.release()
+            yield record
+
+
+class _Counted:
+    """A latent source whose decoder's chunks are counted as they are published."""
+
+    def __init__(self, source: Any, relay: _Relay) -> None:
+        self._source = source
+        self._relay = relay
+
+    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
+        def counted(chunk: DecodedChunk) -> None:
+            self._relay.decoded_chunks += 1
+            on_chunk(chunk)
+
+        self._source.decode(decoder, counted)
+
+    def cancel(self) -> None:
+        self._source.cancel()
+
+    def take_audio(self) -> list[TimedAudio]:
+        return list(self._source.take_audio())
+
+
+class _End:
+    def __init__(self, error: VaecastError | None) -> None:
+        self.error = error
+
+
+class ActorBlocks:
+    """A push session's blocks, pulled from the job's host on the decode thread."""
+
+    def __init__(self, job: JobRef) -> None:
+        self._job = job
+        self._cancelled = threading.Event()
+        self._first: torch.Tensor | None = None
+        self._audio: list[TimedAudio] = []
+        self._audio_lock = threading.Lock()
+        self._taken_arrival: float | None = None
+        self.chunk_arrivals: dict[int, float] = {}
+
+    async def first_block(self) -> torch.Tensor | None:
+        block: Block | None = await self._job.next_block()
+        if block is None:
+            return None
+        self._first = self._take(block)
+        return self._first
+
+    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
+        def on_chunk_timed(chunk: DecodedChunk) -> None:
+            if self._taken_arrival is not None:
+                self.chunk_arrivals[chunk.index] = self._taken_arrival
+            on_chunk(chunk)
+
+        decoder.decode_stream(self._blocks(), on_chunk_timed)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def take_audio(self) -> list[TimedAudio]:
+        with self._audio_lock:
+            audio, self._audio = self._audio, []
+        return audio
+
+    def _blocks(self) -> Any:
+        first, self._first = self._first, None
+        if first is not None:
+            yield first
+        while (block := self._get()) is not None:
+            yield self._take(block)
+
+    def _get(self) -> Block | None:
+        pending = self._job.next_block()
+        while True:
+            if self._cancelled.is_set():
+                ray.cancel(pending)
+                raise DecodeCancelled("decode cancelled")
+            try:
+                block: Block | None = ray.get(pending, timeout=GET_POLL_S)
+                return block
+            except GetTimeoutError:
+                continue
+
+    def _take(self, block: Block) -> torch.Tensor:
+        self._taken_arrival = block.arrived
+        if block.audio is not None:
+            with self._audio_lock:
+                self._audio.append(TimedAudio(block.audio.samples, block.audio.first_frame))
+        return torch.from_numpy(np.ascontiguousarray(block.latents))
+
+
+def deploy(options: ReplicaOptions) -> bool:
+    """Deploy the decoder replicas unless this cluster already runs them (another front
+    end deployed them): True when this call deployed them. Blocks until they are up."""
+    from ray.serve.config import ProxyLocation
+
+    if APP_NAME in _applications():
+        return False
+    deployment_options: dict[str, Any] = {
+        "name": DEPLOYMENT_NAME,
+        "ray_actor_options": {"num_cpus": options.cpus, "num_gpus": options.gpus},
+        "max_ongoing_requests": options.max_ongoing,
+    }
+    if options.max_replicas is not None:
+        deployment_options["autoscaling_config"] = {
+            "min_replicas": options.replicas,
+            "max_replicas": options.max_replicas,
+            "target_ongoing_requests": max(1, options.max_ongoing // 2),
+        }
+    else:
+        deployment_options["num_replicas"] = options.replicas
+    # No Serve HTTP proxy: the vaecast front ends are the HTTP edge.
+    serve.start(proxy_location=ProxyLocation.Disabled)
+    app = serve.deployment(DecoderReplica).options(**deployment_options).bind(options)
+    serve.run(app, name=APP_NAME, route_prefix=None)
+    return True
+
+
+def replica_states() -> dict[str, int]:
+    """The replicas by state (RUNNING, STARTING, ...), as Serve's controller reports them."""
+    status = serve.status().applications.get(APP_NAME)
+    if status is None:
+        return {}
+    deployment = status.deployments.get(DEPLOYMENT_NAME)
+    if deployment is None:
+        return {}
+    return {
+        str(getattr(state, "value", state)): count
+        for state, count in deployment.replica_states.items()
+    }
+
+
+def _applications() -> dict[str, Any]:
+    try:
+        return dict(serve.status().applications)
+    except Exception:  # Serve not started on this cluster yet
+        return {}
