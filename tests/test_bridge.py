@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import FailingDecoder, GatedDecoder, smooth_latents, until
 from vaecast.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
+from vaecast.codecs.colour import Yuv420Frames
+from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.errors import DecodeCancelled
 from vaecast.models.base import ChunkCallback, DecodedChunk
 
@@ -107,3 +109,44 @@ def test_a_loop_that_goes_away_never_strands_the_worker(how: str):
     finally:
         if not loop.is_closed():
             loop.close()
+
+
+async def test_a_cpu_decode_hands_over_frames_with_no_copy_pending():
+    """The fallback of the GPU path: on a CPU the default host conversion is the plain
+    synchronous copy, so every chunk the consumer gets is ready to read."""
+    decoder = GatedDecoder()
+    bridge = ChunkBridge(asyncio.get_running_loop(), decoder.value_range, max_chunks=2)
+    thread, outcome = start_decode(bridge, decoder)
+    items = []
+    while not isinstance(item := await bridge.get(), DecodeEnded):
+        items.append(item)
+    await asyncio.to_thread(thread.join, 10)
+    assert outcome == [None] and len(items) == 12
+    assert not any(item.pixels.pending for item in items)
+
+
+async def test_the_decode_thread_does_not_wait_for_a_copy_in_flight():
+    """A GPU copy is waited for by whoever reads the planes (the encode thread), not
+    by the decoder: played here with copies that land only when the test lets them."""
+    landed = threading.Event()
+
+    def wait_for_copy() -> None:
+        assert landed.wait(10), "the test never let the copies land"
+
+    def pending_to_host(frames, value_range):
+        ready = quantize_yuv420_to_host(frames, value_range)
+        return Yuv420Frames(ready.planes, ready.height, ready.width, wait_for_copy)
+
+    decoder = GatedDecoder()
+    bridge = ChunkBridge(
+        asyncio.get_running_loop(), decoder.value_range, max_chunks=12, to_host=pending_to_host
+    )
+    thread, outcome = start_decode(bridge, decoder)
+    # All 12 chunks and the end marker go through while no copy has landed.
+    items = [await asyncio.wait_for(bridge.get(), 10) for _ in range(13)]
+    await asyncio.to_thread(thread.join, 10)
+    assert outcome == [None] and isinstance(items[-1], DecodeEnded)
+    assert all(item.pixels.pending for item in items[:-1])
+    landed.set()
+    assert items[1].pixels.planes.shape == (4, 72, 64)
+    assert not items[1].pixels.pending

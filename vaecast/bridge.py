@@ -5,10 +5,13 @@ callback. The callback converts the chunk to the host (by default, quantized to
 8-bit YUV 4:2:0 on the decoder's device, so the encoder has no colour conversion
 left and only a 4:2:0 frame crosses to the host; benchmarks/results/before_after.md
 has the gain), makes the one device-to-host copy, and puts the frames on a
-*bounded* asyncio.Queue through
-`run_coroutine_threadsafe(...).result()`. When the consumer (encoder) falls behind,
-the put blocks the decoder thread: that is the backpressure that keeps memory
-at O(queue size x chunk), whatever the video length.
+*bounded* asyncio.Queue. From a CUDA decoder that copy is still in flight when the
+chunk is queued (pinned memory, a side stream: `codecs/quantize.copy_to_host`): the
+decode thread goes on to the next chunk, and the encode thread waits for the copy
+when it first reads the planes; the bridge itself never waits for it. The put goes
+through `run_coroutine_threadsafe(...).result()`. When the consumer (encoder) falls
+behind, the put blocks the decoder thread: that is the backpressure that keeps
+memory at O(queue size x chunk), whatever the video length.
 
 The worker thread never hangs: while it waits for the put it looks at the cancel
 flag and at the loop every `PUT_POLL_S`, so a cancelled job, a stopped loop or a

@@ -10,7 +10,7 @@ frames (tests, benchmarks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import av
 import numpy as np
@@ -40,38 +40,77 @@ BT601_LIMITED: tuple[tuple[float, float, float], ...] = (
 OFFSETS = (LUMA_OFFSET, CHROMA_OFFSET, CHROMA_OFFSET)
 
 
-@dataclass(frozen=True, slots=True)
 class Yuv420Frames:
     """T frames of 8-bit YUV 4:2:0 in I420 layout, BT.601 limited range.
 
     `planes` is one C-contiguous (T, H * 3 // 2, W) uint8 array: per frame the Y
     plane (H x W), then Cb and Cr (H/2 x W/2 each, packed row after row), which
     is the layout `av.VideoFrame.from_ndarray(..., format="yuv420p")` reads.
+
+    A GPU decode hands over frames whose device-to-host copy may still be in flight
+    (`quantize.quantize_yuv420_to_host`): `ready` is then the wait for that copy, and
+    `planes` calls it before the first read, so the encode thread waits for the copy
+    and the decode thread does not. The shape is known at once (`len`, `shape`).
+    Immutable; not a dataclass only because `planes` is that waiting property.
     """
 
-    planes: np.ndarray
+    __slots__ = ("_planes", "_ready", "height", "width")
+
+    _planes: np.ndarray
+    _ready: Callable[[], None] | None
     height: int
     width: int
 
-    def __post_init__(self) -> None:
-        expected = (self.height * 3 // 2, self.width)
+    def __init__(
+        self,
+        planes: np.ndarray,
+        height: int,
+        width: int,
+        ready: Callable[[], None] | None = None,
+    ) -> None:
+        expected = (height * 3 // 2, width)
         if (
-            not isinstance(self.planes, np.ndarray)
-            or self.planes.dtype != np.uint8
-            or self.planes.ndim != 3
-            or self.planes.shape[1:] != expected
-            or self.height % 2
-            or self.width % 2
+            not isinstance(planes, np.ndarray)
+            or planes.dtype != np.uint8
+            or planes.ndim != 3
+            or planes.shape[1:] != expected
+            or height % 2
+            or width % 2
         ):
             raise ValueError(
                 f"planes must be a uint8 array of shape (T, {expected[0]}, {expected[1]}) "
-                f"for even {self.width}x{self.height} frames, got "
-                f"{getattr(self.planes, 'dtype', type(self.planes).__name__)} "
-                f"{getattr(self.planes, 'shape', None)}"
+                f"for even {width}x{height} frames, got "
+                f"{getattr(planes, 'dtype', type(planes).__name__)} "
+                f"{getattr(planes, 'shape', None)}"
             )
+        object.__setattr__(self, "_planes", planes)
+        object.__setattr__(self, "_ready", ready)
+        object.__setattr__(self, "height", height)
+        object.__setattr__(self, "width", width)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Yuv420Frames is immutable (tried to set {name!r})")
+
+    def __repr__(self) -> str:
+        pending = ", copy pending" if self._ready is not None else ""
+        return f"Yuv420Frames({len(self)} frames, {self.width}x{self.height}{pending})"
+
+    @property
+    def planes(self) -> np.ndarray:
+        """The frames' bytes, once a device copy still in flight has landed."""
+        ready = self._ready
+        if ready is not None:
+            ready()  # idempotent: a finished copy returns at once
+            object.__setattr__(self, "_ready", None)
+        return self._planes
+
+    @property
+    def pending(self) -> bool:
+        """Whether a device-to-host copy may still be writing `planes`."""
+        return self._ready is not None
 
     def __len__(self) -> int:
-        return int(self.planes.shape[0])
+        return int(self._planes.shape[0])
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -79,7 +118,7 @@ class Yuv420Frames:
         return (len(self), self.height, self.width, 3)
 
     def __getitem__(self, frames: slice) -> Yuv420Frames:
-        return Yuv420Frames(self.planes[frames], self.height, self.width)
+        return Yuv420Frames(self._planes[frames], self.height, self.width, self._ready)
 
     def plane(self, frame: int, index: int) -> np.ndarray:
         """Plane `index` (0 Y, 1 Cb, 2 Cr) of one frame, as an (h, w) view."""

@@ -1,13 +1,18 @@
 """Decoder output (float BCTHW on any device) to 8-bit frames on the host: RGB or YUV 4:2:0.
 
 Everything is done on the tensor's own device, so a GPU decode ships one uint8
-THWC buffer to the host (a quarter of the float32 bytes, already in the layout
-the encoder reads) through exactly one device-to-host copy per chunk.
+buffer to the host (YUV 4:2:0: 1.5 bytes a pixel, 1/8 of the float32 RGB; already
+in the layout the encoder reads) through exactly one device-to-host copy per chunk.
+On CUDA that copy goes into pinned host memory on a side stream and the encode
+thread waits for it (`copy_to_host`), so the decode thread queues the next chunk's
+kernels while the copy runs; elsewhere it is a plain `.cpu()`.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -67,13 +72,27 @@ def quantize_to_host(frames: torch.Tensor, value_range: tuple[float, float]) -> 
 def quantize_yuv420_to_host(frames: torch.Tensor, value_range: tuple[float, float]) -> Yuv420Frames:
     """BCTHW (B == 1, C == 3 RGB) floats in `value_range` -> 8-bit YUV 4:2:0 on the host.
 
-    The RGB -> YUV conversion (BT.601, limited range, `colour.BT601_LIMITED`) and the
-    4:2:0 subsampling run on the tensor's own device, so a GPU decode ships 1.5
-    bytes per pixel (half of RGB) through one device-to-host copy, and the encoder
-    skips swscale. RGB clamps to `value_range` first, as in `quantize_to_host`; each
-    plane rounds half up. Each chroma sample is the mean of its 2x2 luma block, which
-    is what swscale does for rgb24 -> yuv420p (mean difference from it ~0.2 levels on
-    the demo scenes; luma within 1).
+    The RGB -> YUV conversion and the 4:2:0 subsampling run on the tensor's own
+    device (`yuv420_on_device`), so a GPU decode ships 1.5 bytes per pixel (half of
+    RGB) through one device-to-host copy (`copy_to_host`), and the encoder skips
+    swscale. From a CUDA tensor that copy is still in flight when this returns: the
+    frames' `planes` waits for it, on whichever thread reads them first (the encode
+    thread), so the decode thread goes on to the next chunk meanwhile.
+    """
+    planes = yuv420_on_device(frames, value_range)
+    _, h3, w = planes.shape
+    host, ready = copy_to_host(planes)
+    return Yuv420Frames(host, h3 * 2 // 3, w, ready)
+
+
+def yuv420_on_device(frames: torch.Tensor, value_range: tuple[float, float]) -> torch.Tensor:
+    """BCTHW RGB floats in `value_range` -> (T, H * 3 // 2, W) uint8 I420 planes, on
+    the tensor's own device.
+
+    BT.601, limited range (`colour.BT601_LIMITED`). RGB clamps to `value_range` first,
+    as in `quantize_to_host`; each plane rounds half up. Each chroma sample is the mean
+    of its 2x2 luma block, which is what swscale does for rgb24 -> yuv420p (mean
+    difference from it ~0.2 levels on the demo scenes; luma within 1).
     """
     low, high = _check(frames, value_range)
     _, _, t, h, w = frames.shape
@@ -93,8 +112,55 @@ def quantize_yuv420_to_host(frames: torch.Tensor, value_range: tuple[float, floa
         for plane in (1, 2):
             row, offset = colour.BT601_LIMITED[plane], colour.OFFSETS[plane]
             chroma[:, plane - 1].copy_(_weighted_sum(block_mean, row, scale, low, offset))
-        host = out.view(t, h * 3 // 2, w).cpu().numpy()
-    return Yuv420Frames(host, h, w)
+        return out.view(t, h * 3 // 2, w)
+
+
+def copy_to_host(tensor: torch.Tensor) -> tuple[np.ndarray, Callable[[], None] | None]:
+    """The one device-to-host copy of a chunk: (host array, the wait for it, or None).
+
+    From a CUDA tensor: into pinned (page-locked) host memory, on a side stream of
+    the calling thread that first waits for the work queued so far on the current
+    stream (the kernels that made `tensor`). The copy is enqueued and this returns at
+    once; the wait returned is `Event.synchronize` (which releases the GIL) of an event
+    recorded after the copy. Pinned blocks come from torch's caching host allocator,
+    so after the first chunks no call allocates page-locked memory; the device
+    buffer is kept from reuse until the side stream is done with it (`record_stream`).
+
+    From any other tensor (CPU, or a device without streams): today's synchronous
+    `.cpu()`, which costs nothing for a CPU tensor, and no wait.
+    """
+    if tensor.device.type != "cuda":
+        return tensor.cpu().numpy(), None
+    device = tensor.device
+    side = _side_stream(device)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        host.copy_(tensor, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(side)
+    tensor.record_stream(side)
+    # The array's base holds `host`: the pinned block stays allocated while any view
+    # of these frames lives, and returns to the allocator's cache after.
+    return host.numpy(), copied.synchronize
+
+
+class _SideStreams(threading.local):
+    """One side stream per (decode thread, device): copies of two decodes never queue
+    behind each other."""
+
+    def __init__(self) -> None:
+        self.streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+_SIDE = _SideStreams()
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _SIDE.streams.get(device)
+    if stream is None:
+        stream = _SIDE.streams[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def _weighted_sum(

@@ -113,6 +113,11 @@ class FollowableLog(Generic[T]):
                 return
             await appended.wait()
 
+    def next_append(self) -> asyncio.Event:
+        """Set at the next append or close. Take it *before* looking at the items, so
+        that a change between the look and the wait still wakes the reader."""
+        return self._appended
+
     def _wake_readers(self) -> None:
         self._appended.set()
         self._appended = asyncio.Event()
@@ -221,9 +226,28 @@ class SegmentLog:
             await self._segments.wait_for(len(self._segments) + 1)
 
     async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
-        """Yield segments from index `start` as they exist (see FollowableLog.follow)."""
-        async for segment in self._segments.follow(start):
-            yield await self._read(segment, 0, segment.length)
+        """Yield segments from index `start` as they exist (see FollowableLog.follow).
+
+        This is FollowableLog.follow written out, because every viewer of a job runs
+        it once per fragment: one generator instead of two nested ones, and an
+        in-memory segment handed over as it is (no slice, no coroutine); only a
+        spilled one is read (in a thread).
+        """
+        log = self._segments
+        index = start
+        while True:
+            appended = log.next_append()
+            items = log.items()  # revoke() empties this very list
+            while index < len(items):
+                segment = items[index]
+                index += 1
+                data = segment.data
+                yield data if data is not None else await self._read(segment, 0, segment.length)
+            if log.closed:
+                if log.error is not None:
+                    raise log.error.detached()  # each reader its own: no shared frames
+                return
+            await appended.wait()
 
     async def read_range(self, first: int, last: int) -> AsyncIterator[bytes]:
         """Bytes `first..last` (inclusive) of what is already written, segment by segment."""

@@ -1,0 +1,81 @@
+"""benchmarks/fanout.py's process plumbing: file descriptors for 1,000 viewers, and the
+loop thread's CPU time at a resolution finer than /proc's 10 ms ticks."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+from benchmarks.fanout import raise_open_files, table, thread_cpu_seconds
+
+
+def test_open_files_are_raised_here_and_in_the_server_within_the_hard_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        resource.prlimit(child.pid, resource.RLIMIT_NOFILE, (256, hard))
+        wanted = 2 * 1000 + 256
+        now = raise_open_files(wanted, child.pid)
+        expected = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        assert now >= expected
+        assert resource.prlimit(child.pid, resource.RLIMIT_NOFILE)[0] >= expected
+    finally:
+        child.kill()
+        child.wait()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_thread_cpu_time_counts_one_threads_work() -> None:
+    pid = os.getpid()
+    busy_for_s = 0.2
+    tids: list[int] = []
+    go, spun, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def spin() -> None:
+        tids.append(threading.get_native_id())
+        go.wait(10)
+        end = time.thread_time() + busy_for_s
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        leave.wait(10)
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        while not tids:
+            time.sleep(0.001)
+        start = thread_cpu_seconds(pid, tids[0])
+        mine = thread_cpu_seconds(pid, threading.get_native_id())
+        go.set()
+        assert spun.wait(30)
+        spent = thread_cpu_seconds(pid, tids[0]) - start
+        idle = thread_cpu_seconds(pid, threading.get_native_id()) - mine
+    finally:
+        go.set()
+        leave.set()
+        thread.join()
+    assert busy_for_s - 0.02 < spent < busy_for_s + 0.1
+    assert idle < 0.05
+
+
+def test_the_table_gives_the_loops_share_of_a_core_and_the_viewers_part() -> None:
+    runs = [
+        {"viewers": 0, "loop_cpu_s": 0.06, "job_total_s": 3.0, "client_cpu_s": 0.0},
+        {"viewers": 100, "loop_cpu_s": 0.18, "job_total_s": 3.0, "client_cpu_s": 0.1},
+    ]
+    for run in runs:
+        run["loop_cpu_pct"] = 100 * run["loop_cpu_s"] / run["job_total_s"]
+    runs[1] |= {
+        "loop_cpu_s_per_viewer": 0.0012,
+        "loop_cpu_pct_added": 4.0,
+        "ttff_s": {"median": 0.2, "max": 0.3},
+        "viewers_complete": 100,
+    }
+    lines = table({"runs": runs})
+    assert "| 0 | 2.00 | - | - | 3.00 | - | - | -/0 | 0.00 |" in lines
+    assert "| 100 | 6.00 | 4.00 | 1.20 | 3.00 | 0.200 | 0.300 | 100/100 | 0.10 |" in lines
