@@ -66,11 +66,15 @@ from vaecast.server.routes import MANAGER
 log = logging.getLogger("vaecast.cluster")
 
 # Restarted by Ray if it dies (empty: its jobs are lost); many long polls at once.
+# Pinned to the head node: left to Ray, the hosts land on the node of the front end that
+# created them, and across machines losing that front end's node would lose every job
+# (Ray Train pins its own detached state actor the same way).
 JOB_HOST = ray.remote(JobHost)
 HOST_OPTIONS: dict[str, Any] = {
     "namespace": NAMESPACE,
     "lifetime": "detached",
     "num_cpus": 0,
+    "resources": {"node:__internal_head__": 0.001},
     "max_restarts": -1,
     "max_concurrency": 10_000,
 }

@@ -306,6 +306,20 @@ def deploy(options: ReplicaOptions) -> bool:
     return True
 
 
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """Serve's application builder, for a cluster that deploys vaecast from a config
+    (KubeRay's serveConfigV2 names `vaecast.cluster.replica:build_app` and passes `args`:
+    `models`, and optionally `device`, `weights` {model: path} and `max_ongoing`).
+    Replica counts, GPUs and CPUs come from the config's deployment section there."""
+    options = ReplicaOptions(
+        models=tuple(args["models"]),
+        device=args.get("device", "cpu"),
+        weights=tuple(sorted((args.get("weights") or {}).items())),
+        max_ongoing=int(args.get("max_ongoing", 2)),
+    )
+    return serve.deployment(DecoderReplica).options(name=DEPLOYMENT_NAME).bind(options)
+
+
 def replica_states() -> dict[str, int]:
     """The replicas by state (RUNNING, STARTING, ...), as Serve's controller reports them."""
     status = serve.status().applications.get(APP_NAME)
