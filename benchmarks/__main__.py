@@ -1,12 +1,14 @@
 """`python -m benchmarks`: vaecast against the alternatives, on the same latents, one run.
 
     python -m benchmarks [--frames 81] [--width 832] [--height 480] [--model tiny]
-                         [--repeats 3] [--out benchmarks/results] [--sections ...]
+                         [--repeats 5] [--out benchmarks/results] [--sections ...]
 
 Sections (all by default): `arms` (time to first byte / first playable fragment /
-last byte of four pipelines over HTTP, interleaved), `fanout` (1, 10, 100 viewers of
-one job), `profile` (py-spy over the server, if installed), `memory` (peak server RSS
-against length, fresh process per length), `throughput` (encoder path vs ffmpeg CLI).
+last byte of four pipelines over HTTP; vaecast run back to back with each other arm
+and reference, the ratios paired and judged against the targets, see `paired`),
+`fanout` (1, 10, 100 viewers of one job), `profile` (py-spy over the server, if
+installed), `memory` (peak server RSS against length, fresh process per length),
+`throughput` (encoder path vs ffmpeg CLI).
 Writes `benchmarks.json`, `benchmarks.md` and `timeline.png` to the output directory.
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 import av
 import torch
 
-from benchmarks import arms, fanout, memory, profiling, report, throughput
+from benchmarks import arms, fanout, memory, paired, profiling, report, throughput
 from benchmarks.client import latents_body, make_latents, server_process
 from benchmarks.pipelines import HOST_FORMATS, bridge_host_format
 from benchmarks.server import load_decoder
@@ -64,7 +66,12 @@ def parser() -> argparse.ArgumentParser:
         help="what the decode thread hands the encoder in every arm: uint8 RGB, or YUV "
         "4:2:0 converted in torch (default: what vaecast's pipeline does)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (>= 1)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=paired.MIN_REPEATS,
+        help=f"repeats (>= 1; {paired.MIN_REPEATS} or more for a verdict)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     p.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}"
@@ -118,15 +125,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         log = work_dir / "server.log"
         with server_process(args.model, args.device, log, args.host_frames) as server:
             if "arms" in sections:
-                _say(f"arms: {len(arms.SCHEDULE)} x {args.repeats} runs, interleaved")
-                runs = asyncio.run(
+                _say(
+                    f"arms: {args.repeats} repeats of {len(paired.schedule(0))} runs, "
+                    "vaecast paired with each other arm"
+                )
+                runs, loads = asyncio.run(
                     arms.run_arms(
                         server, body, plan.frames, args.fps, args.repeats, not args.no_warmup
                     )
                 )
                 timelines = [arms.timeline(runs, arm) for arm in ("vaecast", "decode_then_encode")]
                 result["arms"] = {
-                    "summary": arms.summarize(runs),
+                    "summary": arms.summarize(runs, loads),
                     "timelines": timelines,
                     "runs": runs,
                 }

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paired import MIN_REPEATS, PEER_ARMS, TARGETS, explain
+
 ARM_TITLES = {
     "vaecast": "vaecast (progressive fMP4)",
     "decode_then_encode": "decode, then encode, then send",
@@ -35,7 +37,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{meta['frames']} frames at {meta['width']}x{meta['height']}, {meta['fps']} fps, "
         f"model `{meta['model']}` (weights {meta.get('weights_sha256') or '-'}) on "
         f"{meta['device']}, x264 {meta['encoder']}, host frames {meta['host_frames']}; "
-        f"{meta['repeats']} interleaved repeats (medians; min-max in the JSON).",
+        f"{meta['repeats']} repeats (medians; min-max in the JSON).",
         f"Machine: {meta['machine']}; load average at start {meta['load_start']}, "
         f"at end {meta['load_end']}.",
         "",
@@ -87,13 +89,121 @@ def _arms_table(section: dict[str, Any]) -> list[str]:
         f"encode (x264 + colour conversion + boxes) {refs['encode_only_s']:.2f} s; "
         f"first chunk decode+encode {refs['first_chunk_decode_plus_encode_s']:.3f} s; "
         f"serial decode+encode {refs['serial_decode_plus_encode_s']:.2f} s. "
-        "TTFF / first chunk and total / max(decode, encode) cannot go below 1.0. "
+        "TTFF / first chunk and total / max(decode, encode) cannot go below 1.0; "
+        "vaecast's and the vs-vaecast columns are medians of paired ratios (next "
+        "section), the other arms' ratios to the references medians over all runs. "
         '"Plays without a stall from": the earliest start from which every fragment '
         "arrives before its media time comes (later than the first playable fragment "
         "when the decode runs slower than real time).",
         "",
     ]
+    if "paired" in summary:
+        lines += _paired_table(summary["paired"])
+    if "stages" in summary:
+        lines += _stages_table(summary["stages"], refs)
     return lines
+
+
+def _stages_table(stages: dict[str, Any], refs: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Where the time goes (server moments, medians over each arm's runs, ms)",
+        "",
+        "| vaecast, to the first fragment | ms |",
+        "|---|---:|",
+    ]
+    for name, seconds in stages["vaecast"].get("ttff", {}).items():
+        lines.append(f"| {name} | {1000 * seconds:.1f} |")
+    arms = [arm for arm in stages if stages[arm].get("total")]
+    names = list(dict.fromkeys(n for arm in arms for n in stages[arm]["total"]))
+    lines += [
+        "",
+        f"First chunk alone: decode (+ quantize) and encode, "
+        f"{1000 * refs['first_chunk_decode_plus_encode_s']:.1f} ms.",
+        "",
+        "| the whole video | " + " | ".join(ARM_TITLES.get(arm, arm) for arm in arms) + " |",
+        "|---|" + "---:|" * len(arms),
+    ]
+    for name in names:
+        cells = " | ".join(
+            f"{1000 * stages[arm]['total'][name]:.0f}" if name in stages[arm]["total"] else "-"
+            for arm in arms
+        )
+        lines.append(f"| {name} | {cells} |")
+    lines += [
+        "",
+        f"The decode alone (decode_only: decode + quantize + host copy) took "
+        f"{1000 * refs['decode_only_s']:.0f} ms, of which quantize "
+        f"{1000 * refs['decode_only_quantize_s']:.0f} ms; the encode alone "
+        f"{1000 * refs['encode_only_s']:.0f} ms. What a pipeline's decode takes beyond "
+        "the decode alone is the cost of what runs beside it on the same cores.",
+        "",
+    ]
+    return lines
+
+
+RATIO_TITLES = {
+    **{name: target.title for name, target in TARGETS.items()},
+    **{f"total_over_{arm}": f"total / {ARM_TITLES[arm]}" for arm in PEER_ARMS},
+    **{f"ttff_over_{arm}": f"TTFF / {ARM_TITLES[arm]}" for arm in PEER_ARMS},
+}
+
+
+def _paired_table(section: dict[str, Any]) -> list[str]:
+    summary = section["summary"]
+    loads = section["load"]
+    lines = [
+        "## vaecast against the targets: paired ratios",
+        "",
+        "Each repeat runs vaecast back to back with every other arm and reference "
+        "(the order rotated every repeat); each ratio is computed within a repeat, from "
+        "runs that met the same load, then summarized over the repeats. A target is met "
+        f"when the median meets it and the interquartile range does not straddle it "
+        f"(at least {MIN_REPEATS} repeats); when the IQR straddles it, the run is too "
+        "noisy to conclude.",
+        "",
+        "| vaecast's ratio | target | median | IQR | min-max | per repeat | verdict |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    names = [*TARGETS, *(n for n in summary if n not in TARGETS)]
+    for name in names:
+        if name not in summary:
+            continue
+        entry = summary[name]
+        values = ", ".join(f"{r[name]:.2f}" for r in section["per_repeat"] if name in r)
+        target = f"<= {entry['target']:.2f}" if "target" in entry else "-"
+        verdict = explain(entry) if "target" in entry else "-"
+        if "target" in entry and 2 * section["loaded_repeats"] > len(loads):
+            verdict += f" (on a loaded machine: {section['loaded_repeats']}/{len(loads)} repeats)"
+        lines.append(
+            f"| {RATIO_TITLES.get(name, name)} | {target} | {entry['median']:.2f} "
+            f"| {entry['q1']:.2f}-{entry['q3']:.2f} | {entry['low']:.2f}-{entry['high']:.2f} "
+            f"| {values} | {verdict} |"
+        )
+    lines += [
+        "",
+        "Load during each repeat: CPU time other processes used (from /proc/stat, less "
+        "the server's, its reaped children's such as ffmpeg, and the client's), as "
+        f"average cores; a repeat over {section['loaded_cores']:.2f} core is marked loaded.",
+        "",
+        "| repeat | seconds | other processes, cores | steal, cores "
+        "| load average (1 min) start-end | loaded |",
+        "|---:|---:|---:|---:|---:|:-:|",
+    ]
+    for repeat in loads:
+        start, end = repeat["loadavg_1min"]
+        lines.append(
+            f"| {repeat['repeat']} | {repeat['wall_s']:.1f} | {repeat['others_cores']:.2f} "
+            f"| {repeat['steal_cores']:.2f} | {start:.2f}-{end:.2f} "
+            f"| {'yes' if repeat['loaded'] else 'no'} |"
+        )
+    if section["loaded_repeats"]:
+        lines += [
+            "",
+            f"{section['loaded_repeats']} of {len(loads)} repeats ran loaded: the ratios "
+            "pair like with like, but the targets are for an idle machine and the "
+            "seconds above do not describe one.",
+        ]
+    return [*lines, ""]
 
 
 def _memory_table(section: dict[str, Any]) -> list[str]:

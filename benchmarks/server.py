@@ -8,9 +8,10 @@ production code path; the baselines live on the same port and loop, one request 
 time, so every arm meets the same process, threads and torch settings.
 
 Instrumentation (benchmark only, nothing in vaecast is edited): the decoder is
-wrapped to time-stamp each chunk as it is published, and the job's stream encoder
-is a subclass that time-stamps each chunk's encode. `GET /bench/trace` returns (and
-clears) those moments.
+wrapped to time-stamp each chunk as it is published, the job's stream encoder is a
+subclass that time-stamps its opening and each chunk's encode, and a middleware and
+a response signal time-stamp the vaecast request's head and its response headers.
+`GET /bench/trace` returns (and clears) those moments.
 
 Routes besides vaecast's:
 - `POST /bench/decode_then_encode`, `/bench/preencode`: the MP4 in one response body;
@@ -55,6 +56,7 @@ from vaecast.server.config import MIB, Limits, ServerConfig
 TRACE = pipelines.Trace()
 VAECAST_ARM = "vaecast"
 READ_BYTES = 1 << 16
+STREAM_PATH = "/v1/videos/stream"
 
 
 class TimedDecoder:
@@ -94,12 +96,30 @@ class TimedDecoder:
 
 
 class TimedStreamEncoder(VideoStreamEncoder):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        TRACE.mark(VAECAST_ARM, "open_start")
+        super().__init__(*args, **kwargs)
+        TRACE.mark(VAECAST_ARM, "opened")
+
     def encode_chunk(self, frames: Yuv420Frames) -> bytes:
         index = self.fragments_written
         TRACE.mark(VAECAST_ARM, "encode_start", index)
         data = super().encode_chunk(frames)
         TRACE.mark(VAECAST_ARM, "encoded", index)
         return data
+
+
+@web.middleware
+async def _mark_request(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The moment the request's head is parsed, before its body is read."""
+    if request.path == STREAM_PATH:
+        TRACE.mark(VAECAST_ARM, "request")
+    return await handler(request)
+
+
+async def _mark_response(request: web.Request, response: web.StreamResponse) -> None:
+    if request.path == STREAM_PATH:
+        TRACE.mark(VAECAST_ARM, "response_prepare")
 
 
 def load_decoder(model: str, device: str) -> ChunkedDecoder:
@@ -267,6 +287,8 @@ async def serve(args: argparse.Namespace) -> None:
     )
     baselines = Baselines(decoder, config, args.host_frames)
     baselines.add_routes(app)
+    app.middlewares.append(_mark_request)
+    app.on_response_prepare.append(_mark_response)
     try:
         await serve_until_signalled(
             app,

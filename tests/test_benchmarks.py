@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks.__main__ import main
 from benchmarks.arms import ARMS, REFERENCES
+from benchmarks.paired import PEERS, TARGETS, Verdict
 from benchmarks.profiling import summarize
 
 FRAMES, CHUNKS, WIDTH, HEIGHT = 9, 3, 64, 48
@@ -39,8 +40,11 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
 
     runs = report["arms"]["runs"]
     assert sorted({r["arm"] for r in runs}) == sorted(ARMS + REFERENCES)
-    for arm in ARMS + REFERENCES:
+    for arm in PEERS:
         assert [r["repeat"] for r in runs if r["arm"] == arm] == list(range(REPEATS)), arm
+    for repeat in range(REPEATS):  # one vaecast run per peer, paired with it
+        pairs = [r["pair"] for r in runs if r["arm"] == "vaecast" and r["repeat"] == repeat]
+        assert sorted(pairs) == sorted(PEERS)
     for run in (r for r in runs if r["arm"] in ARMS):
         assert run["status"] == 200
         assert run["frames_decoded"] == run["frames_planned"] == FRAMES, run["arm"]
@@ -56,6 +60,14 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
             assert stats[key] > 0
     assert summary["arms"]["vaecast"]["ttff_vs_vaecast"] == 1.0
     assert summary["references"]["pipeline_bound_s"] > 0
+    paired_section = summary["paired"]
+    assert len(paired_section["per_repeat"]) == len(paired_section["load"]) == REPEATS
+    for name in TARGETS:
+        entry = paired_section["summary"][name]
+        assert entry["n"] == REPEATS and entry["median"] > 0
+        assert entry["verdict"] == Verdict.TOO_FEW  # 2 repeats decide nothing
+    for repeat in paired_section["load"]:
+        assert repeat["wall_s"] > 0 and repeat["others_cores"] >= 0
 
     timelines = {t["arm"]: t for t in report["arms"]["timelines"]}
     assert set(timelines) == {"vaecast", "decode_then_encode"}
@@ -90,7 +102,13 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
         assert throughput[key]["fps"] > 0, key
 
     table = (tmp_path / "benchmarks.md").read_text()
-    for title in ("Time to watch", "Server memory", "Fan-out", "Encode throughput"):
+    for title in (
+        "Time to watch",
+        "paired ratios",
+        "Server memory",
+        "Fan-out",
+        "Encode throughput",
+    ):
         assert title in table
     assert (tmp_path / "timeline.png").read_bytes().startswith(PNG_MAGIC)
 
@@ -134,6 +152,6 @@ def test_benchmark_arms_with_yuv420_host_frames(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     assert report["meta"]["host_frames"] == "yuv420"
     arms = [r for r in report["arms"]["runs"] if r["arm"] in ARMS]
-    assert sorted(r["arm"] for r in arms) == sorted(ARMS)
+    assert sorted({r["arm"] for r in arms}) == sorted(ARMS)
     for run in arms:
         assert run["frames_decoded"] == run["frames_planned"] == FRAMES, run["arm"]

@@ -170,7 +170,14 @@ async def run_pipeline(
     decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
     """
     loop = asyncio.get_running_loop()
-    encoder = await loop.run_in_executor(
+    bridge = ChunkBridge(loop, decoder.value_range, max_chunks=queue_chunks, to_host=stages.to_host)
+    # The decode starts first and the encoder opens on the encode thread meanwhile:
+    # opening x264 and writing the init segment take milliseconds that would
+    # otherwise come before the first chunk's decode, on the way to the first fragment.
+    decoding = loop.run_in_executor(
+        workers.decode, bridge.run, functools.partial(source.decode, decoder)
+    )
+    opening = loop.run_in_executor(
         workers.encode,
         functools.partial(
             stages.encoder_factory,
@@ -181,12 +188,10 @@ async def run_pipeline(
             **_audio_options(output, plan),
         ),
     )
-    bridge = ChunkBridge(loop, decoder.value_range, max_chunks=queue_chunks, to_host=stages.to_host)
-    decoding = loop.run_in_executor(
-        workers.decode, bridge.run, functools.partial(source.decode, decoder)
-    )
+    encoder: VideoStreamEncoder | None = None
     encoding: asyncio.Future[bytes] | None = None
     try:
+        encoder = await _join(opening)  # an error opening it is the caller's, as it was
         if observer is not None:
             observer.started(encoder.content_type)
         await _append(sink, encoder.init_segment)
@@ -249,7 +254,12 @@ async def run_pipeline(
             stopped.__traceback__ = None
         if encoding is not None:
             await _join(encoding, outcome_handled=True)
-        await _join(loop.run_in_executor(workers.encode, encoder.close))
+        if encoder is None:  # the open failed, or this task was cancelled during it
+            await _join(opening, outcome_handled=True)
+            if not opening.cancelled() and opening.exception() is None:
+                encoder = opening.result()
+        if encoder is not None:
+            await _join(loop.run_in_executor(workers.encode, encoder.close))
 
 
 def own_workers() -> tuple[Workers, Callable[[], None]]:

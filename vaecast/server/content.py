@@ -154,7 +154,10 @@ async def _write_parts(
     try:
         async with job.viewer(), contextlib.aclosing(parts):
             async for part in parts:
-                await asyncio.wait_for(response.write(part), timeout_s)
+                # A timeout scope, not wait_for: wait_for wraps each write in a task of
+                # its own, one more loop turn per part before its bytes reach the socket.
+                async with asyncio.timeout(timeout_s):
+                    await response.write(part)
                 metrics.bytes_sent.inc(len(part))
     except VaecastError as error:
         log.info("stream of %s cut: %s", job.id, error.message)

@@ -1,0 +1,105 @@
+"""run_pipeline: the decode does not wait for the encoder to open, and however the open
+ends (opened late, failed, cancelled), no thread or codec outlives the pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.helpers import GatedDecoder, decode_mp4, smooth_latents
+from vaecast.codecs.stream import VideoStreamEncoder
+from vaecast.errors import DecodeCancelled
+from vaecast.pipeline import Stages, VideoOutput, WholeLatents, own_workers, run_pipeline
+
+LATENTS = smooth_latents(frames=6)  # 6 chunks
+WAIT_S = 10.0
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.segments: list[bytes] = []
+
+    async def append(self, segment: bytes) -> None:
+        self.segments.append(segment)
+
+
+class RecordedEncoder(VideoStreamEncoder):
+    closed: ClassVar[list[RecordedEncoder]] = []
+
+    def close(self) -> None:
+        RecordedEncoder.closed.append(self)
+        super().close()
+
+
+async def _run(decoder: GatedDecoder, factory: Any) -> ListSink:
+    sink = ListSink()
+    workers, shutdown = own_workers()
+    try:
+        await run_pipeline(
+            WholeLatents(LATENTS),
+            decoder,
+            decoder.plan(LATENTS.shape),
+            VideoOutput(Fraction(16)),
+            sink,
+            workers,
+            stages=Stages(encoder_factory=factory),
+        )
+    finally:
+        shutdown()
+    return sink
+
+
+async def test_the_decode_runs_while_the_encoder_opens() -> None:
+    decoder = GatedDecoder(hold_at=1)
+
+    def open_after_the_first_chunk(*args: Any, **kwargs: Any) -> VideoStreamEncoder:
+        # Chunk 0 is decoded and chunk 1 reached before the encoder exists.
+        assert decoder.holding.wait(WAIT_S), "the decode waited for the encoder to open"
+        decoder.gate.set()
+        return VideoStreamEncoder(*args, **kwargs)
+
+    late = await _run(decoder, open_after_the_first_chunk)
+    at_once = await _run(GatedDecoder(), VideoStreamEncoder)
+    # The same stream, byte for byte: the init segment first, one fragment per chunk.
+    assert late.segments == at_once.segments
+    assert len(late.segments) == 1 + decoder.plan(LATENTS.shape).chunks
+    assert len(decode_mp4(b"".join(late.segments))) == decoder.plan(LATENTS.shape).frames
+
+
+async def test_an_encoder_that_cannot_open_fails_the_pipeline_and_stops_the_decode() -> None:
+    decoder = GatedDecoder()
+
+    def no_encoder(*args: Any, **kwargs: Any) -> VideoStreamEncoder:
+        raise RuntimeError("no x264 here (simulated)")
+
+    with pytest.raises(RuntimeError, match=r"^no x264 here \(simulated\)$"):
+        await _run(decoder, no_encoder)
+    assert decoder.finished.is_set()  # returned before run_pipeline did
+    assert isinstance(decoder.ended_with, DecodeCancelled) or decoder.ended_with is None
+
+
+async def test_a_cancel_while_the_encoder_opens_still_closes_it() -> None:
+    decoder = GatedDecoder()
+    opening = threading.Event()
+    release = threading.Event()
+    RecordedEncoder.closed.clear()
+
+    def slow_open(*args: Any, **kwargs: Any) -> VideoStreamEncoder:
+        opening.set()
+        assert release.wait(WAIT_S)
+        return RecordedEncoder(*args, **kwargs)
+
+    task = asyncio.create_task(_run(decoder, slow_open))
+    assert await asyncio.to_thread(opening.wait, WAIT_S)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done()  # the pipeline waits for the open it started
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, WAIT_S)
+    assert len(RecordedEncoder.closed) == 1
+    assert decoder.finished.is_set()
