@@ -8,20 +8,25 @@ has the gain), makes the one device-to-host copy, and puts the frames on a
 *bounded* asyncio.Queue. From a CUDA decoder that copy is still in flight when the
 chunk is queued (pinned memory, a side stream: `codecs/quantize.copy_to_host`): the
 decode thread goes on to the next chunk, and the encode thread waits for the copy
-when it first reads the planes; the bridge itself never waits for it. The put goes
-through `run_coroutine_threadsafe(...).result()`. When the consumer (encoder) falls
-behind, the put blocks the decoder thread: that is the backpressure that keeps
-memory at O(queue size x chunk), whatever the video length.
+when it first reads the planes; the bridge itself never waits for it.
 
-The worker thread never hangs: while it waits for the put it looks at the cancel
-flag and at the loop every `PUT_POLL_S`, so a cancelled job, a stopped loop or a
-put that never runs ends the decode with `DecodeCancelled` at the next chunk.
+The bound is a semaphore of `max_chunks` places that the worker thread takes before it
+hands a chunk over and the consumer gives back when it takes one: with room, the hand-
+over is one `call_soon_threadsafe` and the decode thread goes straight on to its next
+chunk, without waiting for the event loop to run a put (measured: the old
+`run_coroutine_threadsafe(put).result()` cost vaecast's decode thread 451 ms of waiting
+over an 81-frame video, against 329 ms for the chunked pre-encode arm). Without room,
+it blocks the decoder thread: that is the backpressure that keeps memory at
+O(queue size x chunk), whatever the video length.
+
+The worker thread never hangs: while it waits for a place it looks at the cancel flag
+and at the loop every `PUT_POLL_S`, so a cancelled job or a stopped loop ends the
+decode with `DecodeCancelled` at the next chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,7 +89,9 @@ class ChunkBridge:
         self._loop = loop
         self._value_range = value_range
         self._to_host = to_host
-        self._queue: asyncio.Queue[BridgeItem] = asyncio.Queue(maxsize=max_chunks)
+        # Unbounded as a queue; bounded by `_room`, which the worker thread takes.
+        self._queue: asyncio.Queue[BridgeItem] = asyncio.Queue()
+        self._room = threading.Semaphore(max_chunks)
         self._cancelled = threading.Event()
 
     @property
@@ -96,7 +103,9 @@ class ChunkBridge:
         self._cancelled.set()
 
     async def get(self) -> BridgeItem:
-        return await self._queue.get()
+        item = await self._queue.get()
+        self._room.release()
+        return item
 
     def run(self, decode: Callable[[ChunkCallback], None]) -> None:
         """Worker-thread entry point: `decode(on_chunk)`, then an end marker.
@@ -123,24 +132,14 @@ class ChunkBridge:
         self._put(HostChunk(chunk.index, chunk.total, chunk.frame_start, pixels))
 
     def _put(self, item: BridgeItem) -> None:
-        put = self._queue.put(item)
+        while not self._room.acquire(timeout=PUT_POLL_S):
+            if self._cancelled.is_set() or not self._loop.is_running():
+                raise DecodeCancelled("decode cancelled")
+        if self._cancelled.is_set():
+            self._room.release()
+            raise DecodeCancelled("decode cancelled")
         try:
-            future = asyncio.run_coroutine_threadsafe(put, self._loop)
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the loop is closed
-            put.close()
+            self._room.release()
             raise DecodeCancelled("event loop closed") from None
-        while True:
-            try:
-                future.result(timeout=PUT_POLL_S)
-                return
-            except concurrent.futures.TimeoutError:
-                loop_gone = not self._loop.is_running()
-                if self._cancelled.is_set() or loop_gone:
-                    future.cancel()  # a running loop cancels the put's task itself
-                    if loop_gone:
-                        # Nothing will run this put now; close it so it does not
-                        # warn "never awaited" when collected.
-                        put.close()
-                    raise DecodeCancelled("decode cancelled") from None
-            except concurrent.futures.CancelledError:
-                raise DecodeCancelled("event loop stopped") from None
