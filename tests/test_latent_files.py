@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import struct
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -12,6 +15,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors import deserialize
+from safetensors.torch import load as safetensors_load
 
 from tests.helpers import safetensors_bytes
 from tests.helpers.files import npy_bytes, npy_with_header, padded_safetensors, torch_save_bytes
@@ -61,6 +66,8 @@ def test_every_header_length_from_8_to_2048_is_read_as_safetensors():
         loaded = load_latents(data)
         assert torch.equal(loaded.latents, latents.unsqueeze(0)), length
         assert loaded.metadata["fps"] == "16", length
+        # From a bytearray: a view where the offset is aligned, a copy where it is not.
+        assert torch.equal(load_latents(bytearray(data)).latents, loaded.latents), length
     # The lengths whose first bytes read as a pickle's PROTO opcode were among them.
     assert {b"\x80\x00", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"} <= lead_bytes
 
@@ -101,6 +108,92 @@ def test_extra_tensors_of_dtypes_torch_lacks_do_not_stop_the_latents():
     text = json.dumps(header).encode()
     loaded = load_latents(struct.pack("<Q", len(text)) + text + data + b"\x7f" * 4)
     assert torch.equal(loaded.latents, SMALL.unsqueeze(0))
+
+
+# --- a bytearray upload is held once: the latents are a view of it ------------------------
+
+
+def address_of(buffer: bytearray) -> int:
+    return torch.frombuffer(buffer, dtype=torch.uint8, count=1).data_ptr()
+
+
+def inside(tensor: torch.Tensor, buffer: bytearray) -> bool:
+    start = address_of(buffer)
+    return start <= tensor.data_ptr() < start + len(buffer)
+
+
+@pytest.mark.parametrize("header_length", [0x280, 0x281, 0x282, 0x283])
+def test_f32_latents_are_a_view_of_the_bytearray_when_aligned_else_a_copy(header_length: int):
+    data = padded_safetensors(header_length, {"latents": SMALL, "audio": torch.ones(2, 8)})
+    buffer = bytearray(data)
+    loaded = load_latents(buffer)
+    expected = safetensors_load(data)["latents"].unsqueeze(0)
+    assert loaded.latents.view(torch.int32).equal(expected.view(torch.int32))  # byte-identical
+    aligned = (address_of(buffer) + 8 + header_length) % 4 == 0
+    assert inside(loaded.latents, buffer) == aligned
+    assert loaded.audio is not None and not inside(loaded.audio, buffer)
+    # The view keeps the buffer alive (and unresizable) after the caller drops it.
+    del buffer
+    gc.collect()
+    assert loaded.latents.view(torch.int32).equal(expected.view(torch.int32))
+
+
+def test_latents_from_bytes_are_a_copy_and_torch_does_not_warn():
+    data = safetensors_bytes(latents=SMALL)
+    loaded = load_latents(data).latents  # filterwarnings=error: a read-only view would warn
+    loaded += 1  # writable, and writing it cannot touch the immutable bytes
+    assert torch.equal(load_latents(data).latents + 1, loaded)
+
+
+def test_f16_latents_convert_to_float32_exactly_as_safetensors_reads_them():
+    latents = (torch.randn(16, 3, 5, 7) * 100).to(torch.float16)
+    data = safetensors_bytes(latents=latents)
+    loaded = load_latents(bytearray(data)).latents
+    assert torch.equal(loaded, safetensors_load(data)["latents"].float().unsqueeze(0))
+
+
+def test_native_npy_is_a_view_of_the_bytearray():
+    buffer = bytearray(npy_bytes(SMALL.numpy()))
+    loaded = load_latents(buffer).latents
+    assert inside(loaded, buffer) and torch.equal(loaded, SMALL.unsqueeze(0))
+
+
+PEAK_SCRIPT = """
+import resource, sys, torch
+from vaecast.latent_files import load_latents
+kind, frames = sys.argv[1], int(sys.argv[2])
+latents = torch.full((16, frames, 64, 64), 0.25)
+if kind == "safetensors":
+    from safetensors.torch import save
+    body = bytearray(save({"latents": latents}))
+else:
+    import io, numpy as np
+    out = io.BytesIO(); np.save(out, latents.numpy()); body = bytearray(out.getbuffer())
+del latents
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+loaded = load_latents(body).latents
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert float(loaded[0, 0, 0, 0, 0]) == 0.25 and loaded.shape[2] == frames
+print((after - before) * 1024 / len(body))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["safetensors", "npy"])
+def test_loading_a_large_bytearray_upload_adds_almost_nothing_to_the_peak(kind: str):
+    """In a fresh process, the high-water mark of RSS over the load: a copy of the
+    128 MiB body (what safetensors.deserialize made) or a whole-tensor boolean
+    temporary (the NaN scan's, 32 MiB) would show as 0.25 or more."""
+    frames = 512  # 16 x 512 x 64 x 64 float32: 128 MiB
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, kind, str(frames)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    growth = float(result.stdout.strip())
+    assert growth < 0.15, growth
 
 
 # --- .npy --------------------------------------------------------------------------------
@@ -331,11 +424,85 @@ ST_REFUSED = [
         "the safetensors file is corrupt: the header entry for 'latents' is not an object",
     ),
     (
-        "hole-in-the-data",  # our checks pass; safetensors' own validation refuses it
+        "bytes-past-the-tensors",  # the latents entry is fine; the whole file is not
         header_and_data({"latents": entry("F32", [16, 1, 1, 1], 64)}, b"\0" * 72),
         415,
-        "the safetensors file is corrupt: Error while deserializing: "
-        "incomplete metadata, file not fully covered",
+        "the safetensors file is corrupt: its tensors cover 64 bytes of a data section of 72",
+    ),
+    (
+        "hole-between-tensors",
+        header_and_data(
+            {"latents": entry("F32", [16, 1, 1, 1], 64), "x": entry("U8", [4], 72, 68)},
+            b"\0" * 72,
+        ),
+        415,
+        "the safetensors file is corrupt: tensor 'x' at bytes 68 to 72 leaves a hole before it",
+    ),
+    (
+        "overlapping-tensors",
+        header_and_data(
+            {"latents": entry("F32", [16, 1, 1, 1], 64), "x": entry("U8", [8], 68, 60)},
+            b"\0" * 68,
+        ),
+        415,
+        "the safetensors file is corrupt: tensor 'x' at bytes 60 to 68 overlaps the tensor "
+        "before it",
+    ),
+    (
+        "latents-not-at-zero",
+        header_and_data({"latents": entry("F32", [16, 1, 1, 1], 68, 4)}, b"\0" * 68),
+        415,
+        "the safetensors file is corrupt: tensor 'latents' at bytes 4 to 68 leaves a hole "
+        "before it",
+    ),
+    (
+        "other-tensor-of-unknown-dtype",
+        header_and_data(
+            {"latents": entry("F32", [16, 1, 1, 1], 64), "x": entry("F128", [1], 80, 64)},
+            b"\0" * 80,
+        ),
+        415,
+        "the safetensors file is corrupt: tensor 'x' has dtype 'F128', which safetensors "
+        "does not have",
+    ),
+    (
+        "other-tensor-of-wrong-size",
+        header_and_data(
+            {"latents": entry("F32", [16, 1, 1, 1], 64), "x": entry("F16", [2**62, 8], 80, 64)},
+            b"\0" * 80,
+        ),
+        415,
+        "the safetensors file is corrupt: tensor 'x' of shape (4611686018427387904, 8) and "
+        "dtype F16 does not fill the 16 bytes it spans",
+    ),
+    (
+        "sub-byte-tensor-ending-mid-byte",
+        header_and_data(
+            {"latents": entry("F32", [16, 1, 1, 1], 64), "x": entry("F4", [3], 66, 64)},
+            b"\0" * 66,
+        ),
+        415,
+        "the safetensors file is corrupt: tensor 'x' of shape (3,) and dtype F4 does not "
+        "fill the 2 bytes it spans",
+    ),
+    (
+        "other-tensor-with-decreasing-offsets",
+        header_and_data(
+            {"latents": entry("F32", [16, 1, 1, 1], 64), "x": entry("U8", [0], 64, 80)},
+            b"\0" * 80,
+        ),
+        415,
+        "the safetensors file is corrupt: the header entry for 'x' needs a shape of sizes "
+        "and two increasing data_offsets",
+    ),
+    (
+        "metadata-not-strings",
+        header_and_data(
+            {"__metadata__": {"fps": 16}, "latents": entry("F32", [16, 1, 1, 1], 64)},
+            b"\0" * 64,
+        ),
+        415,
+        "the safetensors file is corrupt: its __metadata__ is not an object of strings",
     ),
     (
         "too-many-values",
@@ -501,12 +668,15 @@ VALID_FILES = [
 
 
 def load_or_refuse(data: bytes) -> None:
-    try:
-        loaded = load_latents(data)
-    except VaecastError as error:
-        assert error.status in (413, 415, 422), error
-        return
-    assert loaded.latents.dtype == torch.float32 and loaded.latents.ndim == 5
+    for buffer in (data, bytearray(data)):  # a copy from bytes, a view of a bytearray
+        try:
+            loaded = load_latents(buffer)
+        except VaecastError as error:
+            assert error.status in (413, 415, 422), error
+            continue
+        assert loaded.latents.dtype == torch.float32 and loaded.latents.ndim == 5
+        if data[:1] != b"\x93":  # safetensors: safetensors' own validation agrees it is one
+            deserialize(data)
 
 
 @st.composite
@@ -557,3 +727,12 @@ JSON_VALUES = st.recursive(
 )
 def test_arbitrary_bytes_load_or_raise_a_typed_error(data: bytes):
     load_or_refuse(data)
+
+
+@pytest.mark.parametrize("frame", [0, 1, 299])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_value_in_any_slice_of_the_scan_is_refused(frame: int, bad: float):
+    latents = torch.zeros(16, 300, 32, 32)  # 16 Ki values a frame: the scan takes 256 at a time
+    latents[3, frame, 31, 7] = bad
+    error = refusal(bytearray(safetensors_bytes(latents=latents)))
+    assert error.message == "latents contain NaN or infinite values"

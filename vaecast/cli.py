@@ -350,7 +350,7 @@ def _serve(args: argparse.Namespace) -> int:
             name: await asyncio.to_thread(_load_decoder, name, args.device, weights.get(name))
             for name in models
         }
-        app = create_app(config, decoders, cluster=replicas)
+        app = create_app(config, decoders, cluster=replicas, warm_demo=True)
 
         def announce(host: str, port: int) -> None:
             print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from vaecast.errors import InvalidRequestError, UnsupportedMediaError
 from vaecast.latent_files.audio import AUDIO_KEY, AUDIO_RATE_KEY, MAX_AUDIO_CHANNELS, check_audio
-from vaecast.latent_files.latents import LATENTS_KEY, SAFE_HINT, LatentFile, ShapeCheck
+from vaecast.latent_files.latents import LATENTS_KEY, SAFE_HINT, Buffer, LatentFile, ShapeCheck
 from vaecast.latent_files.npy_format import NPY_MAGIC, load_npy
 from vaecast.latent_files.safetensors_format import load_safetensors
 from vaecast.safetensors_header import read_header
@@ -58,12 +58,16 @@ _PICKLE_REFUSED = (
 )
 
 
-def load_latents(data: bytes, check_shape: ShapeCheck | None = None) -> LatentFile:
+def load_latents(data: Buffer, check_shape: ShapeCheck | None = None) -> LatentFile:
     """Parse and check an uploaded latent file; see the module docstring.
 
     `check_shape` gets the declared latents shape as BCTHW after the dtype, rank and
     batch checks and before any latents data is converted or scanned; what it raises
     propagates unchanged (the server refuses videos over its frame and pixel limits).
+
+    From a `bytearray` the latents may be a view of it, not a copy (an upload is then
+    held once): the caller hands the buffer over and must not write to it afterwards.
+    From `bytes` they are always a copy.
     """
     if not data:
         raise InvalidRequestError(f"the upload is empty; {SAFE_HINT}")

@@ -23,6 +23,11 @@ MAX_DIM = 2**63 - 1
 _MAX_ECHO_CHARS = 40
 
 ShapeCheck = Callable[[tuple[int, ...]], None]
+# An upload as read: a bytearray from the server (tensors may be views of it), bytes elsewhere.
+Buffer = bytes | bytearray
+# The NaN/Inf scan goes this many values at a time: its boolean temporary stays small
+# (4 MiB) instead of a quarter of the latents' float32 size.
+_FINITE_SLICE_VALUES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +76,19 @@ def finish_latents(latents: torch.Tensor) -> torch.Tensor:
     """Declared-shape-checked latents as float32 BCTHW, refused if any value is not finite."""
     if latents.ndim == 4:
         latents = latents.unsqueeze(0)
-    latents = latents.to(torch.float32)
-    if not torch.isfinite(latents).all():
-        raise InvalidRequestError("latents contain NaN or infinite values")
-    return latents.contiguous()
+    latents = latents.to(torch.float32).contiguous()
+    frames = latents.shape[2]
+    per_frame = max(1, latents[:, :, :1].numel())
+    step = max(1, _FINITE_SLICE_VALUES // per_frame)
+    # Any NaN or infinity makes the sum non-finite, so a finite sum settles it in one
+    # pass with no temporary (11-48 ms -> under 6 ms for 81 frames at 832x480); a
+    # non-finite sum may also be an overflow of finite values, so it is checked in full.
+    if torch.isfinite(latents.sum()):
+        return latents
+    for start in range(0, frames, step):
+        if not torch.isfinite(latents[:, :, start : start + step]).all():
+            raise InvalidRequestError("latents contain NaN or infinite values")
+    return latents
 
 
 def shape_text(shape: Sequence[int]) -> str:

@@ -18,6 +18,7 @@ from vaecast.errors import UnsupportedMediaError
 from vaecast.latent_files.latents import (
     MAX_DIM,
     SAFE_HINT,
+    Buffer,
     LatentFile,
     ShapeCheck,
     bytes_text,
@@ -46,7 +47,7 @@ _TOKEN = re.compile(
 _NAMES = {"True": True, "False": False, "None": None}
 
 
-def load_npy(data: bytes, check_shape: ShapeCheck | None) -> LatentFile:
+def load_npy(data: Buffer, check_shape: ShapeCheck | None) -> LatentFile:
     descr, fortran_order, shape, offset = _read_header(data)
     dtype = _plain_dtype(descr)
     present = len(data) - offset
@@ -63,8 +64,9 @@ def load_npy(data: bytes, check_shape: ShapeCheck | None) -> LatentFile:
     count = present // dtype.itemsize
     array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     array = array.reshape(shape, order="F" if fortran_order else "C")
-    # One copy: native byte order, C order, writable (torch shares it).
-    native = np.array(array, dtype=dtype.newbyteorder("="), order="C")
+    # Native byte order, C order, aligned and writable (torch shares it): a view of a
+    # bytearray upload that already is, else one copy.
+    native = np.require(array, dtype=dtype.newbyteorder("="), requirements=["C", "A", "W"])
     if native.dtype.itemsize > 8:  # long double: torch has none; what overflows is caught later
         with np.errstate(over="ignore", invalid="ignore"):
             native = native.astype(np.float64)

@@ -2,21 +2,33 @@
 
 The header is parsed by `vaecast.safetensors_header` (bounded cost) and the
 `latents` entry checked against the bytes it spans and against the caller's shape
-check before safetensors' own validation of the whole file and before any tensor
-data is converted. Every float dtype safetensors has and torch knows is taken,
-F8 included; other tensors in the file may be of any dtype.
+check before the whole header is validated and before any tensor data is touched.
+Every float dtype safetensors has and torch knows is taken, F8 included; other
+tensors in the file may be of any dtype safetensors knows.
+
+The whole-header check is ours, not `safetensors.deserialize`: that returns a copy
+of every tensor, and the upload is then held twice. It applies the same rules as
+safetensors' own validation (every entry's dtype, shape and data_offsets; the
+entries in order, without overlap or hole, covering exactly the data section) on
+the parsed header, with Python ints, so no size can overflow. The latents are then
+a zero-copy `torch.frombuffer` view of the upload when the buffer is writable and
+the offset aligned for the dtype (and the host little-endian); otherwise the one
+tensor is copied. A view holds a reference to the buffer: it stays valid after the
+request that read it is gone, and nothing else writes to an upload's buffer.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
-from safetensors import SafetensorError, deserialize
 
 from vaecast.errors import InvalidRequestError, UnsupportedMediaError
 from vaecast.latent_files.audio import AUDIO_KEY
 from vaecast.latent_files.latents import (
     LATENTS_KEY,
     MAX_DIM,
+    Buffer,
     LatentFile,
     ShapeCheck,
     bytes_text,
@@ -29,6 +41,7 @@ from vaecast.latent_files.latents import (
 from vaecast.safetensors_header import CORRUPT, SafetensorsHeader
 
 _MAX_NAMES_LISTED = 10
+_METADATA_KEY = "__metadata__"
 
 _DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -50,24 +63,51 @@ _DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
     "C64": torch.complex64,
 }
+# Every dtype safetensors 0.8 knows, with its size in bits (F4 and F6 pack below a byte).
+_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
 _FLOATS_HINT = "send F32, F16, BF16, F64, F8_E4M3 or F8_E5M2"
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def load_safetensors(
-    data: bytes, header: SafetensorsHeader, check_shape: ShapeCheck | None
+    data: Buffer, header: SafetensorsHeader, check_shape: ShapeCheck | None
 ) -> LatentFile:
     """The latents, metadata and soundtrack of a safetensors file whose header is parsed."""
     entries = header.entries
     entry = entries.get(LATENTS_KEY)
     if entry is None:
-        names = sorted(k for k in entries if k != "__metadata__")
+        names = sorted(k for k in entries if k != _METADATA_KEY)
         found = ", ".join(echo(k) for k in names[:_MAX_NAMES_LISTED]) or "none"
         if len(names) > _MAX_NAMES_LISTED:
             found += f", ... {len(names)} in all"
         raise InvalidRequestError(
             f"the safetensors file has no tensor named {LATENTS_KEY!r} (found: {found})"
         )
-    dtype_name, shape = _latents_entry(entry, len(data) - header.data_start)
+    data_bytes = len(data) - header.data_start
+    dtype_name, shape = _latents_entry(entry, data_bytes)
     torch_dtype = _DTYPES.get(dtype_name)
     if torch_dtype is None:
         raise InvalidRequestError(
@@ -76,30 +116,24 @@ def load_safetensors(
     bcthw = check_declared(shape, _torch_name(torch_dtype), torch_dtype.is_floating_point)
     if check_shape is not None:
         check_shape(bcthw)
-    try:
-        # safetensors' own validation of the whole file: offsets, coverage, metadata.
-        views = dict(deserialize(data))
-    except SafetensorError as error:
-        raise UnsupportedMediaError(f"{CORRUPT}{error}") from None
-    view = views.get(LATENTS_KEY)
-    if view is None or view["dtype"] != dtype_name or tuple(view["shape"]) != shape:
-        raise UnsupportedMediaError(f"{CORRUPT}{LATENTS_KEY!r} differs from its header entry")
-    latents = finish_latents(_tensor_from_view(view, torch_dtype))
+    metadata = _validate(entries, data_bytes)
+    begin, _ = entry["data_offsets"]  # type: ignore[index]
+    latents = finish_latents(_tensor(data, header.data_start + begin, shape, torch_dtype))
     audio = None
-    if AUDIO_KEY in views:
-        audio_view = views[AUDIO_KEY]
-        audio_dtype = _DTYPES.get(audio_view["dtype"])
+    audio_entry = entries.get(AUDIO_KEY)
+    if audio_entry is not None:
+        assert isinstance(audio_entry, dict)  # _validate checked every entry
+        audio_dtype = _DTYPES.get(audio_entry["dtype"])
         if audio_dtype is None:
             raise InvalidRequestError(
-                f"audio dtype {audio_view['dtype']!r} is not supported; send F32, F16, BF16 or F64"
+                f"audio dtype {audio_entry['dtype']!r} is not supported; send F32, F16, BF16 or F64"
             )
-        audio = _tensor_from_view(audio_view, audio_dtype)
-    metadata = entries.get("__metadata__") or {}
-    if not isinstance(metadata, dict):  # deserialize refuses it first; never trust that
-        raise UnsupportedMediaError(f"{CORRUPT}its __metadata__ is not an object")
-    return LatentFile(
-        latents, {str(k): str(v) for k, v in metadata.items()}, audio, dtype=torch_dtype
-    )
+        audio_begin, _ = audio_entry["data_offsets"]
+        # A copy: the soundtrack is small, and a view would pin nothing it needs.
+        audio = _tensor(
+            data, header.data_start + audio_begin, tuple(audio_entry["shape"]), audio_dtype
+        ).clone()
+    return LatentFile(latents, metadata, audio, dtype=torch_dtype)
 
 
 def _latents_entry(entry: object, data_bytes: int) -> tuple[str, tuple[int, ...]]:
@@ -141,13 +175,108 @@ def _latents_entry(entry: object, data_bytes: int) -> tuple[str, tuple[int, ...]
     return dtype_name, tuple(shape)
 
 
-def _tensor_from_view(view: dict[str, object], dtype: torch.dtype) -> torch.Tensor:
-    shape = list(view["shape"])  # type: ignore[call-overload]
-    raw = view["data"]
-    assert isinstance(raw, bytearray)
-    if not raw:  # torch.frombuffer refuses an empty buffer
+def _validate(entries: dict[str, object], data_bytes: int) -> dict[str, str]:
+    """The metadata, once every entry of the header is checked as safetensors checks it.
+
+    Each tensor entry: an object with a dtype safetensors knows, a shape of sizes and
+    two data_offsets whose span is exactly the shape's size (whole bytes for the
+    sub-byte dtypes). Together, sorted by offset: starting at 0, each where the last
+    ended (no overlap, no hole), the last ending where the data section ends.
+    """
+    spans: list[tuple[int, int, str]] = []
+    metadata: dict[str, str] = {}
+    for name, entry in entries.items():
+        if name == _METADATA_KEY:
+            metadata = _metadata(entry)
+            continue
+        shown = echo(name)
+        if not isinstance(entry, dict):
+            raise UnsupportedMediaError(f"{CORRUPT}the header entry for {shown!r} is not an object")
+        dtype_name, shape = entry.get("dtype"), entry.get("shape")
+        offsets = entry.get("data_offsets")
+        bits = _BITS.get(dtype_name) if isinstance(dtype_name, str) else None
+        if bits is None:
+            raise UnsupportedMediaError(
+                f"{CORRUPT}tensor {shown!r} has dtype {echo(dtype_name)!r}, "
+                "which safetensors does not have"
+            )
+        if not (
+            isinstance(shape, list)
+            and all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            raise UnsupportedMediaError(
+                f"{CORRUPT}the header entry for {shown!r} needs a shape of sizes and two "
+                "increasing data_offsets"
+            )
+        begin, end = offsets
+        spanned = end - begin
+        # Bits, bounded: a shape of huge sizes stops as soon as it is past the span.
+        declared_bits = declared_bytes(shape, bits, spanned * 8)
+        if declared_bits != spanned * 8:
+            raise UnsupportedMediaError(
+                f"{CORRUPT}tensor {shown!r} of shape {shape_text(shape)} and dtype "
+                f"{dtype_name} does not fill the {spanned} bytes it spans"
+            )
+        spans.append((begin, end, name))
+    spans.sort()
+    covered = 0
+    for begin, end, name in spans:
+        if begin != covered:
+            what = "overlaps the tensor before it" if begin < covered else "leaves a hole before it"
+            raise UnsupportedMediaError(
+                f"{CORRUPT}tensor {echo(name)!r} at bytes {begin} to {end} {what}"
+            )
+        covered = end
+    if covered != data_bytes:
+        raise UnsupportedMediaError(
+            f"{CORRUPT}its tensors cover {covered} bytes of a data section of {data_bytes}"
+        )
+    return metadata
+
+
+def _metadata(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise UnsupportedMediaError(f"{CORRUPT}its __metadata__ is not an object of strings")
+    return dict(value)
+
+
+def _tensor(data: Buffer, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The tensor at `offset` of `data`: a view where that is safe, else a copy of it alone."""
+    count = declared_bytes(shape, 1, MAX_DIM) or 0
+    if count == 0:  # torch.frombuffer refuses an empty span
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(raw, dtype=dtype).reshape(shape)
+    view = memoryview(data)
+    nbytes = count * dtype.itemsize
+    if view.readonly or not _LITTLE_ENDIAN or not _aligned(view, offset, dtype.itemsize):
+        # torch warns on (and must never write to) a read-only buffer; a big-endian host
+        # needs the bytes swapped; a misaligned view is undefined behaviour for kernels.
+        copied = bytearray(view[offset : offset + nbytes])
+        tensor = torch.frombuffer(copied, dtype=dtype, count=count)
+        if not _LITTLE_ENDIAN:
+            tensor = _byteswapped(tensor)
+    else:
+        tensor = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    return tensor.reshape(shape)
+
+
+def _aligned(view: memoryview, offset: int, itemsize: int) -> bool:
+    # The address of the buffer, read from a 1-byte view of it (no copy).
+    address = torch.frombuffer(view, dtype=torch.uint8, count=1).data_ptr()
+    return (address + offset) % itemsize == 0
+
+
+def _byteswapped(tensor: torch.Tensor) -> torch.Tensor:  # pragma: no cover (big-endian hosts)
+    size = tensor.dtype.itemsize
+    if size == 1:
+        return tensor
+    raw = tensor.view(torch.uint8).numpy().reshape(-1, size)[:, ::-1].copy()
+    return torch.from_numpy(raw.reshape(-1)).view(tensor.dtype)
 
 
 def _torch_name(dtype: torch.dtype) -> str:

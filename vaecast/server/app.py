@@ -15,11 +15,16 @@ from vaecast.models.base import ChunkedDecoder
 from vaecast.pipeline import Stages
 from vaecast.server.config import ServerConfig
 from vaecast.server.http_errors import json_errors
+from vaecast.server.live_demo import warm_up_demo
 from vaecast.server.loop_lag import watch_loop_lag
 from vaecast.server.manager import JobManager
 from vaecast.server.push import PushSessions
 from vaecast.server.routes import MANAGER, PUSH_SESSIONS, add_routes
 from vaecast.server.security import SecurityGuard
+from vaecast.server.uploads import DEMO_MODEL
+
+# The demo warm-up task (vaecast.server.live_demo.warm_up_demo), or None when skipped.
+DEMO_WARM_UP = web.AppKey("demo_warm_up", asyncio.Task)
 
 # Bodies are read by vaecast.server.uploads with the configured limit; aiohttp's own
 # cap (client_max_size) only guards request.read()/post(), which the app never calls
@@ -37,6 +42,7 @@ def create_app(
     stages: Stages = Stages(),  # noqa: B008 (frozen, immutable)
     *,
     cluster: ReplicaOptions | None = None,
+    warm_demo: bool = False,
 ) -> web.Application:
     """An app serving `decoders` (already loaded: model loading is the caller's job,
     done off the event loop). `stages` replaces the pipeline's host conversion or
@@ -44,7 +50,13 @@ def create_app(
 
     With `cluster` (after `vaecast.cluster.connect` and the replicas' deployment),
     jobs run on Ray Serve decoder replicas and any front end serves any job
-    (vaecast.cluster.frontend); `decoders` then only plan and check requests."""
+    (vaecast.cluster.frontend); `decoders` then only plan and check requests.
+
+    With `warm_demo` (what `vaecast serve` asks for), when the default model is `tiny`
+    (the demo's) and decodes here, a demo click's first-call work runs once in the
+    background after start (vaecast.server.live_demo.warm_up_demo). Off by default:
+    in tests and benchmarks its decode and its start-up CPU would show in what they
+    measure (a gated test decoder, a timed benchmark decoder)."""
     if config.default_model not in decoders:
         raise ValueError(f"default model {config.default_model!r} is not among {sorted(decoders)}")
     # The guard sits inside json_errors (its refusals are JSON) and before every
@@ -75,9 +87,30 @@ def create_app(
         lag_watch = asyncio.create_task(
             watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"
         )
+        warm_up = None
+        if warm_demo and cluster is None and config.default_model == DEMO_MODEL:
+            # A task: the server answers (/healthz, jobs) while it runs.
+            warm_up = asyncio.create_task(
+                warm_up_demo(
+                    decoders[DEMO_MODEL],
+                    config.device,
+                    config.default_fps,
+                    config.encoder,
+                    stages,
+                    # The threads jobs decode and encode on: a fresh thread would pay
+                    # its first-call costs again.
+                    manager.workers,
+                    # A job, or a request being read: the warm-up would only compete.
+                    busy=lambda: manager.capacity_left < manager.capacity,
+                ),
+                name="vaecast-demo-warm-up",
+            )
+        app[DEMO_WARM_UP] = warm_up
         yield
-        lag_watch.cancel()
-        await asyncio.gather(lag_watch, return_exceptions=True)
+        tasks = [lag_watch] if warm_up is None else [lag_watch, warm_up]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await sessions.close()
         await manager.close()
 

@@ -97,6 +97,11 @@ class JobManager:
             self.retention.sweep_forever(), name="vaecast-retention"
         )
 
+    @property
+    def workers(self) -> Workers:
+        """The threads jobs decode and encode on."""
+        return self._workers
+
     # Admission.
 
     @property

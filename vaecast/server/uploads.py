@@ -66,7 +66,14 @@ ShapeCheck = Callable[[str | None, tuple[int, ...]], None]
 
 @dataclass(frozen=True, slots=True)
 class Upload:
-    data: bytes
+    """The latent file as received, and the form's text fields.
+
+    `data` is the one buffer the body was read into (or, for a form, the file part's
+    slice of it): the loader's tensors may be views of it (`load_latents`), so it is
+    handed over, never written to, and never copied into `bytes`.
+    """
+
+    data: bytearray
     fields: dict[str, str]
 
 
@@ -197,11 +204,14 @@ async def read_upload(request: web.Request, config: ServerConfig) -> Upload:
         return Upload(body, {})
     boundary = boundary_of(request.headers.get("Content-Type", ""))
     parts = await asyncio.to_thread(parse_form, body, boundary, max_parts=MAX_FORM_PARTS)
-    data: bytes | None = None
+    del body  # the parts are slices of it: drop the whole body before the file is parsed
+    data: bytearray | None = None
     fields: dict[str, str] = {}
     for part in parts:
         if part.name in FILE_FIELDS:
-            data = bytes(part.data)
+            # A slice of a bytearray is one: kept as is (the multipart parser made the
+            # one copy); `bytearray()` of it would be a second.
+            data = part.data if isinstance(part.data, bytearray) else bytearray(part.data)
         elif len(part.data) > MAX_FIELD_BYTES:
             raise PayloadTooLargeError(
                 f"form field {part.name[:40]!r} is over {MAX_FIELD_BYTES} bytes"
@@ -242,13 +252,16 @@ async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncItera
         yield chunk
 
 
-async def _read_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+async def _read_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytearray:
+    """The body in one growing buffer, returned as is: a `bytes` copy of it would hold
+    the upload twice at the peak. (Not preallocated from Content-Length: a client could
+    then make us commit the upload limit by declaring it and sending nothing.)"""
     body = bytearray()
     async for chunk in chunks:
-        body += chunk
-        if len(body) > max_bytes:
+        if len(body) + len(chunk) > max_bytes:
             raise _too_large(max_bytes)
-    return bytes(body)
+        body += chunk
+    return body
 
 
 def _too_large(max_bytes: int) -> PayloadTooLargeError:
