@@ -58,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--model", default="tiny")
+    p.add_argument(
+        "--weights",
+        type=Path,
+        default=None,
+        help="the model's weights file or folder (benchmarks/device.sh: random weights)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--host-frames",
@@ -119,11 +125,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     _say(f"latents: {args.frames} frames at {args.width}x{args.height}")
     latents = make_latents(args.frames, args.width, args.height, work_dir)
     body = latents_body(latents, args.fps)
-    plan = load_decoder(args.model, "cpu").plan(latents.shape)
+    plan = load_decoder(args.model, "cpu", args.weights).plan(latents.shape)
 
     if {"arms", "fanout", "profile"} & set(sections):
         log = work_dir / "server.log"
-        with server_process(args.model, args.device, log, args.host_frames) as server:
+        with server_process(
+            args.model, args.device, log, args.host_frames, weights=args.weights
+        ) as server:
             if "arms" in sections:
                 _say(
                     f"arms: {args.repeats} repeats of {len(paired.schedule(0))} runs, "

@@ -82,11 +82,17 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def server_process(
-    model: str, device: str, log_path: Path, host_frames: str = "rgb", tree: Path | None = None
+    model: str,
+    device: str,
+    log_path: Path,
+    host_frames: str = "rgb",
+    tree: Path | None = None,
+    weights: Path | None = None,
 ) -> Iterator[ServerProcess]:
     """`python -m benchmarks.server` on a free loopback port; stopped with SIGTERM.
 
-    `tree`: another checkout to run the server from (default: this one).
+    `tree`: another checkout to run the server from (default: this one). `weights`: the
+    model's weights file or folder (default: the model's own, where it has one).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -104,6 +110,7 @@ def server_process(
                 device,
                 "--host-frames",
                 host_frames,
+                *(["--weights", str(weights)] if weights is not None else []),
             ],
             stdout=subprocess.PIPE,
             stderr=log,

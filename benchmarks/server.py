@@ -30,6 +30,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -122,10 +123,10 @@ async def _mark_response(request: web.Request, response: web.StreamResponse) -> 
         TRACE.mark(VAECAST_ARM, "response_prepare")
 
 
-def load_decoder(model: str, device: str) -> ChunkedDecoder:
+def load_decoder(model: str, device: str, weights: str | Path | None = None) -> ChunkedDecoder:
     if model == "tiny":
         import vaecast.models.tiny  # noqa: F401  (registers itself on import)
-    return get_decoder(model, device=device)
+    return get_decoder(model, device=device, weights=weights)
 
 
 class Baselines:
@@ -272,7 +273,7 @@ class Baselines:
 async def serve(args: argparse.Namespace) -> None:
     # What the decode thread hands the encoder, the same for every arm.
     to_host = pipelines.HOST_FORMATS[args.host_frames]
-    decoder = await asyncio.to_thread(load_decoder, args.model, args.device)
+    decoder = await asyncio.to_thread(load_decoder, args.model, args.device, args.weights)
     config = ServerConfig(
         default_model=decoder.name,
         device=args.device,
@@ -306,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="the benchmarks' server process")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--weights", type=Path, default=None, help="the model's weights")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument(
