@@ -286,6 +286,16 @@ def deploy(options: ReplicaOptions) -> bool:
 
     if APP_NAME in _applications():
         return False
+    # No Serve HTTP proxy: the vaecast front ends are the HTTP edge.
+    serve.start(proxy_location=ProxyLocation.Disabled)
+    app = replica_deployment(options).bind(options)
+    serve.run(app, name=APP_NAME, route_prefix=None)
+    return True
+
+
+def replica_deployment(options: ReplicaOptions) -> serve.Deployment:
+    """The decoder replicas' Serve deployment for `vaecast serve --replica-*` flags: a
+    fixed count, or Serve autoscaling between `replicas` and `max_replicas`."""
     deployment_options: dict[str, Any] = {
         "name": DEPLOYMENT_NAME,
         "ray_actor_options": {"num_cpus": options.cpus, "num_gpus": options.gpus},
@@ -299,11 +309,7 @@ def deploy(options: ReplicaOptions) -> bool:
         }
     else:
         deployment_options["num_replicas"] = options.replicas
-    # No Serve HTTP proxy: the vaecast front ends are the HTTP edge.
-    serve.start(proxy_location=ProxyLocation.Disabled)
-    app = serve.deployment(DecoderReplica).options(**deployment_options).bind(options)
-    serve.run(app, name=APP_NAME, route_prefix=None)
-    return True
+    return serve.deployment(DecoderReplica).options(**deployment_options)
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:
