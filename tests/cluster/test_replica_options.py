@@ -8,10 +8,16 @@ request limit per replica. The running deployment is exercised in test_cluster.p
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from vaecast.cluster.records import DEPLOYMENT_NAME, ReplicaOptions
-from vaecast.cluster.replica import replica_deployment
+
+with warnings.catch_warnings():
+    # Ray Serve's own pydantic models warn on import (Field extra keys, pydantic 2.x).
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from vaecast.cluster.replica import replica_deployment
 
 
 def test_a_fixed_count_of_replicas_with_their_resources() -> None:
