@@ -14,7 +14,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from safetensors.torch import save as save_safetensors
 from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
 from vaecast.demo.sources import SceneSpec, scene_latents
 
+REPO = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 180.0
 SERVER_STOP_TIMEOUT_S = 30.0
 HTTP_TIMEOUT_S = 1800.0
@@ -81,6 +82,50 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
+def announced_process(
+    command: list[str],
+    log_path: Path,
+    announced: Callable[[str], str | None],
+    *,
+    what: str,
+    repo: Path = REPO,
+    env: dict[str, str] | None = None,
+    start_timeout_s: float = SERVER_START_TIMEOUT_S,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A server subprocess run from `repo` (on its PYTHONPATH), stderr to `log_path`,
+    that announces its URL on stdout: yields (URL, process), then stops it with SIGTERM
+    (killed if it does not stop). `announced(line)` is the URL in a line, else None."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=repo, env=env)
+    try:
+        yield _read_url(process, announced, what, start_timeout_s, log_path), process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(SERVER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def vaecast_serve_url(line: str) -> str | None:
+    """The URL in `vaecast serve`'s "vaecast serving MODELS on URL" line, else None."""
+    if not line.startswith("vaecast serving ") or " on " not in line:
+        return None
+    return line.rsplit(" on ", 1)[1].strip().rstrip("/")
+
+
+def _bench_server_url(line: str) -> str | None:
+    return line.split(" on ", 1)[1].strip() if line.startswith("bench server on ") else None
+
+
+@contextlib.contextmanager
 def server_process(
     model: str,
     device: str,
@@ -94,54 +139,42 @@ def server_process(
     `tree`: another checkout to run the server from (default: this one). `weights`: the
     model's weights file or folder (default: the model's own, where it has one).
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    repo = tree or Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.server",
-                "--model",
-                model,
-                "--device",
-                device,
-                "--host-frames",
-                host_frames,
-                *(["--weights", str(weights)] if weights is not None else []),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            cwd=repo,
-            env=env,
-        )
-    try:
-        url = _read_url(process)
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.server",
+        "--model",
+        model,
+        "--device",
+        device,
+        "--host-frames",
+        host_frames,
+        *(["--weights", str(weights)] if weights is not None else []),
+    ]
+    with announced_process(
+        command, log_path, _bench_server_url, what="the bench server", repo=tree or REPO
+    ) as (url, process):
         yield ServerProcess(url, process)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(SERVER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
 
 
-def _read_url(process: subprocess.Popen[bytes]) -> str:
+def _read_url(
+    process: subprocess.Popen[bytes],
+    announced: Callable[[str], str | None],
+    what: str,
+    timeout_s: float,
+    log_path: Path,
+) -> str:
     assert process.stdout is not None
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        line = process.stdout.readline().decode()
+        line = process.stdout.readline().decode(errors="replace")
         if not line and process.poll() is not None:
-            raise RuntimeError(f"the bench server exited with {process.returncode} at start")
-        if line.startswith("bench server on "):
-            return line.split(" on ", 1)[1].strip()
-    raise RuntimeError("the bench server did not start in time")
+            code = process.returncode
+            raise RuntimeError(f"{what} exited with {code} at start (log: {log_path})")
+        url = announced(line)
+        if url is not None:
+            return url
+    raise RuntimeError(f"{what} did not start in {timeout_s:.0f} s (log: {log_path})")
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -24,9 +24,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -36,10 +34,9 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.client import announced_process, vaecast_serve_url
 from tests.helpers.cdp import Page, launch_chromium
 
-START_TIMEOUT_S = 180.0
-STOP_TIMEOUT_S = 30.0
 FIRST_FRAME_TIMEOUT_S = 120.0
 JOB_END_TIMEOUT_S = 600.0
 POLL_S = 0.1
@@ -140,51 +137,15 @@ MILESTONES = """(() => {
 def vaecast_serve(log_path: Path, extra: Sequence[str] = ()) -> Iterator[str]:
     """`vaecast serve` on a free loopback port (no API key); yields its URL."""
     env = {k: v for k, v in os.environ.items() if k != "VAECAST_API_KEY"}
-    repo = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vaecast",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            cwd=repo,
-            env=env,
-        )
-    try:
-        yield _read_url(process)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-def _read_url(process: subprocess.Popen[bytes]) -> str:
-    assert process.stdout is not None
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        line = process.stdout.readline().decode()
-        if not line and process.poll() is not None:
-            raise RuntimeError(f"vaecast serve exited with {process.returncode} at start")
-        if line.startswith("vaecast serving ") and " on " in line:
-            return line.rsplit(" on ", 1)[1].strip().rstrip("/")
-    raise RuntimeError("vaecast serve did not start in time")
+    command = [sys.executable, "-m", "vaecast", "serve", "--host", "127.0.0.1", "--port", "0"]
+    with announced_process(
+        [*command, *extra],
+        log_path,
+        vaecast_serve_url,
+        what="vaecast serve",
+        env=env,
+    ) as (url, _):
+        yield url
 
 
 async def _until(page: Page, expression: str, timeout_s: float) -> Any:

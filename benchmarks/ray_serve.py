@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import pickle
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,18 +38,18 @@ import aiohttp
 
 from benchmarks.client import (
     SERVER_START_TIMEOUT_S,
-    SERVER_STOP_TIMEOUT_S,
+    announced_process,
     client_session,
     latents_body,
     make_latents,
     receive,
+    vaecast_serve_url,
 )
 from vaecast.cluster.records import Chunk, Segment
 from vaecast.codecs.fmp4_reader import iter_boxes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FPS = 16
-ANNOUNCE = "vaecast serving "
 # Ray starts a local cluster before the server listens: on two busy cores, slow.
 RAY_START_TIMEOUT_S = 2 * SERVER_START_TIMEOUT_S
 ARMS = ("plain", "ray")
@@ -87,13 +86,6 @@ def arms(replicas: int, max_jobs: int) -> list[Arm]:
 
 # ---------------------------------------------------------------------------
 # Pure helpers (tests/test_ray_serve_benchmark.py)
-
-
-def announced_url(line: str) -> str | None:
-    """The URL in `vaecast serve`'s "vaecast serving MODELS on URL" line, else None."""
-    if not line.startswith(ANNOUNCE) or " on " not in line:
-        return None
-    return line.rsplit(" on ", 1)[1].strip().rstrip("/")
 
 
 def segment_sizes(mp4: bytes) -> tuple[int, list[int]]:
@@ -245,43 +237,15 @@ class Server:
 @contextlib.contextmanager
 def vaecast_server(arm: Arm, model: str, log_path: Path) -> Iterator[Server]:
     """`vaecast serve` on a free loopback port; stopped with SIGTERM (Ray goes with it)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    repo = Path(__file__).resolve().parent.parent
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "vaecast", "serve", "--port", "0", "--model", model]
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [*command, *arm.options], stdout=subprocess.PIPE, stderr=log, cwd=repo, env=env
-        )
-    try:
-        timeout = RAY_START_TIMEOUT_S if arm.name == "ray" else SERVER_START_TIMEOUT_S
-        yield Server(arm.name, _read_url(process, timeout, log_path), process)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(SERVER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-def _read_url(process: subprocess.Popen[bytes], timeout_s: float, log_path: Path) -> str:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = process.stdout.readline().decode(errors="replace")
-        if not line and process.poll() is not None:
-            raise RuntimeError(
-                f"vaecast serve exited with {process.returncode} at start (log: {log_path})"
-            )
-        url = announced_url(line)
-        if url is not None:
-            return url
-    raise RuntimeError(f"vaecast serve did not start in {timeout_s:.0f} s (log: {log_path})")
+    with announced_process(
+        [*command, *arm.options],
+        log_path,
+        vaecast_serve_url,
+        what="vaecast serve",
+        start_timeout_s=RAY_START_TIMEOUT_S if arm.name == "ray" else SERVER_START_TIMEOUT_S,
+    ) as (url, process):
+        yield Server(arm.name, url, process)
 
 
 # ---------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from benchmarks.client import vaecast_serve_url
 from benchmarks.ray_serve import (
-    announced_url,
     arms,
     markdown,
     pickled_overhead,
@@ -41,9 +41,9 @@ def real_mp4(chunk_frames: list[int]) -> tuple[bytes, bytes, list[bytes]]:
 
 def test_announced_url_reads_the_serve_line() -> None:
     line = "vaecast serving tiny, taehv on http://127.0.0.1:40123/\n"
-    assert announced_url(line) == "http://127.0.0.1:40123"
-    assert announced_url("vaecast: warning: listening on all interfaces\n") is None
-    assert announced_url("2026-12-01 INFO ray: started on node x\n") is None
+    assert vaecast_serve_url(line) == "http://127.0.0.1:40123"
+    assert vaecast_serve_url("vaecast: warning: listening on all interfaces\n") is None
+    assert vaecast_serve_url("2026-12-01 INFO ray: started on node x\n") is None
 
 
 def test_both_arms_are_command_lines_vaecast_accepts() -> None:
