@@ -63,6 +63,7 @@ from vaecast.errors import (
     SessionTimeoutError,
     VaecastError,
 )
+from vaecast.server.job_timings import job_timings, realtime_factor
 
 FINAL = frozenset({"completed", "failed", "cancelled"})
 # Fragments and events per `follow` answer: a late follower catches up in batches.
@@ -474,23 +475,17 @@ class SharedJob:
         }
 
     def _timings(self) -> dict[str, float | None]:
-        def since_created(moment: float | None) -> float | None:
-            return None if moment is None else round(moment - self._created, 4)
-
-        return {
-            "queued_s": since_created(self._started),
-            "time_to_first_fragment_s": since_created(self._first_fragment),
-            "total_s": since_created(self._finished),
-            "decode_wait_s": round(self.decode_wait_s, 4),
-            "encode_s": round(self.encode_s, 4),
-        }
+        return job_timings(
+            self._created,
+            self._started,
+            self._first_fragment,
+            self._finished,
+            self.decode_wait_s,
+            self.encode_s,
+        )
 
     def _realtime_factor(self) -> float | None:
-        if self._started is None or self.frames_done == 0:
-            return None
-        end = self._finished if self._finished is not None else time.perf_counter()
-        seconds = float(self.frames_done / self.spec.fps)
-        return round(seconds / max(end - self._started, 1e-6), 3)
+        return realtime_factor(self.frames_done, self.spec.fps, self._started, self._finished)
 
     def _emit(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, "status": self.status, **fields})

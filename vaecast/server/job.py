@@ -40,6 +40,7 @@ from vaecast.pipeline import (
 )
 from vaecast.server.config import ServerConfig
 from vaecast.server.hls import PartIndex
+from vaecast.server.job_timings import job_timings, realtime_factor
 from vaecast.server.metrics import Metrics
 from vaecast.server.segment_log import FollowableLog, SegmentLog
 
@@ -199,10 +200,7 @@ class Job:
     @property
     def realtime_factor(self) -> float | None:
         """Seconds of video made per second of decoding: above 1, faster than real time."""
-        if self._started is None or self.frames_done == 0:
-            return None
-        end = self._finished if self._finished is not None else time.perf_counter()
-        return round(float(self.frames_done / self.fps) / max(end - self._started, 1e-6), 3)
+        return realtime_factor(self.frames_done, self.fps, self._started, self._finished)
 
     @property
     def run_seconds(self) -> float | None:
@@ -402,16 +400,14 @@ class Job:
         self.events.append({"event": event, "status": self.status.value, **fields})
 
     def _timings(self) -> dict[str, float | None]:
-        def since_created(moment: float | None) -> float | None:
-            return None if moment is None else round(moment - self._created, 4)
-
-        return {
-            "queued_s": since_created(self._started),
-            "time_to_first_fragment_s": since_created(self._first_fragment),
-            "total_s": since_created(self._finished),
-            "decode_wait_s": round(self.decode_wait_s, 4),
-            "encode_s": round(self.encode_s, 4),
-        }
+        return job_timings(
+            self._created,
+            self._started,
+            self._first_fragment,
+            self._finished,
+            self.decode_wait_s,
+            self.encode_s,
+        )
 
     def _summary(self) -> str:
         timings = self._timings()
