@@ -169,10 +169,12 @@ def summarize(runs: list[dict[str, Any]], loads: list[dict[str, Any]]) -> dict[s
 # Where vaecast's time to the first fragment goes: (name, from event, to event), each
 # event the first of its name in the run's trace (chunk 0 for per-chunk events), in
 # seconds since the client sent the request ("sent" is 0, "received" its TTFF).
+# The encoder's open appears only when the job opened its own: a job like the one
+# before it gets the spare its server opened between jobs (vaecast.encoder_spares).
 TTFF_STAGES = (
     ("request head parsed", "sent", "request"),
     ("body read, parsed, job started", "request", "open_start"),
-    ("encoder open", "open_start", "opened"),
+    ("encoder open (no spare)", "open_start", "opened"),
     ("request to decode start", "request", "decode_start"),
     ("first chunk decode", "decode_start", "decoded"),
     ("quantize + hand-off to the encode thread", "decoded", "encode_start"),
@@ -185,7 +187,8 @@ def ttff_stages(run: dict[str, Any]) -> dict[str, float]:
     """`TTFF_STAGES` of one vaecast run (those whose events its server recorded)."""
     moments: dict[str, float] = {"sent": 0.0, "received": run["ttff_s"]}
     for event in run["trace"]:
-        if event["chunk"] in (None, 0):
+        # Before the request: a spare encoder opened after the previous job.
+        if event["chunk"] in (None, 0) and event["t"] >= 0:
             moments.setdefault(event["event"], event["t"])
     return {
         name: moments[end] - moments[start]

@@ -222,7 +222,7 @@ def test_stages_of_a_run_from_its_trace() -> None:
     ttff = ttff_stages(run)
     assert ttff["request head parsed"] == pytest.approx(0.002)
     assert ttff["body read, parsed, job started"] == pytest.approx(0.014)
-    assert ttff["encoder open"] == pytest.approx(0.004)
+    assert ttff["encoder open (no spare)"] == pytest.approx(0.004)
     assert ttff["request to decode start"] == pytest.approx(0.013)
     assert ttff["first chunk decode"] == pytest.approx(0.085)
     assert ttff["quantize + hand-off to the encode thread"] == pytest.approx(0.004)
@@ -238,7 +238,12 @@ def test_stages_of_a_run_from_its_trace() -> None:
         }
     )
     # A server that records fewer moments (an older tree) gives the stages it can.
-    assert "encoder open" not in ttff_stages({**run, "trace": trace[1:2] + trace[4:]})
+    assert "encoder open (no spare)" not in ttff_stages({**run, "trace": trace[1:2] + trace[4:]})
+    # A spare opened after the previous job (before this request) is not this job's.
+    spare = [_event("open_start", -0.5), _event("opened", -0.496), *trace[:2], *trace[4:]]
+    ttff = ttff_stages({**run, "trace": spare})
+    assert "encoder open (no spare)" not in ttff
+    assert ttff["first chunk decode"] == pytest.approx(0.085)
 
 
 def test_vaecast_against_the_first_configuration_per_repeat() -> None:

@@ -96,7 +96,9 @@ def create_app(
                     config.device,
                     config.default_fps,
                     config.encoder,
-                    stages,
+                    # The manager's: the demo's encoder is then opened ahead for the
+                    # first click (encoder_spares).
+                    manager.stages,
                     # The threads jobs decode and encode on: a fresh thread would pay
                     # its first-call costs again.
                     manager.workers,
@@ -105,6 +107,7 @@ def create_app(
                 ),
                 name="vaecast-demo-warm-up",
             )
+            warm_up.add_done_callback(lambda _: manager.replenish_spare_encoder())
         app[DEMO_WARM_UP] = warm_up
         yield
         tasks = [lag_watch] if warm_up is None else [lag_watch, warm_up]

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from vaecast.encoder_spares import SpareEncoders
 from vaecast.errors import (
     JobStateError,
     NotFoundError,
@@ -79,7 +81,11 @@ class JobManager:
         self._waiting: list[Job] = []  # FIFO of jobs waiting for a slot
         self.metrics = Metrics(self._state_for_metrics)  # reads the state above
         self.retention = Retention(config, self.metrics, self.jobs)
-        self._stages = stages
+        # Each job's encoder comes ready-opened when it is like the previous job's
+        # (encoder_spares: the open's CPU kept off the first chunk's decode).
+        self._spares = SpareEncoders(stages.encoder_factory)
+        self._stages = dataclasses.replace(stages, encoder_factory=self._spares)
+        self._replenishing: asyncio.Future[None] | None = None
         self._unfinished = 0  # jobs submitted and not yet ended
         self._reserved = 0  # admissions whose request is still being read
         self._slots = asyncio.Semaphore(config.decode_slots)
@@ -101,6 +107,27 @@ class JobManager:
     def workers(self) -> Workers:
         """The threads jobs decode and encode on."""
         return self._workers
+
+    @property
+    def stages(self) -> Stages:
+        """What jobs convert and encode with (the encoder factory keeps a spare)."""
+        return self._stages
+
+    @property
+    def spare_encoders(self) -> SpareEncoders:
+        return self._spares
+
+    def replenish_spare_encoder(self) -> None:
+        """Open the next job's encoder ahead, on an encode thread, when no job runs."""
+        busy = self._unfinished > 0 or self._reserved > 0
+        if self.draining or busy or self._replenishing is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._replenishing = loop.run_in_executor(self._workers.encode, self._spares.replenish)
+        self._replenishing.add_done_callback(self._replenished)
+
+    def _replenished(self, future: asyncio.Future[None]) -> None:
+        self._replenishing = None  # replenish reports nothing: a failed open is retried
 
     # Admission.
 
@@ -242,6 +269,7 @@ class JobManager:
             self._waiting.remove(job)
         if not self.draining:  # close() frees everything
             self.retention.job_ended(job)
+            self.replenish_spare_encoder()
 
     def _retry_after_s(self) -> int:
         """A guess at when a queue place frees up: when a running job ends, about
@@ -299,6 +327,7 @@ class JobManager:
         await self.retention.close()
         for job in list(self.jobs.values()):
             await job.log.release()
+        self._spares.close()  # a replenish still running closes what it opens
         for pool in (self._workers.decode, self._workers.encode):
             await asyncio.to_thread(pool.shutdown)
 
