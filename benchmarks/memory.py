@@ -27,6 +27,7 @@ that leaks), without the noise of one process against another.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -179,13 +180,18 @@ def slopes(records: list[dict[str, Any]]) -> dict[str, Any]:
         per_100["beyond_latents_and_mp4_mb"] = (
             per_100["peak_rss_mb"] - per_100["latents_mb"] - per_100["mp4_mb"]
         )
-        longest = max(mine, key=lambda r: r["frames"])
-        if longest.get("stream_growth_mb_per_100") is not None:
-            mp4_per_100 = 100 * longest["mp4_mb"] / longest["frames"]
-            per_100["within_stream_mb"] = longest["stream_growth_mb_per_100"]
-            per_100["within_stream_beyond_mp4_mb"] = (
-                longest["stream_growth_mb_per_100"] - mp4_per_100
-            )
+        # Within-stream growth of the longest length (the median when it ran more
+        # than once, with every run's figure: its spread is the figure's noise).
+        most = max(frames)
+        longest = [
+            r for r in mine if r["frames"] == most and r.get("stream_growth_mb_per_100") is not None
+        ]
+        if longest:
+            mp4_per_100 = statistics.median(100 * r["mp4_mb"] / most for r in longest)
+            within = [r["stream_growth_mb_per_100"] for r in longest]
+            per_100["within_stream_mb"] = statistics.median(within)
+            per_100["within_stream_beyond_mp4_mb"] = statistics.median(within) - mp4_per_100
+            per_100["within_stream_beyond_mp4_runs_mb"] = [w - mp4_per_100 for w in within]
         result[arm] = per_100
     return result
 
@@ -221,9 +227,15 @@ def table(section: dict[str, Any]) -> list[str]:
             )
         within = ""
         if "within_stream_beyond_mp4_mb" in slope:
+            runs = slope.get("within_stream_beyond_mp4_runs_mb", [])
+            spread = ""
+            if len(runs) > 1:
+                spread = f" (median of {len(runs)} runs: " + ", ".join(f"{r:.1f}" for r in runs)
+                spread += ")"
             within = (
                 f"; within the longest stream RSS grows {slope['within_stream_mb']:.1f} MB "
                 f"per 100 frames, {slope['within_stream_beyond_mp4_mb']:.1f} beyond its MP4"
+                f"{spread}"
             )
         lines.append(
             f"- {arm}: peak RSS grows {slope['peak_rss_mb']:.1f} MB per 100 frames, "

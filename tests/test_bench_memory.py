@@ -48,6 +48,18 @@ def test_beyond_latents_and_mp4_is_what_is_left_of_the_peak_slope() -> None:
     assert "during the upload grows 20.0" in lines
 
 
+def test_the_longest_length_run_again_gives_a_median_and_each_run() -> None:
+    records = [record(f, 300 + 0.14 * f, 0.10 * f, 0.01 * f) for f in (81, 1281, 1281, 1281)]
+    for r, within in zip(records, (None, 2.0, 3.5, 2.5), strict=True):
+        r["stream_growth_mb_per_100"] = within
+    per_100 = slopes(records)["vaecast"]
+    # The MP4 is 1 MB per 100 frames: what is left of each run's growth.
+    assert per_100["within_stream_beyond_mp4_mb"] == pytest.approx(1.5)
+    assert per_100["within_stream_beyond_mp4_runs_mb"] == pytest.approx([1.0, 2.5, 1.5])
+    lines = "\n".join(table({"runs": records, "per_100_frames": slopes(records)}))
+    assert "1.5 beyond its MP4 (median of 3 runs: 1.0, 2.5, 1.5)" in lines
+
+
 def test_growth_within_a_stream_is_its_floor_fitted_on_its_second_half() -> None:
     fps = 16
     # A fragment every 4 frames, one a second. Between two, RSS rises by a chunk's
