@@ -187,8 +187,10 @@ def ttff_stages(run: dict[str, Any]) -> dict[str, float]:
     """`TTFF_STAGES` of one vaecast run (those whose events its server recorded)."""
     moments: dict[str, float] = {"sent": 0.0, "received": run["ttff_s"]}
     for event in run["trace"]:
-        # Before the request: a spare encoder opened after the previous job.
-        if event["chunk"] in (None, 0) and event["t"] >= 0:
+        # Only what happened between the request and its first fragment: a spare
+        # encoder opens after a job (before the next one's request, or after this
+        # one's first fragment when the trace is taken late).
+        if event["chunk"] in (None, 0) and 0 <= event["t"] <= run["ttff_s"]:
             moments.setdefault(event["event"], event["t"])
     return {
         name: moments[end] - moments[start]

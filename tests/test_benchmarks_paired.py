@@ -241,6 +241,7 @@ def test_stages_of_a_run_from_its_trace() -> None:
     assert "encoder open (no spare)" not in ttff_stages({**run, "trace": trace[1:2] + trace[4:]})
     # A spare opened after the previous job (before this request) is not this job's.
     spare = [_event("open_start", -0.5), _event("opened", -0.496), *trace[:2], *trace[4:]]
+    spare += [_event("open_start", 0.225), _event("opened", 0.229)]  # the next job's
     ttff = ttff_stages({**run, "trace": spare})
     assert "encoder open (no spare)" not in ttff
     assert ttff["first chunk decode"] == pytest.approx(0.085)
