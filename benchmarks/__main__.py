@@ -6,7 +6,7 @@
 Sections (all by default): `arms` (time to first byte / first playable fragment /
 last byte of four pipelines over HTTP; vaecast run back to back with each other arm
 and reference, the ratios paired and judged against the targets, see `paired`),
-`fanout` (1, 10, 100 viewers of one job), `profile` (py-spy over the server, if
+`fanout` (1, 10, 100, 1000 viewers of one job), `profile` (py-spy over the server, if
 installed), `memory` (peak server RSS against length, fresh process per length),
 `throughput` (encoder path vs ffmpeg CLI).
 Writes `benchmarks.json`, `benchmarks.md` and `timeline.png` to the output directory.
@@ -88,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
         help="keep the other sections of an existing benchmarks.json in --out",
     )
     p.add_argument("--no-warmup", action="store_true", help="skip the unmeasured first runs")
-    p.add_argument("--fanout", type=_ints, default=[1, 10, 100], help="viewer counts")
+    p.add_argument("--fanout", type=_ints, default=[1, 10, 100, 1000], help="viewer counts")
     p.add_argument("--memory-frames", type=_ints, default=[81, 321, 1281])
     p.add_argument(
         "--memory-baseline-frames",

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks import fanout, memory
 from benchmarks.paired import MIN_REPEATS, PEER_ARMS, TARGETS, explain
 
 ARM_TITLES = {
@@ -207,55 +208,11 @@ def _paired_table(section: dict[str, Any]) -> list[str]:
 
 
 def _memory_table(section: dict[str, Any]) -> list[str]:
-    lines = [
-        "## Server memory against video length (one fresh server process per row)",
-        "",
-        "| arm | frames | size | idle RSS MB | peak RSS MB | growth MB | latents MB "
-        "| MP4 MB | total s | frames ok |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|:-:|",
-    ]
-    for r in section["runs"]:
-        lines.append(
-            f"| {r['arm']} | {r['frames']} | {r['width']}x{r['height']} | {r['idle_rss_mb']:.0f} "
-            f"| {r['peak_rss_mb']:.0f} | {r['growth_mb']:.0f} | {r['latents_mb']:.1f} "
-            f"| {r['mp4_mb']:.2f} | {r['total_s']:.1f} "
-            f"| {'yes' if r['frames_decoded'] == r['frames'] else 'NO'} |"
-        )
-    lines.append("")
-    for arm, slope in section["per_100_frames"].items():
-        lines.append(
-            f"- {arm}: peak RSS grows {slope['peak_rss_mb']:.1f} MB per 100 frames "
-            f"(the MP4 kept for late viewers {slope['mp4_mb']:.2f} MB, "
-            f"the uploaded latents {slope['latents_mb']:.2f} MB per 100 frames)"
-        )
-    return [*lines, ""]
+    return memory.table(section)
 
 
 def _fanout_table(section: dict[str, Any]) -> list[str]:
-    lines = [
-        "## Fan-out: N concurrent viewers of one job",
-        "",
-        "| viewers | event-loop CPU s | event-loop CPU s per viewer | process CPU s (job) "
-        "| TTFF median s | TTFF max s | last byte max s | viewers complete | client CPU s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in section["runs"]:
-        ttff = r.get("ttff_s", {})
-        per_viewer = r.get("loop_cpu_s_per_viewer")
-        lines.append(
-            f"| {r['viewers']} | {r['loop_cpu_s']:.3f} "
-            f"| {'-' if per_viewer is None else f'{per_viewer:.4f}'} | {r['server_cpu_s']:.2f} "
-            f"| {_s(ttff.get('median'))} | {_s(ttff.get('max'))} "
-            f"| {_s(r.get('last_byte_s_max'))} "
-            f"| {r.get('viewers_complete', '-')}/{r['viewers']} | {r['client_cpu_s']:.2f} |"
-        )
-    lines += [
-        "",
-        "Viewers cost the server only on its event-loop thread (reading the log, writing "
-        "sockets); the process total is dominated by the decode, whose run-to-run noise "
-        "is larger than what 100 viewers add.",
-    ]
-    return [*lines, ""]
+    return fanout.table(section)
 
 
 def _throughput_table(section: dict[str, Any]) -> list[str]:

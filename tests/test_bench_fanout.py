@@ -10,7 +10,12 @@ import sys
 import threading
 import time
 
-from benchmarks.fanout import raise_open_files, table, thread_cpu_seconds
+from benchmarks.fanout import (
+    raise_open_files,
+    table,
+    thread_cpu_seconds,
+    thread_kernel_seconds,
+)
 
 
 def test_open_files_are_raised_here_and_in_the_server_within_the_hard_limit() -> None:
@@ -66,7 +71,13 @@ def test_thread_cpu_time_counts_one_threads_work() -> None:
 def test_the_table_gives_the_loops_share_of_a_core_and_the_viewers_part() -> None:
     runs = [
         {"viewers": 0, "loop_cpu_s": 0.06, "job_total_s": 3.0, "client_cpu_s": 0.0},
-        {"viewers": 100, "loop_cpu_s": 0.18, "job_total_s": 3.0, "client_cpu_s": 0.1},
+        {
+            "viewers": 100,
+            "loop_cpu_s": 0.18,
+            "loop_kernel_s": 0.07,
+            "job_total_s": 3.0,
+            "client_cpu_s": 0.1,
+        },
     ]
     for run in runs:
         run["loop_cpu_pct"] = 100 * run["loop_cpu_s"] / run["job_total_s"]
@@ -77,5 +88,24 @@ def test_the_table_gives_the_loops_share_of_a_core_and_the_viewers_part() -> Non
         "viewers_complete": 100,
     }
     lines = table({"runs": runs})
-    assert "| 0 | 2.00 | - | - | 3.00 | - | - | -/0 | 0.00 |" in lines
-    assert "| 100 | 6.00 | 4.00 | 1.20 | 3.00 | 0.200 | 0.300 | 100/100 | 0.10 |" in lines
+    assert "| 0 | 2.00 | - | - | - | 3.00 | - | - | -/0 | 0.00 |" in lines
+    assert "| 100 | 6.00 | 4.00 | 1.20 | 0.07 | 3.00 | 0.200 | 0.300 | 100/100 | 0.10 |" in lines
+
+
+def test_kernel_time_counts_a_threads_system_calls_not_its_python() -> None:
+    """Reads of /dev/zero are kernel time; arithmetic in Python is not."""
+    pid, tid = os.getpid(), threading.get_native_id()
+    start = thread_kernel_seconds(pid, tid)
+    end = time.thread_time() + 0.3
+    while time.thread_time() < end:  # the clock is a system call: read it rarely
+        sum(range(200_000))
+    python_only = thread_kernel_seconds(pid, tid) - start
+    block = bytearray(1 << 20)
+    start = thread_kernel_seconds(pid, tid)
+    with open("/dev/zero", "rb", buffering=0) as zero:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            zero.readinto(block)
+    syscalls = thread_kernel_seconds(pid, tid) - start
+    assert python_only < 0.05
+    assert syscalls > 0.15

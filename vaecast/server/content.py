@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
@@ -126,9 +126,10 @@ async def send_stream(
 ) -> web.StreamResponse:
     """Write the job's MP4 as it grows; cut the connection if the job breaks midway.
 
-    An error after the headers cannot change the status, so the connection is
-    closed without the terminating chunk: clients see a truncated transfer, and the
-    job object says why.
+    Caught up, the viewer is one of the log's broadcast members (`broadcast.py`): each
+    new segment is written to all of them in one loop. An error after the headers
+    cannot change the status, so the connection is closed without the terminating
+    chunk: clients see a truncated transfer, and the job object says why.
     """
     await job.log.wait_for_init()  # the Content-Type names the codec: known from then on
     response = web.StreamResponse(
@@ -139,9 +140,16 @@ async def send_stream(
         }
     )
     response.enable_chunked_encoding()
-    await response.prepare(request)
+    writer = await response.prepare(request)
     if request.method != "HEAD":
-        await _write_parts(request, response, job, job.log.follow())
+        broadcast = job.broadcast
+        timeout_s = job.config.reader_write_timeout_s
+        await _serve_viewer(
+            request,
+            response,
+            job,
+            lambda: broadcast.follow(job.log, response, writer, timeout_s),
+        )
     return response
 
 
@@ -149,29 +157,45 @@ async def _write_parts(
     request: web.Request, response: web.StreamResponse, job: Job, parts: AsyncIterator[bytes]
 ) -> None:
     """Write `parts` to one viewer; drop only that viewer if it stalls or leaves."""
-    metrics = job.metrics
-    timeout_s = job.config.reader_write_timeout_s
-    try:
-        async with job.viewer(), contextlib.aclosing(parts):
+
+    async def write_all() -> None:
+        metrics = job.metrics
+        timeout_s = job.config.reader_write_timeout_s
+        async with contextlib.aclosing(parts):
             async for part in parts:
                 # A timeout scope, not wait_for: wait_for wraps each write in a task of
                 # its own, one more loop turn per part before its bytes reach the socket.
                 async with asyncio.timeout(timeout_s):
                     await response.write(part)
                 metrics.bytes_sent.inc(len(part))
+
+    await _serve_viewer(request, response, job, write_all)
+
+
+async def _serve_viewer(
+    request: web.Request,
+    response: web.StreamResponse,
+    job: Job,
+    body: Callable[[], Awaitable[None]],
+) -> None:
+    """Run `body` (one viewer's writes) and end the response; cut it if the log broke,
+    drop the viewer if it took nothing for `reader_write_timeout_s`."""
+    timeout_s = job.config.reader_write_timeout_s
+    try:
+        async with job.viewer():
+            await body()
+            # The terminating chunk waits for the socket to drain: bounded like a write.
+            async with asyncio.timeout(timeout_s):
+                await end_response(response)
     except VaecastError as error:
         log.info("stream of %s cut: %s", job.id, error.message)
         _cut(request)
-        return
     except TimeoutError:
         log.info("viewer of %s dropped: nothing read for %g s", job.id, timeout_s)
-        metrics.readers_dropped.inc()
+        job.metrics.readers_dropped.inc()
         _cut(request)
-        return
     except ConnectionError:  # reset, or lost while waiting for the socket to drain
         log.info("viewer of %s left", job.id)
-        return
-    await end_response(response)
 
 
 async def end_response(response: web.StreamResponse) -> None:

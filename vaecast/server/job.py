@@ -38,6 +38,7 @@ from vaecast.pipeline import (
     Workers,
     run_pipeline,
 )
+from vaecast.server.broadcast import Broadcast
 from vaecast.server.config import ServerConfig
 from vaecast.server.hls import PartIndex
 from vaecast.server.job_timings import job_timings, realtime_factor
@@ -148,6 +149,8 @@ class Job:
         self.status = JobStatus.QUEUED
         self.error: VaecastError | None = None
         self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+        # Its caught-up live viewers, written to in one loop per segment.
+        self.broadcast = Broadcast(self.log, metrics.bytes_sent)
         # Each part's duration and keyframe, for the HLS playlist of the same bytes.
         self.parts = PartIndex()
         # Progress as events (queued, started, chunk..., then done or error), for

@@ -8,6 +8,10 @@ only buffer, and it holds what a finished job's file would hold anyway. Past
 so a long video costs a bounded amount of memory per job; file reads and writes
 run in threads (`os.pread`/`os.pwrite`, no shared file position), never on the loop.
 
+Besides followers, which pull, a log has listeners, which it tells synchronously of
+each segment appended and of its close: what lets `broadcast.py` write a segment to
+every caught-up viewer in one loop, instead of waking each viewer to do it.
+
 The job's progress events use the same mechanism (`FollowableLog[dict]`), which is
 what lets a late subscriber see the state so far before following live.
 
@@ -23,7 +27,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from vaecast.errors import GoneError, VaecastError
 
@@ -123,6 +127,20 @@ class FollowableLog(Generic[T]):
         self._appended = asyncio.Event()
 
 
+class SegmentListener(Protocol):
+    """Told by a SegmentLog, synchronously, of what happens to it.
+
+    Called inside `append` and the closing calls, so it must neither await nor raise,
+    and should be quick: the writer (the job's pipeline) waits for it.
+    """
+
+    def appended(self, segment: bytes) -> None:
+        """`segment` (its bytes, in memory or spilled) is now the log's last one."""
+
+    def closed(self) -> None:
+        """The log finished, broke or was released (see its `complete` and `error`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Segment:
     offset: int  # in the whole MP4
@@ -146,6 +164,7 @@ class SegmentLog:
         self._spill_path: Path | None = None
         self._spilled_bytes = 0
         self._released = False
+        self._listeners: list[SegmentListener] = []
 
     @property
     def size(self) -> int:
@@ -179,6 +198,10 @@ class SegmentLog:
     def __len__(self) -> int:
         return len(self._segments)
 
+    def add_listener(self, listener: SegmentListener) -> None:
+        """Tell `listener` of every segment appended from now on, and of the close."""
+        self._listeners.append(listener)
+
     async def append(self, segment: bytes) -> None:
         if self._released:
             raise RuntimeError("append to a released SegmentLog")
@@ -191,12 +214,20 @@ class SegmentLog:
             self._memory_bytes += len(segment)
         self._size += len(segment)
         self._segments.append(entry)
+        for listener in self._listeners:
+            listener.appended(segment)
 
     def finish(self) -> None:
         self._segments.finish()
+        self._tell_closed()
 
     def abort(self, error: VaecastError) -> None:
         self._segments.abort(error)
+        self._tell_closed()
+
+    def _tell_closed(self) -> None:
+        for listener in self._listeners:
+            listener.closed()
 
     async def wait_for_init(self) -> None:
         """Until the init segment exists (or the log broke before it, raising why)."""
@@ -228,10 +259,10 @@ class SegmentLog:
     async def follow(self, start: int = 0) -> AsyncIterator[bytes]:
         """Yield segments from index `start` as they exist (see FollowableLog.follow).
 
-        This is FollowableLog.follow written out, because every viewer of a job runs
-        it once per fragment: one generator instead of two nested ones, and an
-        in-memory segment handed over as it is (no slice, no coroutine); only a
-        spilled one is read (in a thread).
+        FollowableLog.follow written out: one generator instead of two nested ones,
+        and an in-memory segment handed over as it is (no slice, no coroutine); only
+        a spilled one is read (in a thread). Live viewers no longer follow this way:
+        `broadcast.py` is told of each segment by the log (`add_listener`).
         """
         log = self._segments
         index = start
@@ -266,6 +297,7 @@ class SegmentLog:
         """Forget the bytes and remove the spill file (an evicted or shut-down job)."""
         self._released = True
         self._segments.revoke(GoneError("the video was evicted"))
+        self._tell_closed()
         self._memory_bytes = 0
         fd, path = self._spill_fd, self._spill_path
         self._spill_fd = self._spill_path = None

@@ -1,0 +1,187 @@
+"""A job's live viewers, written to in one loop as each segment of its MP4 is appended.
+
+Every viewer of a running job gets the same bytes. Following the log each on its own
+(woken at every append, a timeout scope and an aiohttp `write` per part) cost the
+event loop ~50 us per viewer per fragment, most of what a hundred viewers add to it.
+So a viewer that has been written everything so far (caught up), and whose socket
+takes more (its transport not paused for writing), joins the log's `Broadcast`: at
+each append the segment is framed once as an HTTP/1.1 chunk and handed to every
+member's transport in one loop, and the member's coroutine sleeps until something
+concerns it. What a segment then costs per viewer is one `transport.write` (the
+kernel's send) and a few attribute updates.
+
+What stays per viewer, through aiohttp's own `write` under `reader_write_timeout_s`:
+the init segment (so the headers are out before any broadcast byte), catching up (a
+late joiner, or a member whose socket was full at an append: it leaves, catches up
+alone, and joins again), and the end (`write_eof`'s terminating chunk, or a cut). The
+log's append still never waits: a full socket is skipped, not waited for.
+
+Writing under aiohttp's writer is kept narrow. Only a chunked, uncompressed response
+written by aiohttp's own `StreamWriter` with no hooks is a member; its bytes are
+framed exactly as `StreamWriter._write_chunked_payload` frames them, and its
+`output_size` and `buffer_size` grow as aiohttp's `_write` grows them (the access
+log's body length; the drain aiohttp does past 64 KiB). `write_eof` then ends the
+chunked body as usual, so keep-alive works. Any other writer follows the log alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+from aiohttp.http_writer import StreamWriter
+
+from vaecast.server.segment_log import SegmentLog
+
+CRLF = b"\r\n"
+
+
+class _Counter(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Woken(enum.Enum):
+    BEHIND = enum.auto()  # its socket was full at an append: catch up alone
+    CLOSED = enum.auto()  # the log finished or broke
+    LEFT = enum.auto()  # the connection is gone
+
+
+@dataclass(eq=False, slots=True)
+class _Member:
+    writer: StreamWriter
+    woken: asyncio.Future[_Woken]
+    written: int  # segments of the log it has been written
+
+
+def frame_chunk(data: bytes) -> bytes:
+    """`data` as one HTTP/1.1 chunk, as aiohttp's chunked writer writes it."""
+    return b"".join((b"%x\r\n" % len(data), data, CRLF))
+
+
+def can_broadcast_to(response: web.StreamResponse, writer: object) -> bool:
+    """Whether bytes framed here are what aiohttp would write for this response.
+
+    aiohttp's `StreamWriter.write` frames a chunk itself only when it is chunked and
+    neither compresses nor reports chunks to hooks; a subclass may do anything. The
+    private attributes are read with a default that says no: an aiohttp that renamed
+    them gets the per-viewer path, not wrong bytes. `writing_paused` (flow control, as
+    the protocol sees it) is what a broadcast asks before each write.
+    """
+    return (
+        type(writer) is StreamWriter
+        and hasattr(writer.protocol, "writing_paused")
+        and writer.chunked
+        and writer.length is None
+        and not response.compression
+        and getattr(writer, "_compress", False) is None
+        and getattr(writer, "_on_chunk_sent", False) is None
+        and getattr(writer, "on_body_write", False) is None
+    )
+
+
+class Broadcast:
+    """The broadcast members among one SegmentLog's viewers (a job makes one with its log)."""
+
+    def __init__(self, log: SegmentLog, bytes_sent: _Counter) -> None:
+        """Listens to `log`; `bytes_sent` counts the body bytes written to members."""
+        # No reference to the log: it holds this one as a listener.
+        self._members: dict[_Member, None] = {}
+        self._bytes_sent = bytes_sent
+        log.add_listener(self)
+
+    @property
+    def members(self) -> int:
+        return len(self._members)
+
+    # SegmentListener: called by the log, synchronously.
+
+    def appended(self, segment: bytes) -> None:
+        if not self._members or not segment:  # an empty chunk would end the body
+            return
+        frame = frame_chunk(segment)
+        size = len(frame)
+        sent = 0
+        for member in list(self._members):
+            writer = member.writer
+            protocol = writer.protocol
+            transport = protocol.transport
+            if transport is None or transport.is_closing():
+                self._wake(member, _Woken.LEFT)
+                continue
+            if protocol.writing_paused:
+                self._wake(member, _Woken.BEHIND)
+                continue
+            try:
+                transport.write(frame)
+            except (OSError, RuntimeError):  # a socket that failed between the checks
+                self._wake(member, _Woken.LEFT)
+                continue
+            writer.output_size += size
+            writer.buffer_size += size
+            member.written += 1
+            sent += 1
+        if sent:
+            self._bytes_sent.inc(len(segment) * sent)
+
+    def closed(self) -> None:
+        for member in list(self._members):
+            self._wake(member, _Woken.CLOSED)
+
+    def _wake(self, member: _Member, why: _Woken) -> None:
+        del self._members[member]
+        if not member.woken.done():
+            member.woken.set_result(why)
+
+    # One viewer.
+
+    async def follow(
+        self, log: SegmentLog, response: web.StreamResponse, writer: object, timeout_s: float
+    ) -> None:
+        """Write the whole log to one prepared response, alone or as a member.
+
+        Returns after the log's last segment; raises the log's error if it broke,
+        TimeoutError if the viewer took nothing for `timeout_s`, ConnectionError
+        if it left. The caller ends or cuts the response.
+        """
+        broadcastable = can_broadcast_to(response, writer)
+        index = 0
+        while True:
+            while index < len(log):
+                part = await log.read_segment(index)
+                async with asyncio.timeout(timeout_s):
+                    await response.write(part)
+                self._bytes_sent.inc(len(part))
+                index += 1
+            if log.closed:
+                if log.error is not None:
+                    raise log.error.detached()
+                return
+            if not broadcastable or index == 0:  # members' headers are out: init went alone
+                await log.wait_for_segments(index + 1)
+                continue
+            assert isinstance(writer, StreamWriter)
+            transport = writer.transport
+            if transport is None or transport.is_closing():
+                # Checked here, not left to drain(): a lost connection's protocol stays
+                # "paused", and drain() then returns at once, without yielding.
+                raise ConnectionResetError("the viewer's connection is gone")
+            if writer.protocol.writing_paused:  # caught up, but its socket is full
+                async with asyncio.timeout(timeout_s):
+                    await writer.drain()
+                continue
+            # Nothing awaited since `index == len(log)` was seen: no append is missed.
+            why, index = await self._member(writer, index)
+            if why is _Woken.LEFT:
+                raise ConnectionResetError("the viewer's connection is gone")
+
+    async def _member(self, writer: StreamWriter, index: int) -> tuple[_Woken, int]:
+        member = _Member(writer, asyncio.get_running_loop().create_future(), index)
+        self._members[member] = None
+        try:
+            why = await member.woken
+        finally:
+            self._members.pop(member, None)  # cancelled: the handler is gone
+        return why, member.written
