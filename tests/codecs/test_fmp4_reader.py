@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from tests.helpers.media import X264_BASELINE_AVCC
 from vaecast.codecs import fmp4
 from vaecast.codecs.fmp4 import Sample, TrackRun, VideoTrack, box, fragment, full_box, init_segment
-from vaecast.codecs.fmp4_reader import Box, TopLevelBoxSplitter, iter_boxes, parse_fragment
+from vaecast.codecs.fmp4_reader import (
+    Box,
+    RunTiming,
+    TopLevelBoxSplitter,
+    fragment_timing,
+    iter_boxes,
+    parse_fragment,
+)
 
 TRACK = VideoTrack(track_id=1, timescale=16000, width=64, height=48, avcc=X264_BASELINE_AVCC)
 
@@ -51,6 +58,53 @@ def test_parse_fragment_reads_tfhd_defaults_and_first_sample_flags() -> None:
     assert run.sample_flags == (0x02000000, 0x01010000)
     assert run.sample_data == (b"abc", b"def")
     assert [s.is_sync for s in run.run.samples] == [True, False]
+    # The timing-only reader agrees: durations from the tfhd default, the first flags.
+    assert fragment_timing(data) == [RunTiming(1, 1024, 0x02000000)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.integers(1, 50_000), st.booleans(), st.integers(-3, 3)),
+            min_size=1,
+            max_size=6,
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_fragment_timing_agrees_with_the_full_parse(tracks: list[list[tuple]]) -> None:
+    runs = [
+        TrackRun(
+            track_id,
+            0,
+            tuple(
+                Sample(b"x" * (i + 1), duration, sync, offset)
+                for i, (duration, sync, offset) in enumerate(samples)
+            ),
+        )
+        for track_id, samples in enumerate(tracks, start=1)
+    ]
+    data = fragment(5, runs)
+    expected = [
+        RunTiming(run.track_id, sum(run.sample_durations), run.sample_flags[0])
+        for run in parse_fragment(data).runs
+    ]
+    assert fragment_timing(data) == expected
+
+
+def test_fragment_timing_refuses_what_it_cannot_read() -> None:
+    data = fragment(1, [TrackRun(1, 0, samples_of(b"abcdef", b"gh"))])
+    with pytest.raises(ValueError, match="truncated"):
+        fragment_timing(data[:-1])
+    with pytest.raises(ValueError, match="moof \\+ mdat"):
+        fragment_timing(data + box(b"free"))
+    # A trun whose sample count runs past its box.
+    broken = bytearray(data)
+    struct.pack_into(">I", broken, broken.index(b"trun") + 8, 1_000_000)
+    with pytest.raises(ValueError, match="past its box end"):
+        fragment_timing(bytes(broken))
 
 
 def test_parse_fragment_rejects_data_offset_outside_mdat() -> None:

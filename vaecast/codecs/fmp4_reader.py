@@ -351,6 +351,85 @@ def _parse_traf(data: bytes, traf: Box, moof: Box, mdat: Box, previous_end: int)
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RunTiming:
+    """What an index of a stream's parts needs of one track run: no sample table."""
+
+    track_id: int
+    duration: int  # the run's samples' durations summed, in the track's timescale
+    first_sample_flags: int
+
+
+def fragment_timing(data: bytes) -> list[RunTiming]:
+    """Each track run's duration and first sample's flags, from the `moof` alone.
+
+    `parse_fragment` reads every field and copies every sample's bytes, ~100 us for a
+    fragment of 4 frames; the server's HLS index reads this much of every fragment
+    it writes, on the event loop, so this reads the one table it needs in one
+    `struct` call per run and never looks inside the `mdat`. Raises ValueError where
+    `parse_fragment` would on the boxes it reads.
+    """
+    boxes = list(iter_boxes(data))
+    if [b.type for b in boxes] != ["moof", "mdat"]:
+        raise ValueError(f"a fragment is moof + mdat, found {[b.type for b in boxes]}")
+    timings = []
+    for traf in children(data, boxes[0]):
+        if traf.type != "traf":
+            continue
+        tfhd_box = trun_box = None
+        for child in children(data, traf):
+            if child.type == "tfhd":
+                tfhd_box = child
+            elif child.type == "trun":
+                if trun_box is not None:
+                    raise ValueError("expected one trun in traf, found more")
+                trun_box = child
+        if tfhd_box is None or trun_box is None:
+            raise ValueError(f"traf at offset {traf.offset} lacks a tfhd or a trun")
+        _, tf_flags = _full_box_header(data, tfhd_box)
+        cursor = _Cursor(data, tfhd_box.payload_offset + 4, tfhd_box.end)
+        track_id = cursor.one("I")
+        skipped = "Q" * bool(tf_flags & TFHD_BASE_DATA_OFFSET_PRESENT)
+        skipped += "I" * bool(tf_flags & TFHD_SAMPLE_DESCRIPTION_INDEX_PRESENT)
+        if skipped:
+            cursor.read(skipped)
+        default_duration = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_DURATION_PRESENT else 0
+        if tf_flags & TFHD_DEFAULT_SAMPLE_SIZE_PRESENT:
+            cursor.one("I")
+        default_flags = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_FLAGS_PRESENT else 0
+
+        _, tr_flags = _full_box_header(data, trun_box)
+        cursor = _Cursor(data, trun_box.payload_offset + 4, trun_box.end)
+        count = cursor.one("I")
+        if tr_flags & TRUN_DATA_OFFSET_PRESENT:
+            cursor.one("i")
+        first_flags = cursor.one("I") if tr_flags & TRUN_FIRST_SAMPLE_FLAGS_PRESENT else None
+        fields = [
+            present
+            for present in (
+                TRUN_SAMPLE_DURATION_PRESENT,
+                TRUN_SAMPLE_SIZE_PRESENT,
+                TRUN_SAMPLE_FLAGS_PRESENT,
+                TRUN_SAMPLE_COMPOSITION_TIME_OFFSET_PRESENT,
+            )
+            if tr_flags & present
+        ]
+        width = len(fields)
+        if cursor.pos + 4 * width * count > trun_box.end:  # before a format that long
+            raise ValueError(f"box field runs past its box end at offset {cursor.pos}")
+        table = cursor.read("I" * (width * count)) if width else ()
+        if tr_flags & TRUN_SAMPLE_DURATION_PRESENT:
+            duration = sum(table[fields.index(TRUN_SAMPLE_DURATION_PRESENT) :: width])
+        else:
+            duration = default_duration * count
+        if first_flags is None and tr_flags & TRUN_SAMPLE_FLAGS_PRESENT and count:
+            first_flags = table[fields.index(TRUN_SAMPLE_FLAGS_PRESENT)]
+        timings.append(
+            RunTiming(track_id, duration, default_flags if first_flags is None else first_flags)
+        )
+    return timings
+
+
 class TopLevelBoxSplitter:
     """Cuts a byte stream into complete top-level boxes as they arrive.
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vaecast.codecs.fmp4 import SAMPLE_IS_NON_SYNC_SAMPLE, VideoTrack
-from vaecast.codecs.fmp4_reader import parse_fragment, parse_init_segment
+from vaecast.codecs.fmp4_reader import fragment_timing, parse_init_segment
 
 MEDIA_TYPE = "application/vnd.apple.mpegurl"
 PLAYLIST_VERSION = 9
@@ -62,15 +62,15 @@ class PartIndex:
                 else:  # an AAC track counts in samples
                     self._timescales[track.track_id] = track.sample_rate
             return
-        fragment = parse_fragment(segment)
-        runs = {run.track_id: run for run in fragment.runs}
+        # The moof's timing alone: this runs on the event loop for every fragment.
+        runs = {run.track_id: run for run in fragment_timing(segment)}
         run = runs.get(self._video_track) if self._video_track is not None else None
         if run is None:  # audio only: the tail of a stream whose length came last
             run = next(iter(runs.values()))
             independent = True
         else:
-            independent = not run.sample_flags[0] & SAMPLE_IS_NON_SYNC_SAMPLE
-        duration = sum(run.sample_durations) / self._timescales[run.track_id]
+            independent = not run.first_sample_flags & SAMPLE_IS_NON_SYNC_SAMPLE
+        duration = run.duration / self._timescales[run.track_id]
         self.parts.append(Part(duration, independent))
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-TICK_S = 0.05
+# Ten times a second: each tick is loop work too (a timer, a wake-up, a histogram
+# update), and any hold of the loop longer than a tick still shows in the next one.
+TICK_S = 0.1
 
 
 async def watch_loop_lag(record: Callable[[float], None], tick_s: float = TICK_S) -> None:
