@@ -284,6 +284,32 @@ async def test_a_client_slow_to_send_its_body_gets_408(start_server: StartServer
     assert server.manager.jobs == {}
 
 
+async def test_a_chunked_upload_in_odd_pieces_is_read_whole(start_server: StartServer):
+    """Transfer-Encoding: chunked, chunks of 1 to 997 bytes written apart: the chunk
+    boundaries the body reader sees are not the body's end."""
+    server = await start_server()
+    latents = smooth_latents(frames=3)
+    body = safetensors_bytes(latents=latents)
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    offset, sizes = 0, [1, 997, 13, 256, 2]
+    while offset < len(body):
+        piece = body[offset : offset + sizes[offset % len(sizes)]]
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await writer.drain()
+        offset += len(piece)
+    writer.write(b"0\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    job = json.loads(await asyncio.wait_for(reader.readexactly(length), 10))
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 201 "), head
+    assert job["frames"] == 9  # the linear decoder: 1 + 4 * 2 frames from 3 latent frames
+
+
 async def test_an_upload_holds_its_place_while_its_body_is_read(start_server: StartServer):
     server = await start_server(decode_slots=1, max_queued_jobs=0)
     host, port = server.url.removeprefix("http://").split(":")

@@ -242,12 +242,16 @@ async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncItera
     while True:
         try:
             async with asyncio.timeout(timeout_s):
-                chunk = await request.content.readany()
+                # One received buffer at a time, as it is: `readany` would first join
+                # whatever is buffered, one more copy of the body.
+                chunk, end_of_http_chunk = await request.content.readchunk()
         except TimeoutError:
             raise RequestTimeoutError(
                 f"no part of the request body arrived for {timeout_s:g} s"
             ) from None
         if not chunk:
+            if end_of_http_chunk:  # a boundary in a chunked upload, not its end
+                continue
             return
         yield chunk
 
