@@ -310,6 +310,17 @@ async def test_a_chunked_upload_in_odd_pieces_is_read_whole(start_server: StartS
     assert job["frames"] == 9  # the linear decoder: 1 + 4 * 2 frames from 3 latent frames
 
 
+async def test_empty_bodies_one_after_another_are_each_refused_at_once(start_server):
+    """aiohttp hands every empty body the same reader object, which says "end of a
+    chunk" for ever once read: the body reader must still see the end each time."""
+    server = await start_server()
+    for _ in range(3):
+        async with asyncio.timeout(10):
+            async with server.client.post("/v1/videos/stream", data=b"") as response:
+                assert response.status == 422
+                assert (await response.json())["error"]["type"] == "invalid_request"
+
+
 async def test_an_upload_holds_its_place_while_its_body_is_read(start_server: StartServer):
     server = await start_server(decode_slots=1, max_queued_jobs=0)
     host, port = server.url.removeprefix("http://").split(":")

@@ -250,7 +250,9 @@ async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncItera
                 f"no part of the request body arrived for {timeout_s:g} s"
             ) from None
         if not chunk:
-            if end_of_http_chunk:  # a boundary in a chunked upload, not its end
+            # A boundary in a chunked upload, not its end. (aiohttp's shared empty
+            # reader answers (b"", True) for ever once read: at_eof says it is the end.)
+            if end_of_http_chunk and not request.content.at_eof():
                 continue
             return
         yield chunk
