@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents
+from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import StartServer
 
 
@@ -16,6 +16,8 @@ async def test_an_idle_event_stream_gets_keep_alive_comments(start_server: Start
     ) as response:
         job_id = (await response.json())["id"]
     await asyncio.to_thread(decoder.holding.wait, 30)
+    # Chunk 0's fragment is encoded while chunk 1 is held: its event is past too.
+    await until(lambda: server.manager.jobs[job_id].chunks_done == 1)
     async with server.client.get(f"/v1/videos/{job_id}/events") as events:
         assert events.headers["Content-Type"] == "text/event-stream"
         lines: list[str] = []
