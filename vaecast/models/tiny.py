@@ -46,13 +46,15 @@ TEMPORAL_SCALE = 4
 PATCH_CHANNELS = TEMPORAL_SCALE * 3 * SPATIAL_SCALE * SPATIAL_SCALE
 WEIGHTS_FILE = "tiny.safetensors"
 
-# Feature widths: per latent step at 1/8 resolution, per sub-frame at 1/8, per
-# sub-frame at 1/4. Nothing runs at full resolution except one depth-to-space copy.
+# Feature widths (the defaults; a weights file's tensor shapes give its own): per
+# latent step at 1/8 resolution, per sub-frame at 1/8, per sub-frame at 1/4. Nothing
+# runs at full resolution except one depth-to-space copy.
 WIDTH_STEP = 64
 WIDTH_SUB = 32
 WIDTH_QUARTER = 24
 ENCODER_WIDTH_QUARTER = 24
 ENCODER_WIDTH_SUB = 32
+ENCODER_WIDTH_STEP = 64
 
 
 def _conv(cin: int, cout: int, kernel: int = 3) -> nn.Conv2d:
@@ -99,17 +101,20 @@ class TinyDecoderNet(nn.Module):
     before that last depth-to-space; fitting starts it at the PCA reconstruction.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, step: int = WIDTH_STEP, sub: int = WIDTH_SUB, quarter: int = WIDTH_QUARTER
+    ) -> None:
         super().__init__()
+        self.widths = {"step": step, "sub": sub, "quarter": quarter}
         self.linear = nn.Conv2d(LATENT_CHANNELS, PATCH_CHANNELS, 1)
-        self.inp = _conv(LATENT_CHANNELS, WIDTH_STEP)
-        self.mem1 = MemBlock(WIDTH_STEP)
-        self.mem2 = MemBlock(WIDTH_STEP)
-        self.grow = nn.Conv2d(WIDTH_STEP, TEMPORAL_SCALE * WIDTH_SUB, 1)
-        self.mem3 = MemBlock(WIDTH_SUB)
-        self.up = _conv(WIDTH_SUB, 4 * WIDTH_QUARTER)
-        self.mid = _conv(WIDTH_QUARTER, WIDTH_QUARTER)
-        self.out = _conv(WIDTH_QUARTER, 3 * 16)
+        self.inp = _conv(LATENT_CHANNELS, step)
+        self.mem1 = MemBlock(step)
+        self.mem2 = MemBlock(step)
+        self.grow = nn.Conv2d(step, TEMPORAL_SCALE * sub, 1)
+        self.mem3 = MemBlock(sub)
+        self.up = _conv(sub, 4 * quarter)
+        self.mid = _conv(quarter, quarter)
+        self.out = _conv(quarter, 3 * 16)
 
     def forward(
         self, z: torch.Tensor, state: Sequence[torch.Tensor] | None = None
@@ -129,7 +134,7 @@ class TinyDecoderNet(nn.Module):
         y2 = self.mem2(y, _previous(y, steps, past[1]))
         # (N*S, 4*C, h, w) -> (N*S*4, C, h, w): the 4 sub-frames of a step run as one
         # batch; sub-frame j remembers sub-frame j-1, and j=0 the previous step's last.
-        sub = F.relu(self.grow(y2)).unflatten(1, (TEMPORAL_SCALE, WIDTH_SUB)).flatten(0, 1)
+        sub = F.relu(self.grow(y2)).unflatten(1, (TEMPORAL_SCALE, -1)).flatten(0, 1)
         sub = sub.contiguous(memory_format=torch.channels_last)
         q = self.mem3(sub, _previous(sub, steps * TEMPORAL_SCALE, past[2]))
         q = F.relu(F.pixel_shuffle(self.up(q), 2))
@@ -167,15 +172,21 @@ class TinyEncoderNet(nn.Module):
     fitting starts at the PCA projection.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        quarter: int = ENCODER_WIDTH_QUARTER,
+        sub: int = ENCODER_WIDTH_SUB,
+        step: int = ENCODER_WIDTH_STEP,
+    ) -> None:
         super().__init__()
+        self.widths = {"quarter": quarter, "sub": sub, "step": step}
         self.linear = nn.Conv2d(PATCH_CHANNELS, LATENT_CHANNELS, 1)
-        self.inp = _conv(48, ENCODER_WIDTH_QUARTER)
-        self.res = _conv(ENCODER_WIDTH_QUARTER, ENCODER_WIDTH_QUARTER)
-        self.down = nn.Conv2d(4 * ENCODER_WIDTH_QUARTER, ENCODER_WIDTH_SUB, 1)
-        self.merge = _conv(TEMPORAL_SCALE * ENCODER_WIDTH_SUB, WIDTH_STEP)
-        self.mem = MemBlock(WIDTH_STEP)
-        self.out = _conv(WIDTH_STEP, LATENT_CHANNELS)
+        self.inp = _conv(48, quarter)
+        self.res = _conv(quarter, quarter)
+        self.down = nn.Conv2d(4 * quarter, sub, 1)
+        self.merge = _conv(TEMPORAL_SCALE * sub, step)
+        self.mem = MemBlock(step)
+        self.out = _conv(step, LATENT_CHANNELS)
 
     def forward(
         self, groups: torch.Tensor, past: torch.Tensor | None = None
@@ -234,6 +245,39 @@ def default_weights() -> Path:
         return Path(path)
 
 
+def decoder_widths(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    """`TinyDecoderNet`'s widths from its state's tensor shapes (keys without `dec.`)."""
+    return {
+        "step": int(state["inp.weight"].shape[0]),
+        "sub": int(state["grow.weight"].shape[0]) // TEMPORAL_SCALE,
+        "quarter": int(state["up.weight"].shape[0]) // 4,
+    }
+
+
+def encoder_widths(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    """`TinyEncoderNet`'s widths from its state's tensor shapes (keys without `enc.`)."""
+    return {
+        "quarter": int(state["inp.weight"].shape[0]),
+        "sub": int(state["down.weight"].shape[0]),
+        "step": int(state["merge.weight"].shape[0]),
+    }
+
+
+def nets_from_state(state: dict[str, torch.Tensor]) -> tuple[TinyEncoderNet, TinyDecoderNet]:
+    """Encoder and decoder built at the widths a weights file's shapes say, then loaded.
+
+    The widths live in the file, not in code, so a wider fit can never be loaded
+    into nets of the wrong size (`load_state_dict` would refuse a mismatch anyway).
+    """
+    enc = {k[4:]: v for k, v in state.items() if k.startswith("enc.")}
+    dec = {k[4:]: v for k, v in state.items() if k.startswith("dec.")}
+    encoder = TinyEncoderNet(**encoder_widths(enc))
+    decoder = TinyDecoderNet(**decoder_widths(dec))
+    encoder.load_state_dict(enc)
+    decoder.load_state_dict(dec)
+    return encoder, decoder
+
+
 _LOAD_LOCK = threading.Lock()
 
 
@@ -249,9 +293,7 @@ def load_nets(
     path = str(Path(weights) if weights is not None else default_weights())
     with _LOAD_LOCK:
         state = _load_state(path)
-    encoder, decoder = TinyEncoderNet(), TinyDecoderNet()
-    encoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("enc.")})
-    decoder.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("dec.")})
+    encoder, decoder = nets_from_state(state)
     nets = []
     for net in (encoder, decoder):
         net = net.to(device).eval().requires_grad_(False)
