@@ -281,53 +281,105 @@ def parse_fragment(data: bytes) -> ParsedFragment:
     return ParsedFragment(sequence_number, tuple(runs), moof, mdat)
 
 
-def _parse_traf(data: bytes, traf: Box, moof: Box, mdat: Box, previous_end: int) -> ParsedTrackRun:
-    tfhd_box = find_child(data, traf, "tfhd")
-    _, tf_flags = _full_box_header(data, tfhd_box)
-    cursor = _Cursor(data, tfhd_box.payload_offset + 4, tfhd_box.end)
+@dataclass(frozen=True, slots=True)
+class _Tfhd:
+    track_id: int
+    base_data_offset: int | None  # None: not in the tfhd
+    default_base_is_moof: bool
+    default_duration: int
+    default_size: int
+    default_flags: int
+
+
+def _read_tfhd(data: bytes, box: Box) -> _Tfhd:
+    _, flags = _full_box_header(data, box)
+    cursor = _Cursor(data, box.payload_offset + 4, box.end)
     track_id = cursor.one("I")
+    base = cursor.one("Q") if flags & TFHD_BASE_DATA_OFFSET_PRESENT else None
+    if flags & TFHD_SAMPLE_DESCRIPTION_INDEX_PRESENT:
+        cursor.one("I")
+    return _Tfhd(
+        track_id,
+        base,
+        bool(flags & TFHD_DEFAULT_BASE_IS_MOOF),
+        cursor.one("I") if flags & TFHD_DEFAULT_SAMPLE_DURATION_PRESENT else 0,
+        cursor.one("I") if flags & TFHD_DEFAULT_SAMPLE_SIZE_PRESENT else 0,
+        cursor.one("I") if flags & TFHD_DEFAULT_SAMPLE_FLAGS_PRESENT else 0,
+    )
+
+
+# A trun's per-sample fields, in the order each sample's entry holds those present.
+_TRUN_FIELDS = (
+    TRUN_SAMPLE_DURATION_PRESENT,
+    TRUN_SAMPLE_SIZE_PRESENT,
+    TRUN_SAMPLE_FLAGS_PRESENT,
+    TRUN_SAMPLE_COMPOSITION_TIME_OFFSET_PRESENT,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Trun:
+    version: int
+    count: int
+    data_offset: int
+    first_sample_flags: int | None
+    fields: tuple[int, ...]  # the _TRUN_FIELDS present
+    table: tuple[int, ...]  # count entries of len(fields) values, read unsigned
+
+    def column(self, field: int, default: int) -> tuple[int, ...]:
+        """One field of every sample: the table's, or `default` where it is absent."""
+        if field not in self.fields:
+            return (default,) * self.count
+        return self.table[self.fields.index(field) :: len(self.fields)]
+
+
+def _read_trun(data: bytes, box: Box) -> _Trun:
+    """A trun's header and whole sample table, in one `struct` call."""
+    version, flags = _full_box_header(data, box)
+    cursor = _Cursor(data, box.payload_offset + 4, box.end)
+    count = cursor.one("I")
+    data_offset = cursor.one("i") if flags & TRUN_DATA_OFFSET_PRESENT else 0
+    first_flags = cursor.one("I") if flags & TRUN_FIRST_SAMPLE_FLAGS_PRESENT else None
+    fields = tuple(field for field in _TRUN_FIELDS if flags & field)
+    if cursor.pos + 4 * len(fields) * count > box.end:  # before a format that long
+        raise ValueError(f"box field runs past its box end at offset {cursor.pos}")
+    table = cursor.read("I" * (len(fields) * count)) if fields else ()
+    return _Trun(version, count, data_offset, first_flags, fields, table)
+
+
+def _one_trun(data: bytes, traf: Box) -> Box:
+    truns = [b for b in children(data, traf) if b.type == "trun"]
+    if len(truns) != 1:
+        raise ValueError(f"expected one trun in traf, found {len(truns)}")
+    return truns[0]
+
+
+def _parse_traf(data: bytes, traf: Box, moof: Box, mdat: Box, previous_end: int) -> ParsedTrackRun:
+    tfhd = _read_tfhd(data, find_child(data, traf, "tfhd"))
+    track_id = tfhd.track_id
     # Without either flag the base is the end of the previous traf's data (or the
     # moof for the first one), per 14496-12 8.8.7.1.
     base = previous_end
-    if tf_flags & TFHD_BASE_DATA_OFFSET_PRESENT:
-        base = cursor.one("Q")
-    elif tf_flags & TFHD_DEFAULT_BASE_IS_MOOF:
+    if tfhd.base_data_offset is not None:
+        base = tfhd.base_data_offset
+    elif tfhd.default_base_is_moof:
         base = moof.offset
-    if tf_flags & TFHD_SAMPLE_DESCRIPTION_INDEX_PRESENT:
-        cursor.one("I")
-    default_duration = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_DURATION_PRESENT else 0
-    default_size = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_SIZE_PRESENT else 0
-    default_flags = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_FLAGS_PRESENT else 0
 
     tfdt_box = find_child(data, traf, "tfdt")
     version, _ = _full_box_header(data, tfdt_box)
     cursor = _Cursor(data, tfdt_box.payload_offset + 4, tfdt_box.end)
     base_media_decode_time = cursor.one("Q" if version == 1 else "I")
 
-    trun_boxes = [b for b in children(data, traf) if b.type == "trun"]
-    if len(trun_boxes) != 1:
-        raise ValueError(f"expected one trun in traf, found {len(trun_boxes)}")
-    trun_box = trun_boxes[0]
-    version, tr_flags = _full_box_header(data, trun_box)
-    cursor = _Cursor(data, trun_box.payload_offset + 4, trun_box.end)
-    sample_count = cursor.one("I")
-    data_offset = cursor.one("i") if tr_flags & TRUN_DATA_OFFSET_PRESENT else 0
-    first_flags = cursor.one("I") if tr_flags & TRUN_FIRST_SAMPLE_FLAGS_PRESENT else None
-    durations, sizes, flags, offsets = [], [], [], []
-    for index in range(sample_count):
-        durations.append(
-            cursor.one("I") if tr_flags & TRUN_SAMPLE_DURATION_PRESENT else default_duration
-        )
-        sizes.append(cursor.one("I") if tr_flags & TRUN_SAMPLE_SIZE_PRESENT else default_size)
-        sample_flags = cursor.one("I") if tr_flags & TRUN_SAMPLE_FLAGS_PRESENT else default_flags
-        if index == 0 and first_flags is not None:
-            sample_flags = first_flags
-        flags.append(sample_flags)
-        offsets.append(
-            cursor.one("i" if version else "I")
-            if tr_flags & TRUN_SAMPLE_COMPOSITION_TIME_OFFSET_PRESENT
-            else 0
-        )
+    trun = _read_trun(data, _one_trun(data, traf))
+    data_offset = trun.data_offset
+    durations = trun.column(TRUN_SAMPLE_DURATION_PRESENT, tfhd.default_duration)
+    sizes = trun.column(TRUN_SAMPLE_SIZE_PRESENT, tfhd.default_size)
+    flags = list(trun.column(TRUN_SAMPLE_FLAGS_PRESENT, tfhd.default_flags))
+    if flags and trun.first_sample_flags is not None:
+        flags[0] = trun.first_sample_flags
+    offsets = trun.column(TRUN_SAMPLE_COMPOSITION_TIME_OFFSET_PRESENT, 0)
+    if trun.version:  # signed in version 1
+        offsets = tuple(o - (1 << 32) if o >= 1 << 31 else o for o in offsets)
 
     start = base + data_offset
     if start < mdat.payload_offset or start + sum(sizes) > mdat.end:
@@ -376,57 +428,14 @@ def fragment_timing(data: bytes) -> list[RunTiming]:
     for traf in children(data, boxes[0]):
         if traf.type != "traf":
             continue
-        tfhd_box = trun_box = None
-        for child in children(data, traf):
-            if child.type == "tfhd":
-                tfhd_box = child
-            elif child.type == "trun":
-                if trun_box is not None:
-                    raise ValueError("expected one trun in traf, found more")
-                trun_box = child
-        if tfhd_box is None or trun_box is None:
-            raise ValueError(f"traf at offset {traf.offset} lacks a tfhd or a trun")
-        _, tf_flags = _full_box_header(data, tfhd_box)
-        cursor = _Cursor(data, tfhd_box.payload_offset + 4, tfhd_box.end)
-        track_id = cursor.one("I")
-        skipped = "Q" * bool(tf_flags & TFHD_BASE_DATA_OFFSET_PRESENT)
-        skipped += "I" * bool(tf_flags & TFHD_SAMPLE_DESCRIPTION_INDEX_PRESENT)
-        if skipped:
-            cursor.read(skipped)
-        default_duration = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_DURATION_PRESENT else 0
-        if tf_flags & TFHD_DEFAULT_SAMPLE_SIZE_PRESENT:
-            cursor.one("I")
-        default_flags = cursor.one("I") if tf_flags & TFHD_DEFAULT_SAMPLE_FLAGS_PRESENT else 0
-
-        _, tr_flags = _full_box_header(data, trun_box)
-        cursor = _Cursor(data, trun_box.payload_offset + 4, trun_box.end)
-        count = cursor.one("I")
-        if tr_flags & TRUN_DATA_OFFSET_PRESENT:
-            cursor.one("i")
-        first_flags = cursor.one("I") if tr_flags & TRUN_FIRST_SAMPLE_FLAGS_PRESENT else None
-        fields = [
-            present
-            for present in (
-                TRUN_SAMPLE_DURATION_PRESENT,
-                TRUN_SAMPLE_SIZE_PRESENT,
-                TRUN_SAMPLE_FLAGS_PRESENT,
-                TRUN_SAMPLE_COMPOSITION_TIME_OFFSET_PRESENT,
-            )
-            if tr_flags & present
-        ]
-        width = len(fields)
-        if cursor.pos + 4 * width * count > trun_box.end:  # before a format that long
-            raise ValueError(f"box field runs past its box end at offset {cursor.pos}")
-        table = cursor.read("I" * (width * count)) if width else ()
-        if tr_flags & TRUN_SAMPLE_DURATION_PRESENT:
-            duration = sum(table[fields.index(TRUN_SAMPLE_DURATION_PRESENT) :: width])
-        else:
-            duration = default_duration * count
-        if first_flags is None and tr_flags & TRUN_SAMPLE_FLAGS_PRESENT and count:
-            first_flags = table[fields.index(TRUN_SAMPLE_FLAGS_PRESENT)]
-        timings.append(
-            RunTiming(track_id, duration, default_flags if first_flags is None else first_flags)
-        )
+        tfhd = _read_tfhd(data, find_child(data, traf, "tfhd"))
+        trun = _read_trun(data, _one_trun(data, traf))
+        duration = sum(trun.column(TRUN_SAMPLE_DURATION_PRESENT, tfhd.default_duration))
+        first_flags = trun.first_sample_flags
+        if first_flags is None:
+            column = trun.column(TRUN_SAMPLE_FLAGS_PRESENT, tfhd.default_flags)
+            first_flags = column[0] if column else tfhd.default_flags
+        timings.append(RunTiming(tfhd.track_id, duration, first_flags))
     return timings
 
 
