@@ -65,11 +65,11 @@ async def run_repeat(
     runs: list[dict[str, Any]] = []
     repeat_start = load.sample([server.pid])
     for position, (arm, pair) in enumerate(paired.schedule(repeat)):
-        await _take_trace(session, server)
+        await take_trace(session, server)
         before = load.sample([server.pid])
         received = await receive(session, "POST", arm_url(server, arm, fps), body)
         run_load = load.between(before, load.sample([server.pid]))
-        trace = await _take_trace(session, server)
+        trace = await take_trace(session, server)
         if received.status != 200:
             raise RuntimeError(f"{arm}: HTTP {received.status}: {received.body[:300]!r}")
         record: dict[str, Any] = {
@@ -94,7 +94,7 @@ async def run_repeat(
     return runs, repeat_load
 
 
-async def _take_trace(session: Any, server: ServerProcess) -> list[dict[str, Any]]:
+async def take_trace(session: Any, server: ServerProcess) -> list[dict[str, Any]]:
     async with session.get(f"{server.url}/bench/trace") as response:
         return list(await response.json())
 

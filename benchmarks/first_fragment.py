@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.arms import TTFF_STAGES, arm_url, now_utc, ttff_stages
+from benchmarks.arms import TTFF_STAGES, arm_url, now_utc, take_trace, ttff_stages
 from benchmarks.client import (
     ServerProcess,
     client_session,
@@ -75,20 +75,15 @@ async def _measure(
             labels = list(servers) if round_ % 2 == 0 else list(reversed(servers))
             for label in labels:
                 server = servers[label]
-                await _trace(session, server)
+                await take_trace(session, server)
                 started = time.monotonic()
                 ttff = await first_fragment_s(session, arm_url(server, "vaecast", fps), body)
                 await asyncio.sleep(SETTLE_S)
-                trace = [{**e, "t": e["t"] - started} for e in await _trace(session, server)]
+                trace = [{**e, "t": e["t"] - started} for e in await take_trace(session, server)]
                 if round_ >= WARMUP_ROUNDS:
                     stages = ttff_stages({"ttff_s": ttff, "trace": trace})
                     rows[label].append({"ttff_s": ttff, **stages})
     return rows
-
-
-async def _trace(session: aiohttp.ClientSession, server: ServerProcess) -> list[dict[str, Any]]:
-    async with session.get(f"{server.url}/bench/trace") as response:
-        return list(await response.json())
 
 
 def summarize(rows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
