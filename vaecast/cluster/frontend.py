@@ -50,7 +50,6 @@ from vaecast.errors import (
     ClusterUnavailableError,
     DecodeCancelled,
     GoneError,
-    ShuttingDownError,
     VaecastError,
 )
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
@@ -358,12 +357,7 @@ class ClusterJobManager(JobManager):
         }
 
     def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
-        plan = None
-        if isinstance(request, DecodeRequest):
-            plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
-        if self.draining:
-            raise ShuttingDownError("the server is shutting down and takes no new jobs")
-        _, decoder = self.decoder_for(request.model)
+        plan, decoder = self._checked_start(request)
         job_id = "video_" + secrets.token_hex(12)
         spec, call = _describe(job_id, request, plan, self.config)
         settings = JobSettings(

@@ -234,13 +234,21 @@ class JobManager:
             )
         return plan
 
-    def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
+    def _checked_start(
+        self, request: DecodeRequest | PushRequest
+    ) -> tuple[DecodePlan | None, ChunkedDecoder]:
+        """What every new job needs first: its plan within the limits (an upload; a push
+        session's comes with its first block), a server still taking jobs, its decoder."""
         plan = None
         if isinstance(request, DecodeRequest):
             plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
         if self.draining:
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
         _, decoder = self.decoder_for(request.model)
+        return plan, decoder
+
+    def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
+        plan, decoder = self._checked_start(request)
         job = Job(request, decoder, plan, self.config, self.metrics)
         self._unfinished += 1
         # A push session joins the queue when its first block arrives (see Job.run).
