@@ -8,6 +8,7 @@ aiohttp app whose handler runs the server's own `read_upload` and `load_latents`
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -21,7 +22,7 @@ from safetensors.torch import save
 from tests.helpers.server import TEST_CONFIG, serve_on_loopback
 from vaecast.errors import PayloadTooLargeError
 from vaecast.latent_files import load_latents
-from vaecast.server.uploads import _read_limited, read_upload
+from vaecast.server.uploads import _body_chunks, _read_limited, read_upload
 
 MIB = 1024 * 1024
 
@@ -109,3 +110,37 @@ async def test_a_form_upload_is_held_once_after_the_parse():
     # The body and the file part's slice of it, for the moment between parsing the form
     # and dropping the body; then the part alone (before: 4x with two bytes copies).
     assert ratio <= 2.2, ratio
+
+
+async def test_a_body_in_one_byte_http_chunks_is_read_in_few_pieces():
+    """A client controls how it cuts a chunked body: 1-byte chunks must not cost the
+    event loop a read per byte. The body arrives in one write of 200,000 chunks; the
+    reader takes what is buffered, so the pieces number like the socket's reads."""
+    body = bytes(range(256)) * 782 + b"end"
+    pieces: list[int] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        async for piece in _body_chunks(request, TEST_CONFIG):
+            pieces.append(len(piece))
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/", handler)
+    runner = web.AppRunner(app)
+    url = await serve_on_loopback(app, runner)
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        wire = b"".join(b"1\r\n%s\r\n" % body[i : i + 1] for i in range(len(body)))
+        writer.write(
+            b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + wire
+            + b"0\r\n\r\n"
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert sum(pieces) == len(body)
+    assert len(pieces) < len(body) // 100, len(pieces)
