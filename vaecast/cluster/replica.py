@@ -48,6 +48,7 @@ from vaecast.cluster.records import (
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import DecodeCancelled, DecodeFailedError, UnknownModelError, VaecastError
+from vaecast.heap import retain_decode_heap
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
 from vaecast.pipeline import (
     AudioFormat,
@@ -75,6 +76,7 @@ class DecoderReplica:
             for name in options.models
         }
         slots = max(1, options.max_ongoing)
+        retain_decode_heap()  # the replica decodes again and again (vaecast/heap.py)
         self._workers = Workers(
             decode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-decode"),
             encode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-encode"),

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from vaecast.cluster.records import ReplicaOptions
+from vaecast.heap import retain_decode_heap
 from vaecast.models.base import ChunkedDecoder
 from vaecast.pipeline import Stages
 from vaecast.server.config import ServerConfig
@@ -162,6 +163,8 @@ async def serve_until_signalled(
         # it out of the garbage collector's full passes, which otherwise scan all of it
         # and pause the event loop for a hundred milliseconds and more.
         gc.freeze()
+        # Decodes run again and again: keep their memory mapped (vaecast/heap.py).
+        retain_decode_heap()
         announce(bound_host, bound_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -1,0 +1,65 @@
+"""vaecast.heap: freed decode-sized blocks stay mapped for the next chunk (glibc only).
+
+Each case runs in a fresh interpreter, so this process's malloc is left as it is and
+glibc's adaptive thresholds start from their defaults.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# A decode-sized block: past glibc's default mmap threshold (128 KiB), under the
+# 32 MiB that vaecast.heap sets.
+BLOCK_MIB = 24
+
+PROBE = textwrap.dedent(
+    f"""
+    import ctypes, ctypes.util, json, sys
+    from vaecast.heap import retain_decode_heap
+
+    def rss_mib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2**20
+
+    applied = retain_decode_heap() if sys.argv[1] == "retain" else None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = (ctypes.c_void_p,)
+    size = {BLOCK_MIB} * 2**20
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)  # touch every page: it counts in RSS now
+    touched = rss_mib()
+    libc.free(block)
+    print(json.dumps({{"applied": applied, "given_back_mib": touched - rss_mib()}}))
+    """
+)
+
+
+def _probe(mode: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _is_glibc() -> bool:
+    path = ctypes.util.find_library("c")
+    return path is not None and hasattr(ctypes.CDLL(path), "gnu_get_libc_version")
+
+
+@pytest.mark.skipif(not _is_glibc(), reason="the settings are glibc's")
+def test_a_freed_decode_sized_block_stays_mapped_only_with_the_settings() -> None:
+    default = _probe("default")
+    retained = _probe("retain")
+    # glibc's default: the block was its own mapping, unmapped by free().
+    assert default["given_back_mib"] > BLOCK_MIB * 0.9, default
+    # With the settings it came from the heap and stays there for the next chunk.
+    assert retained["applied"] is True
+    assert retained["given_back_mib"] < 1, retained
