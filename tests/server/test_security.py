@@ -219,6 +219,21 @@ async def test_loopback_names_and_addresses_are_answered_by_default(start_server
         assert (status, body) == (421, misdirected(name)), host
 
 
+async def test_host_verdicts_are_remembered_boundedly_and_stay_right(start_server: StartServer):
+    from vaecast.server.security import HOST_VERDICTS_KEPT
+
+    server = await start_server()
+    # Twice the remembered number of names, then names asked before: evicted verdicts
+    # are worked out again, kept ones are the same.
+    names = [f"evil{i}.example" for i in range(2 * HOST_VERDICTS_KEPT)]
+    for name in [*names, names[0], names[-1]]:
+        status, _, body = await answer(server, "GET", "/healthz", headers={"Host": name})
+        assert (status, body) == (421, misdirected(name)), name
+    for host in ("localhost:8000", "127.0.0.1", "localhost:8000"):
+        status, _, _ = await answer(server, "GET", "/healthz", headers={"Host": host})
+        assert status == 200, host
+
+
 async def test_allowed_hosts_widen_the_default(start_server: StartServer):
     hosts = ("vaecast.example.com", "*.lan", "192.168.0.0/16", "[fd00::7]")
     server = await start_server(security=SecurityConfig(allowed_hosts=hosts))
