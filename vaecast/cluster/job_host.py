@@ -63,7 +63,12 @@ from vaecast.errors import (
     SessionTimeoutError,
     VaecastError,
 )
-from vaecast.server.job_timings import job_timings, realtime_factor
+from vaecast.server.job_timings import (
+    chunk_event,
+    job_timings,
+    progress_percent,
+    realtime_factor,
+)
 
 FINAL = frozenset({"completed", "failed", "cancelled"})
 # Fragments and events per `follow` answer: a late follower catches up in batches.
@@ -326,20 +331,21 @@ class SharedJob:
         self.decode_wait_s += chunk.decode_wait_s
         if self._first_fragment is None:
             self._first_fragment = time.perf_counter()
-        latency = {}
-        if chunk.block_arrived is not None:
-            latency["latency_s"] = round(time.time() - chunk.block_arrived, 4)
         self._emit(
             "chunk",
-            **latency,
-            index=chunk.index,
-            total=chunk.total,
-            frame_start=chunk.frame_start,
-            frames=chunk.frames,
-            bytes=chunk.bytes,
-            frames_done=self.frames_done,
-            total_bytes=sum(self.fragment_sizes),
-            progress=self._progress(),
+            **chunk_event(
+                index=chunk.index,
+                total=chunk.total,
+                frame_start=chunk.frame_start,
+                frames=chunk.frames,
+                chunk_bytes=chunk.bytes,
+                frames_done=self.frames_done,
+                total_bytes=sum(self.fragment_sizes),
+                progress=self._progress(),
+                latency_s=(
+                    None if chunk.block_arrived is None else time.time() - chunk.block_arrived
+                ),
+            ),
         )
 
     async def _stop(self, error: VaecastError, failed: bool = False) -> None:
@@ -423,9 +429,8 @@ class SharedJob:
     # State.
 
     def _progress(self) -> int | None:
-        if self.plan is None:
-            return None
-        return round(100 * self.chunks_done / len(self.plan["chunk_frames"]))
+        chunks = None if self.plan is None else len(self.plan["chunk_frames"])
+        return progress_percent(self.chunks_done, chunks)
 
     def _snapshot(self) -> Snapshot:
         return Snapshot(

@@ -41,7 +41,12 @@ from vaecast.pipeline import (
 from vaecast.server.broadcast import Broadcast
 from vaecast.server.config import ServerConfig
 from vaecast.server.hls import PartIndex
-from vaecast.server.job_timings import job_timings, realtime_factor
+from vaecast.server.job_timings import (
+    chunk_event,
+    job_timings,
+    progress_percent,
+    realtime_factor,
+)
 from vaecast.server.metrics import Metrics
 from vaecast.server.segment_log import FollowableLog, SegmentLog
 
@@ -196,9 +201,7 @@ class Job:
     @property
     def progress(self) -> int | None:
         """Percent of chunks decoded and encoded; None while the length is unknown."""
-        if self.plan is None:
-            return None
-        return round(100 * self.chunks_done / self.plan.chunks)
+        return progress_percent(self.chunks_done, None if self.plan is None else self.plan.chunks)
 
     @property
     def realtime_factor(self) -> float | None:
@@ -356,22 +359,22 @@ class Job:
         if self._first_fragment is None:
             self._first_fragment = now
             self.metrics.time_to_first_fragment.observe(self._first_fragment - self._created)
-        latency: dict[str, float] = {}
         arrived = None if self.feed is None else self.feed.chunk_arrivals.pop(done.index, None)
         if arrived is not None:
-            latency["latency_s"] = round(now - arrived, 4)
             self.metrics.block_to_fragment_seconds.observe(now - arrived)
         self._emit(
             "chunk",
-            **latency,
-            index=done.index,
-            total=done.total,
-            frame_start=done.frame_start,
-            frames=done.frames,
-            bytes=done.bytes,
-            frames_done=self.frames_done,
-            total_bytes=self.log.size,
-            progress=self.progress,
+            **chunk_event(
+                index=done.index,
+                total=done.total,
+                frame_start=done.frame_start,
+                frames=done.frames,
+                chunk_bytes=done.bytes,
+                frames_done=self.frames_done,
+                total_bytes=self.log.size,
+                progress=self.progress,
+                latency_s=None if arrived is None else now - arrived,
+            ),
         )
 
     # Endings.

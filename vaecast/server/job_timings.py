@@ -1,12 +1,14 @@
-"""A job's timings as its JSON reports them, from its moments (time.perf_counter).
+"""A job's timings and progress as its JSON and its events report them.
 
-Pure and free of torch and PyAV: the server's Job and, in Ray mode, the job hosts
-(which never import torch) report the same fields the same way.
+Timings come from its moments (time.perf_counter). Pure and free of torch and PyAV:
+the server's Job and, in Ray mode, the job hosts (which never import torch) report
+the same fields the same way.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
 def job_timings(
@@ -40,3 +42,38 @@ def realtime_factor(
         return None
     end = finished if finished is not None else time.perf_counter()
     return round(float(frames / fps) / max(end - started, 1e-6), 3)
+
+
+def progress_percent(chunks_done: int, chunks: int | None) -> int | None:
+    """Percent of chunks decoded and encoded; None while the length is unknown."""
+    if chunks is None:
+        return None
+    return round(100 * chunks_done / chunks)
+
+
+def chunk_event(
+    *,
+    index: int,
+    total: int,
+    frame_start: int,
+    frames: int,
+    chunk_bytes: int,
+    frames_done: int,
+    total_bytes: int,
+    progress: int | None,
+    latency_s: float | None,
+) -> dict[str, Any]:
+    """The fields of a `chunk` event, in their order; `latency_s` (from a pushed
+    block's arrival to its fragment) only for pushed blocks."""
+    latency = {} if latency_s is None else {"latency_s": round(latency_s, 4)}
+    return {
+        **latency,
+        "index": index,
+        "total": total,
+        "frame_start": frame_start,
+        "frames": frames,
+        "bytes": chunk_bytes,
+        "frames_done": frames_done,
+        "total_bytes": total_bytes,
+        "progress": progress,
+    }
