@@ -42,6 +42,7 @@ from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.latent_files.audio import MAX_AUDIO_CHANNELS
 from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline import AudioFormat
+from vaecast.server.body_buffer import BodyBuffer
 from vaecast.server.config import ServerConfig
 from vaecast.server.job import DecodeRequest, PushRequest
 from vaecast.server.live_demo import LiveDemoRequest
@@ -256,15 +257,16 @@ async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncItera
 
 
 async def _read_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytearray:
-    """The body in one growing buffer, returned as is: a `bytes` copy of it would hold
-    the upload twice at the peak. (Not preallocated from Content-Length: a client could
-    then make us commit the upload limit by declaring it and sending nothing.)"""
-    body = bytearray()
+    """The body in one growing buffer (`body_buffer.BodyBuffer`: no copies, no heap
+    holes), returned as is: a `bytes` copy of it would hold the upload twice at the
+    peak. (Not sized from Content-Length: a client could then make us commit the
+    upload limit by declaring it and sending nothing.)"""
+    body = BodyBuffer()
     async for chunk in chunks:
         if len(body) + len(chunk) > max_bytes:
             raise _too_large(max_bytes)
-        body += chunk
-    return body
+        body.append(chunk)
+    return body.take()
 
 
 def _too_large(max_bytes: int) -> PayloadTooLargeError:
