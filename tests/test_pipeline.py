@@ -4,6 +4,7 @@ ends (opened late, failed, cancelled), no thread or codec outlives the pipeline.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -12,7 +13,8 @@ import pytest
 
 from tests.helpers import GatedDecoder, decode_mp4, smooth_latents
 from vaecast.codecs.stream import VideoStreamEncoder
-from vaecast.errors import DecodeCancelled
+from vaecast.errors import DecodeCancelled, DecodeFailedError
+from vaecast.models.base import DecodedChunk
 from vaecast.pipeline import Stages, VideoOutput, WholeLatents, own_workers, run_pipeline
 
 LATENTS = smooth_latents(frames=6)  # 6 chunks
@@ -103,3 +105,39 @@ async def test_a_cancel_while_the_encoder_opens_still_closes_it() -> None:
         await asyncio.wait_for(task, WAIT_S)
     assert len(RecordedEncoder.closed) == 1
     assert decoder.finished.is_set()
+
+
+class PlanBreakingDecoder(GatedDecoder):
+    """The linear decoder, with one chunk made to disagree with its plan."""
+
+    def __init__(self, breaking: str) -> None:
+        super().__init__()
+        self.breaking = breaking
+
+    def decode_chunks(self, latents: Any, on_chunk: Any) -> None:
+        def broken(chunk: DecodedChunk) -> None:
+            if chunk.index == 2 and self.breaking == "start":
+                chunk = dataclasses.replace(chunk, frame_start=chunk.frame_start + 1)
+            elif chunk.index == 2 and self.breaking == "frames":
+                chunk = dataclasses.replace(chunk, frames=chunk.frames[:, :, :-1])
+            on_chunk(chunk)
+            if chunk.is_final and self.breaking == "extra":
+                on_chunk(dataclasses.replace(chunk, index=chunk.index + 1))
+
+        super().decode_chunks(latents, broken)
+
+
+@pytest.mark.parametrize(
+    "breaking, planned",
+    [
+        ("start", r"got \(index, frame_start, frames, height, width\) = \(2, 6, 4, "),
+        ("frames", r"= \(2, 5, 3, 48, 64\), planned \(2, 5, 4, 48, 64\)"),
+        ("extra", r"at chunk 6: .*, planned None"),
+    ],
+)
+async def test_a_decoder_that_breaks_its_plan_fails_the_pipeline(
+    breaking: str, planned: str
+) -> None:
+    decoder = PlanBreakingDecoder(breaking)
+    with pytest.raises(DecodeFailedError, match=f"the decoder broke its plan.*{planned}"):
+        await _run(decoder, VideoStreamEncoder)

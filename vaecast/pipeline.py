@@ -318,13 +318,10 @@ def _check_against_plan(
         start = plan.chunk_start(index) if frame_start == plan.chunk_start(index) else None
         expected = (index, start, count, plan.height, plan.width)
     elif index < plan.chunks:
-        expected = (
-            index,
-            plan.chunk_starts[index],
-            plan.chunk_frames[index],
-            plan.height,
-            plan.width,
-        )
+        # Every chunk before this one had its planned size, so `frame_start` (the frames
+        # so far) is where the plan starts this one (`plan.chunk_starts` would rebuild
+        # the whole list per chunk: quadratic in the video's length).
+        expected = (index, frame_start, plan.chunk_frames[index], plan.height, plan.width)
     else:
         expected = None
     if got != expected:
