@@ -108,6 +108,7 @@ class SharedJob:
         self.events: list[dict[str, Any]] = []
         self.fragments: list[Any] = []  # ObjectRefs, in order
         self.fragment_sizes: list[int] = []
+        self.bytes_kept = 0  # sum(fragment_sizes), kept as they come: read per chunk
         self.replica: ReplicaInfo | None = None
         self.content_type = "video/mp4"
         self.plan = spec.plan
@@ -313,6 +314,7 @@ class SharedJob:
         if isinstance(record, Segment):
             self.fragments.append(ray.put(record.data))
             self.fragment_sizes.append(len(record.data))
+            self.bytes_kept += len(record.data)
         elif isinstance(record, Chunk):
             self._chunk(record)
         elif isinstance(record, Started):
@@ -340,7 +342,7 @@ class SharedJob:
                 frames=chunk.frames,
                 chunk_bytes=chunk.bytes,
                 frames_done=self.frames_done,
-                total_bytes=sum(self.fragment_sizes),
+                total_bytes=self.bytes_kept,
                 progress=self._progress(),
                 latency_s=(
                     None if chunk.block_arrived is None else time.time() - chunk.block_arrived
@@ -467,7 +469,7 @@ class SharedJob:
                 "total": None if plan is None else len(plan["chunk_frames"]),
             },
             "frames_done": self.frames_done,
-            "bytes": sum(self.fragment_sizes),
+            "bytes": self.bytes_kept,
             "content_type": self.content_type,
             "timings": self._timings(),
             "realtime_factor": self._realtime_factor(),
