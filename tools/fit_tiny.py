@@ -22,6 +22,8 @@
    checkpoint-selection span. Augmented per crop: scale (log-uniform, from half the
    smaller of native and the 832x480 "cover" scale to 1.25x the larger), a random
    crop, horizontal flip, time reversal and speed (every 1st, 2nd or 3rd frame).
+   Clips are drawn uniformly unless `--real-weights` weighs them (e.g. `city=3`:
+   the clip furthest below the bar drawn three times as often as each other one).
 3. Initialisation: `--init` weights (a previous fit), or else structured: PCA of
    4x8x8 RGB patches gives the best linear 16-channel code; both linear paths start
    there and the nonlinear branches' last convs at zero, so step 0 is exactly the
@@ -201,15 +203,25 @@ class ClipPool:
 class RealPool:
     """The real clips' fit spans (uint8), cropped with scale, flip, speed and time reversal."""
 
-    def __init__(self) -> None:
+    def __init__(self, weights: dict[str, float] | None = None) -> None:
         self.names = [clip.name for clip in real_clips.CLIPS]
         self.spans = [
             torch.from_numpy(np.array(real_clips.fit_span(n))).permute(3, 0, 1, 2)
             for n in self.names
         ]
+        # Per-clip sampling weights (`--real-weights`); None draws clips uniformly with
+        # the same generator calls as before the option existed, so default runs repeat.
+        full = [float((weights or {}).get(n, 1.0)) for n in self.names]
+        self.weights = torch.tensor(full) if len(set(full)) > 1 else None
+
+    def pick(self, g: torch.Generator) -> int:
+        """The index of the clip the next crop comes from."""
+        if self.weights is None:
+            return int(torch.randint(len(self.spans), (), generator=g))
+        return int(torch.multinomial(self.weights, 1, generator=g))
 
     def sample(self, g: torch.Generator, frames: int, crop: int) -> torch.Tensor:
-        span = self.spans[int(torch.randint(len(self.spans), (), generator=g))]
+        span = self.spans[self.pick(g)]
         _, t, h, w = span.shape
         speeds = [s for s in SPEEDS if (frames - 1) * s + 1 <= t]
         weights = torch.tensor([SPEED_WEIGHTS[SPEEDS.index(s)] for s in speeds])
@@ -334,6 +346,25 @@ def _widths(text: str | None, names: tuple[str, ...]) -> dict[str, int]:
     return dict(zip(names, values, strict=True))
 
 
+def _clip_weights(text: str | None) -> dict[str, float]:
+    """`--real-weights` "city=3,bikes=1": clips not named weigh 1, 0 leaves a clip out."""
+    if not text:
+        return {}
+    weights = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in real_clips.BY_NAME or not value:
+            raise ValueError(
+                f"expected CLIP=WEIGHT with CLIP in {sorted(real_clips.BY_NAME)}, got {item!r}"
+            )
+        weights[name] = float(value)
+    if any(w < 0 for w in weights.values()) or not any(
+        weights.get(n, 1.0) > 0 for n in real_clips.BY_NAME
+    ):
+        raise ValueError(f"--real-weights must be >= 0 with one clip above 0, got {text!r}")
+    return weights
+
+
 def heldout(weights: Path, count: int) -> dict[str, object]:
     """PSNR of the shipped path (fp16 weights, streaming decode) at 81 frames of 832x480."""
     encoder = tiny.TinyEncoder(weights=weights)
@@ -362,6 +393,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--real-fraction", type=float, default=0.5)
+    parser.add_argument(
+        "--real-weights",
+        default=None,
+        help="per-clip sampling weights of real crops, e.g. city=3 (others 1; 0 leaves a "
+        "clip out); default: uniform",
+    )
     parser.add_argument("--pool", type=int, default=16)
     parser.add_argument("--refresh-every", type=int, default=8)
     parser.add_argument(
@@ -402,6 +439,10 @@ def main() -> None:
         parser.error("--resume needs --checkpoint")
     if reasons := real_clips.missing():
         parser.error("real clips missing:\n" + "\n".join(reasons))
+    try:
+        clip_weights = _clip_weights(args.real_weights)
+    except ValueError as error:
+        parser.error(str(error))
 
     started = time.monotonic()
     torch.set_num_threads(args.threads)
@@ -428,7 +469,7 @@ def main() -> None:
     encoder, decoder = tiny.TinyEncoderNet(**enc_widths), tiny.TinyDecoderNet(**dec_widths)
 
     pool = ClipPool(args.seed, args.pool, frames=args.pool_frames) if resumed is None else None
-    real = RealPool()
+    real = RealPool(clip_weights)
     finishing = resumed is not None and resumed["step"] >= args.steps
     if resumed is not None:
         pool = ClipPool.__new__(ClipPool)
