@@ -115,3 +115,31 @@ def test_motion_candidates_keep_the_window_that_moves_most() -> None:
         assert motion(four) >= motion(one)
         gained += motion(four) > motion(one)
     assert gained >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("need_clips")
+def test_real_weights_draw_clips_by_weight() -> None:
+    names = [c.name for c in fit_tiny.real_clips.CLIPS]
+    uniform = fit_tiny.RealPool()
+    # The default draws exactly as before the option existed: one randint per crop.
+    g, h = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert [uniform.pick(g) for _ in range(50)] == [
+        int(torch.randint(len(names), (), generator=h)) for _ in range(50)
+    ]
+    assert fit_tiny.RealPool(fit_tiny._clip_weights("city=1")).weights is None
+    weighted = fit_tiny.RealPool(fit_tiny._clip_weights("city=3,bikes=0"))
+    g = torch.Generator().manual_seed(4)
+    counts = torch.bincount(torch.tensor([weighted.pick(g) for _ in range(3000)]), minlength=4)
+    share = dict(zip(names, (counts / counts.sum()).tolist(), strict=True))
+    assert share["bikes"] == 0
+    assert share["city"] == pytest.approx(0.6, abs=0.04)  # 3 / (1 + 0 + 1 + 3)
+    assert share["bigbuckbunny"] == pytest.approx(0.2, abs=0.03)
+
+
+@pytest.mark.parametrize(
+    "text", ["nope=1", "city=", "city=-1", "bigbuckbunny=0,bikes=0,carphone=0,city=0"]
+)
+def test_real_weights_reject_bad_values(text: str) -> None:
+    with pytest.raises(ValueError):
+        fit_tiny._clip_weights(text)
