@@ -220,7 +220,7 @@ async def test_loopback_names_and_addresses_are_answered_by_default(start_server
 
 
 async def test_host_verdicts_are_remembered_boundedly_and_stay_right(start_server: StartServer):
-    from vaecast.server.security import HOST_VERDICTS_KEPT
+    from vaecast.server.security import HOST_VERDICTS_KEPT, SecurityGuard
 
     server = await start_server()
     # Twice the remembered number of names, then names asked before: evicted verdicts
@@ -232,6 +232,12 @@ async def test_host_verdicts_are_remembered_boundedly_and_stay_right(start_serve
     for host in ("localhost:8000", "127.0.0.1", "localhost:8000"):
         status, _, _ = await answer(server, "GET", "/healthz", headers={"Host": host})
         assert status == 200, host
+    # The memo itself: bounded, and a name asked again is answered from it.
+    guard = SecurityGuard(SecurityConfig())
+    for name in [*names, names[-1]]:
+        assert guard._host_refusal(name) is not None
+    memo = guard._host_refusal.cache_info()
+    assert (memo.currsize, memo.maxsize, memo.hits) == (HOST_VERDICTS_KEPT, HOST_VERDICTS_KEPT, 1)
 
 
 async def test_allowed_hosts_widen_the_default(start_server: StartServer):
