@@ -60,6 +60,9 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def __enter__(self) -> RssSampler:
+        # The first sample is taken here, not on the thread: a thread that a busy machine
+        # starts late would otherwise miss whatever the caller allocates right after.
+        self._sample()
         self._thread.start()
         return self
 
@@ -68,12 +71,14 @@ class RssSampler:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):
             try:
-                self.samples.append((time.monotonic(), rss_bytes(self.pid)))
+                self._sample()
             except (OSError, KeyError):
                 return
-            self._stop.wait(self.interval_s)
+
+    def _sample(self) -> None:
+        self.samples.append((time.monotonic(), rss_bytes(self.pid)))
 
     def peak_between(self, start: float, end: float) -> int:
         inside = [rss for at, rss in self.samples if start <= at <= end]

@@ -83,6 +83,8 @@ def test_a_stream_too_short_has_no_growth_figure() -> None:
 
 def test_the_sampler_sees_this_process_grow() -> None:
     with RssSampler(os.getpid(), interval_s=0.001) as sampler:
+        # The first sample is taken on entry, before the block exists, however late the
+        # sampler's thread runs on a busy machine.
         before = len(sampler.samples)
         block = np.ones(64 * 2**20, np.uint8)  # 64 MiB, touched
         deadline = time.monotonic() + 10.0
