@@ -130,14 +130,16 @@ def server_process(
     model: str,
     device: str,
     log_path: Path,
-    host_frames: str = "rgb",
+    host_frames: str | None = None,
     tree: Path | None = None,
     weights: Path | None = None,
 ) -> Iterator[ServerProcess]:
     """`python -m benchmarks.server` on a free loopback port; stopped with SIGTERM.
 
-    `tree`: another checkout to run the server from (default: this one). `weights`: the
-    model's weights file or folder (default: the model's own, where it has one).
+    `host_frames`: what its decode thread hands the encoders (default: the server's own,
+    what vaecast's pipeline does). `tree`: another checkout to run the server from
+    (default: this one). `weights`: the model's weights file or folder (default: the
+    model's own, where it has one).
     """
     command = [
         sys.executable,
@@ -147,8 +149,7 @@ def server_process(
         model,
         "--device",
         device,
-        "--host-frames",
-        host_frames,
+        *(["--host-frames", host_frames] if host_frames is not None else []),
         *(["--weights", str(weights)] if weights is not None else []),
     ]
     with announced_process(

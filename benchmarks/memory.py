@@ -93,7 +93,7 @@ def run_memory(
     model: str,
     device: str,
     work_dir: Path,
-    host_frames: str = "rgb",
+    host_frames: str | None = None,
 ) -> list[dict[str, Any]]:
     records = []
     for arm, lengths in arm_lengths.items():

@@ -37,7 +37,6 @@ import torch
 from aiohttp import web
 
 from benchmarks import pipelines
-from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.latent_files import load_latents
@@ -102,10 +101,12 @@ class TimedStreamEncoder(VideoStreamEncoder):
         super().__init__(*args, **kwargs)
         TRACE.mark(VAECAST_ARM, "opened")
 
-    def encode_chunk(self, frames: Yuv420Frames) -> bytes:
+    def encode_chunk(self, frames: pipelines.HostFrames) -> bytes:
         index = self.fragments_written
         TRACE.mark(VAECAST_ARM, "encode_start", index)
-        data = super().encode_chunk(frames)
+        # `--host-frames rgb`: the encoder takes YUV 4:2:0 only, so RGB goes through
+        # swscale here, on the encode thread, as it does in every other arm.
+        data = super().encode_chunk(pipelines.as_yuv420(frames))
         TRACE.mark(VAECAST_ARM, "encoded", index)
         return data
 
