@@ -3,13 +3,19 @@
 Each test runs a real job on a real server over 127.0.0.1 and checks, besides what
 viewers receive, that the broadcast really carried them (its member count while the
 decode is held), so a regression to the per-viewer path cannot pass unnoticed.
+
+Every test runs twice: with the members' sends made on the server's fan-out thread
+(`fanout_sender.py`), and made by the loop, as for a member the thread cannot take
+(no descriptor to spare).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import io
+import os
 import re
 import socket
 from dataclasses import replace
@@ -30,6 +36,7 @@ from tests.helpers.server import (
     serve_on_loopback,
 )
 from vaecast.codecs.fmp4_reader import iter_boxes
+from vaecast.server import broadcast
 from vaecast.server.broadcast import Broadcast, can_broadcast_to, frame_chunk
 from vaecast.server.job import Job
 from vaecast.server.segment_log import SegmentLog
@@ -40,6 +47,27 @@ LATENT_FRAMES = 6
 # that is not read takes (so its transport pauses), ~8 MB in all.
 BIG_VIDEO = {"frames": 36, "height": 56, "width": 56}
 BIG_ENCODER = replace(TEST_CONFIG.encoder, crf=1)
+
+
+@pytest.fixture(params=["thread", "loop"], autouse=True)
+def sends(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Who writes to the members: the fan-out thread, or the loop."""
+    if request.param == "loop":
+        monkeypatch.setattr(broadcast, "open_member_socket", lambda fd: None)
+    return request.param
+
+
+def duplicated_sockets() -> int:
+    """Sockets this process holds more than one descriptor of (the fan-out thread's)."""
+    inodes: collections.Counter[int] = collections.Counter()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed since the listing
+            continue
+        if target.startswith("socket:["):
+            inodes[int(target[8:-1])] += 1
+    return sum(1 for count in inodes.values() if count > 1)
 
 
 async def create_job(server: Server, latents: torch.Tensor) -> Job:
@@ -151,7 +179,7 @@ def test_a_chunk_is_framed_as_aiohttp_frames_it() -> None:
 
 
 async def test_many_viewers_get_the_finished_file_byte_for_byte_through_the_broadcast(
-    start_server: StartServer,
+    start_server: StartServer, sends: str
 ):
     decoder = GatedDecoder(hold_at=2)
     server = await start_server(decoders={"linear": decoder})
@@ -159,8 +187,12 @@ async def test_many_viewers_get_the_finished_file_byte_for_byte_through_the_broa
     viewers = [asyncio.create_task(watch(server, job)) for _ in range(VIEWERS)]
     # Held at chunk 2: each has been written the init segment alone, and then joined.
     await until(lambda: members(job) == VIEWERS)
+    # The thread writes to a duplicate of each member's socket (the loop owns the original).
+    assert duplicated_sockets() == (VIEWERS if sends == "thread" else 0)
     decoder.gate.set()
     streams = await asyncio.gather(*viewers)
+    assert (server.manager.fanout.batches_sent > 0) == (sends == "thread")
+    await until(lambda: duplicated_sockets() == 0)  # each given back as its member left
     sent = await bytes_sent(server)
     whole = await finished_file(server, job)
     assert {hashlib.sha256(stream).digest() for stream in streams} == {

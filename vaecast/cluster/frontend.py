@@ -55,6 +55,7 @@ from vaecast.errors import (
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.pipeline import TimedAudio
 from vaecast.server.config import ServerConfig
+from vaecast.server.fanout_sender import FanoutSender
 from vaecast.server.job import FINAL_STATUSES, DecodeRequest, Job, JobStatus, PushRequest
 from vaecast.server.manager import JobManager
 from vaecast.server.metrics import Metrics
@@ -138,11 +139,12 @@ class ClusterJob(Job):
         config: ServerConfig,
         metrics: Metrics,
         created: Any = None,
+        fanout: FanoutSender | None = None,
     ) -> None:
         """`created`: the ObjectRef of the job's creation at its host, for a job created
-        here (None: found there)."""
+        here (None: found there). `fanout`: as for Job."""
         plan = None if spec.plan is None else DecodePlan(**spec.plan)
-        self._init_state(spec.job_id, spec.model, spec.fps, decoder, plan, config, metrics)
+        self._init_state(spec.job_id, spec.model, spec.fps, decoder, plan, config, metrics, fanout)
         self.created_at = spec.created_at
         self.spec = spec
         self.shared = shared
@@ -369,7 +371,7 @@ class ClusterJobManager(JobManager):
         created = host.create.remote(spec, call, settings)
         self._creating.append(created)
         shared = JobRef(host, job_id)
-        job = ClusterJob(spec, shared, decoder, self.config, self.metrics, created)
+        job = ClusterJob(spec, shared, decoder, self.config, self.metrics, created, self.fanout)
         self._unfinished += 1
         self._register(job)
         return job
@@ -424,7 +426,7 @@ class ClusterJobManager(JobManager):
             return  # no such job in the cluster (or it just ended): the route says 404
         shared = JobRef(host, job_id)
         decoder = self.decoders.get(spec.model) or self.decoders[self.config.default_model]
-        job = ClusterJob(spec, shared, decoder, self.config, self.metrics)
+        job = ClusterJob(spec, shared, decoder, self.config, self.metrics, None, self.fanout)
         self._register(job)
         with contextlib.suppress(TimeoutError):  # served as it is: the mirror fills in
             await asyncio.wait_for(job.synced.wait(), LOOKUP_TIMEOUT_S)

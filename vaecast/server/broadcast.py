@@ -22,18 +22,36 @@ framed exactly as `StreamWriter._write_chunked_payload` frames them, and its
 `output_size` and `buffer_size` grow as aiohttp's `_write` grows them (the access
 log's body length; the drain aiohttp does past 64 KiB). `write_eof` then ends the
 chunked body as usual, so keep-alive works. Any other writer follows the log alone.
+
+The sends themselves are made by the server's `FanoutSender` thread where there is one
+(`fanout_sender.py`: the kernel's send was most of the loop's CPU with many viewers).
+Then a member's bytes stay in order by one rule: while any queued batch names a
+member, nothing on the loop writes to it, and it is not woken. A wake that comes
+meanwhile (its socket filled, the log closed) waits until its last batch is reported
+back; a short write's remainder is written by the loop, through the transport, when
+its batch is reported, before anything else can be. Without a sender (or without a
+descriptor for the thread) the loop writes to the member itself, at the append.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
+import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
+from vaecast.server.fanout_sender import (
+    FAILED,
+    SKIPPED,
+    FanoutSender,
+    SendBatch,
+    open_member_socket,
+)
 from vaecast.server.segment_log import SegmentLog
 
 CRLF = b"\r\n"
@@ -54,6 +72,10 @@ class _Member:
     writer: StreamWriter
     woken: asyncio.Future[_Woken]
     written: int  # segments of the log it has been written
+    fd: int | None = None  # its socket, duplicated for the sender thread
+    detached: bool = False  # the thread's: it wrote short or failed; write no more
+    in_flight: int = 0  # queued batches that name it
+    why: _Woken | None = None  # the wake that waits for its batches
 
 
 def frame_chunk(data: bytes) -> bytes:
@@ -85,11 +107,15 @@ def can_broadcast_to(response: web.StreamResponse, writer: object) -> bool:
 class Broadcast:
     """The broadcast members among one SegmentLog's viewers (a job makes one with its log)."""
 
-    def __init__(self, log: SegmentLog, bytes_sent: _Counter) -> None:
-        """Listens to `log`; `bytes_sent` counts the body bytes written to members."""
+    def __init__(
+        self, log: SegmentLog, bytes_sent: _Counter, sender: FanoutSender | None = None
+    ) -> None:
+        """Listens to `log`; `bytes_sent` counts the body bytes written to members;
+        `sender` makes the sends off the loop (None: the loop makes them)."""
         # No reference to the log: it holds this one as a listener.
         self._members: dict[_Member, None] = {}
         self._bytes_sent = bytes_sent
+        self._sender = sender
         log.add_listener(self)
 
     @property
@@ -104,12 +130,20 @@ class Broadcast:
         frame = frame_chunk(segment)
         size = len(frame)
         sent = 0
+        for_thread: list[_Member] = []
         for member in list(self._members):
             writer = member.writer
             protocol = writer.protocol
             transport = protocol.transport
             if transport is None or transport.is_closing():
                 self._wake(member, _Woken.LEFT)
+                continue
+            if member.fd is not None:
+                # Its transport holds nothing to write: nothing on the loop writes to a
+                # member, and a short write by the thread wakes it. The thread finds a
+                # full socket itself.
+                member.in_flight += 1
+                for_thread.append(member)
                 continue
             if protocol.writing_paused:
                 self._wake(member, _Woken.BEHIND)
@@ -125,15 +159,71 @@ class Broadcast:
             sent += 1
         if sent:
             self._bytes_sent.inc(len(segment) * sent)
+        if for_thread:
+            assert self._sender is not None  # members get a descriptor only with one
+            reported = functools.partial(self._reported, len(segment))
+            if not self._sender.submit(SendBatch(frame, for_thread), reported):
+                for member in for_thread:  # the thread is far behind: each catches up alone
+                    member.in_flight -= 1
+                    self._wake(member, _Woken.BEHIND)
 
     def closed(self) -> None:
         for member in list(self._members):
             self._wake(member, _Woken.CLOSED)
 
+    def _reported(self, segment_bytes: int, batch: SendBatch, results: list[int]) -> None:
+        """The sender thread's results for `batch`, on the loop, in the order sent."""
+        frame = batch.frame
+        size = len(frame)
+        sent = 0
+        members = self._members
+        targets = cast("list[_Member]", batch.targets)  # what `appended` queued
+        for member, written in zip(targets, results, strict=True):
+            member.in_flight -= 1
+            if written == size:
+                writer = member.writer
+                writer.output_size += size
+                writer.buffer_size += size
+                member.written += 1
+                sent += 1
+                if member.in_flight == 0 and member not in members:
+                    self._settle(member)  # it left while this batch was out
+                continue
+            if written == FAILED:
+                self._wake(member, _Woken.LEFT)
+            elif written != SKIPPED:  # short: its socket is full
+                transport = member.writer.transport
+                if transport is None or transport.is_closing():
+                    self._wake(member, _Woken.LEFT)
+                else:
+                    # Nothing else can have been written to it since: its later batches
+                    # skip it (detached), and the loop writes to no member in a batch.
+                    transport.write(frame[written:])
+                    member.writer.output_size += size
+                    member.writer.buffer_size += size
+                    member.written += 1
+                    sent += 1
+                    self._wake(member, _Woken.BEHIND)
+            self._settle(member)  # SKIPPED: woken by an earlier batch, waiting for this one
+        if sent:
+            self._bytes_sent.inc(segment_bytes * sent)
+
     def _wake(self, member: _Member, why: _Woken) -> None:
-        del self._members[member]
+        self._members.pop(member, None)
+        if member.why is None:
+            member.why = why
+        self._settle(member)
+
+    def _settle(self, member: _Member) -> None:
+        """Wake a member that has left the broadcast once no batch names it any more,
+        and give back its descriptor."""
+        if member.in_flight or member in self._members:
+            return
+        if member.fd is not None:
+            os.close(member.fd)
+            member.fd = None
         if not member.woken.done():
-            member.woken.set_result(why)
+            member.woken.set_result(member.why or _Woken.LEFT)
 
     # One viewer.
 
@@ -179,9 +269,13 @@ class Broadcast:
 
     async def _member(self, writer: StreamWriter, index: int) -> tuple[_Woken, int]:
         member = _Member(writer, asyncio.get_running_loop().create_future(), index)
+        if self._sender is not None and (sock := writer.transport.get_extra_info("socket")):
+            member.fd = open_member_socket(sock.fileno())
         self._members[member] = None
         try:
             why = await member.woken
         finally:
-            self._members.pop(member, None)  # cancelled: the handler is gone
+            # Cancelled: the handler is gone; its descriptor goes when no batch names it.
+            self._members.pop(member, None)
+            self._settle(member)
         return why, member.written

@@ -40,6 +40,7 @@ from vaecast.pipeline import (
 )
 from vaecast.server.broadcast import Broadcast
 from vaecast.server.config import ServerConfig
+from vaecast.server.fanout_sender import FanoutSender
 from vaecast.server.hls import PartIndex
 from vaecast.server.job_timings import (
     chunk_event,
@@ -91,8 +92,10 @@ class Job:
         plan: DecodePlan | None,
         config: ServerConfig,
         metrics: Metrics,
+        fanout: FanoutSender | None = None,
     ) -> None:
-        """`plan` is None for a push session: its length is known at its last block."""
+        """`plan` is None for a push session: its length is known at its last block.
+        `fanout`: the server's thread for its viewers' sends (None: the loop sends)."""
         self._init_state(
             "video_" + secrets.token_hex(12),
             request.model,
@@ -101,6 +104,7 @@ class Job:
             plan,
             config,
             metrics,
+            fanout,
         )
         # The latents and the waveform are dropped when the job ends: a finished job
         # keeps only its MP4, which retention accounts for.
@@ -140,6 +144,7 @@ class Job:
         plan: DecodePlan | None,
         config: ServerConfig,
         metrics: Metrics,
+        fanout: FanoutSender | None = None,
     ) -> None:
         """What every job has, whatever runs it (a mirror of a job in a Ray cluster too)."""
         self.id = job_id
@@ -155,7 +160,7 @@ class Job:
         self.error: VaecastError | None = None
         self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
         # Its caught-up live viewers, written to in one loop per segment.
-        self.broadcast = Broadcast(self.log, metrics.bytes_sent)
+        self.broadcast = Broadcast(self.log, metrics.bytes_sent, fanout)
         # Each part's duration and keyframe, for the HLS playlist of the same bytes.
         self.parts = PartIndex()
         # Progress as events (queued, started, chunk..., then done or error), for

@@ -30,6 +30,7 @@ from vaecast.errors import (
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
+from vaecast.server.fanout_sender import FanoutSender
 from vaecast.server.job import DecodeRequest, Job, PushRequest
 from vaecast.server.metrics import Metrics
 from vaecast.server.retention import EvictionReason, Retention
@@ -94,6 +95,8 @@ class JobManager:
             decode=ThreadPoolExecutor(config.decode_slots, thread_name_prefix="vaecast-decode"),
             encode=ThreadPoolExecutor(config.decode_slots, thread_name_prefix="vaecast-encode"),
         )
+        # Every job's viewers are sent their fragments on this one thread.
+        self.fanout = FanoutSender()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -249,7 +252,7 @@ class JobManager:
 
     def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
         plan, decoder = self._checked_start(request)
-        job = Job(request, decoder, plan, self.config, self.metrics)
+        job = Job(request, decoder, plan, self.config, self.metrics, self.fanout)
         self._unfinished += 1
         # A push session joins the queue when its first block arrives (see Job.run).
         if plan is not None:
@@ -338,6 +341,7 @@ class JobManager:
         self._spares.close()  # a replenish still running closes what it opens
         for pool in (self._workers.decode, self._workers.encode):
             await asyncio.to_thread(pool.shutdown)
+        await asyncio.to_thread(self.fanout.close)
 
     def _state_for_metrics(self) -> tuple[list[str], int, int]:
         jobs = list(self.jobs.values())

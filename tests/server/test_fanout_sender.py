@@ -1,0 +1,154 @@
+"""The fan-out thread on real sockets: what it writes, what it reports, its bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from vaecast.server.fanout_sender import (
+    FAILED,
+    SKIPPED,
+    FanoutSender,
+    SendBatch,
+    open_member_socket,
+    send,
+)
+
+
+@dataclass
+class Target:
+    fd: int | None
+    detached: bool = False
+
+
+class HeldTarget:
+    """A target whose descriptor the thread cannot read until `release` is set."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self.detached = False
+
+    @property
+    def fd(self) -> int:
+        self.reached.set()
+        assert self.release.wait(10)
+        return self._fd
+
+
+@pytest.fixture
+def pairs():
+    made: list[tuple[socket.socket, socket.socket]] = []
+
+    def make(count: int = 1) -> list[tuple[socket.socket, socket.socket]]:
+        for _ in range(count):
+            ours, theirs = socket.socketpair()
+            ours.setblocking(False)
+            made.append((ours, theirs))
+        return made[-count:]
+
+    yield make
+    for ours, theirs in made:
+        ours.close()
+        theirs.close()
+
+
+def read_exactly(sock: socket.socket, count: int) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while len(data) < count:
+        data += sock.recv(count - len(data))
+    return data
+
+
+async def submit_and_wait(sender: FanoutSender, batch: SendBatch) -> list[int]:
+    reported: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    assert sender.submit(batch, lambda _batch, results: reported.set_result(results))
+    return await asyncio.wait_for(reported, 10)
+
+
+async def test_a_batch_reaches_every_target_in_order_and_is_reported_on_the_loop(pairs):
+    sender = FanoutSender()
+    sockets = pairs(3)
+    targets = [Target(ours.fileno()) for ours, _ in sockets]
+    try:
+        first = await submit_and_wait(sender, SendBatch(b"one,", targets))
+        second = await submit_and_wait(sender, SendBatch(b"two", targets))
+    finally:
+        await asyncio.to_thread(sender.close)
+    assert first == [4, 4, 4] and second == [3, 3, 3]
+    for _, theirs in sockets:
+        assert read_exactly(theirs, 7) == b"one,two"
+    assert sender.batches_sent == 2
+
+
+def test_a_full_socket_takes_part_and_its_target_is_skipped_afterwards(pairs):
+    ((ours, theirs),) = pairs()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    target = Target(ours.fileno())
+    frame = os.urandom(4 << 20)  # far more than the socket takes unread
+    written = send(frame, target)
+    assert 0 < written < len(frame) and target.detached
+    assert send(b"later", target) == SKIPPED
+    assert read_exactly(theirs, written) == frame[:written]  # nothing but the frame's head
+
+
+def test_a_connection_that_is_gone_fails_without_raising(pairs):
+    ((ours, theirs),) = pairs()
+    theirs.close()
+    target = Target(ours.fileno())
+    assert send(b"x" * 1000, target) == FAILED
+    assert target.detached
+
+
+async def test_a_full_queue_refuses_at_once_instead_of_waiting(pairs):
+    ((ours, theirs),) = pairs()
+    sender = FanoutSender(max_batches=1)
+    held = HeldTarget(ours.fileno())
+    reported: list[list[int]] = []
+    try:
+        assert sender.submit(SendBatch(b"a", [held]), lambda _b, r: reported.append(r))
+        assert await asyncio.to_thread(held.reached.wait, 10)  # the thread is in it
+        assert sender.submit(SendBatch(b"b", [Target(ours.fileno())]), lambda _b, r: None)
+        # The queue holds its one batch: the next is refused, not waited for.
+        assert not sender.submit(SendBatch(b"c", [Target(ours.fileno())]), lambda _b, r: None)
+    finally:
+        held.release.set()
+        await asyncio.to_thread(sender.close)
+    assert read_exactly(theirs, 2) == b"ab"  # close sent what was queued
+    await asyncio.sleep(0)  # the report of the first batch, scheduled on this loop
+    assert reported == [[1]]
+    assert not sender.submit(SendBatch(b"d", [Target(ours.fileno())]), lambda _b, r: None)
+
+
+async def test_the_thread_starts_with_the_first_batch_and_close_joins_it(pairs):
+    ((ours, _),) = pairs()
+    sender = FanoutSender()
+    assert not fanout_threads()  # made, not started
+    await submit_and_wait(sender, SendBatch(b"a", [Target(ours.fileno())]))
+    assert len(fanout_threads()) == 1
+    await asyncio.to_thread(sender.close)
+    assert not fanout_threads()
+
+
+def fanout_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "vaecast-fanout"]
+
+
+def test_a_member_socket_is_a_duplicate_only_of_a_non_blocking_socket(pairs):
+    ((ours, theirs),) = pairs()
+    duplicate = open_member_socket(ours.fileno())
+    assert duplicate is not None and duplicate != ours.fileno()
+    try:
+        assert os.fstat(duplicate).st_ino == os.fstat(ours.fileno()).st_ino
+    finally:
+        os.close(duplicate)
+    theirs.setblocking(True)
+    assert open_member_socket(theirs.fileno()) is None
+    assert open_member_socket(1 << 30) is None  # no such descriptor
