@@ -89,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-warmup", action="store_true", help="skip the unmeasured first runs")
     p.add_argument("--fanout", type=_ints, default=[1, 10, 100, 1000], help="viewer counts")
+    p.add_argument(
+        "--fanout-repeats", type=int, default=3, help="rounds of the fan-out jobs (median)"
+    )
     p.add_argument("--memory-frames", type=_ints, default=[81, 321, 1281])
     p.add_argument(
         "--memory-baseline-frames",
@@ -109,8 +112,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
-    if unknown or args.repeats < 1:
-        parser().error(f"unknown sections {sorted(unknown)}" if unknown else "--repeats >= 1")
+    if unknown:
+        parser().error(f"unknown sections {sorted(unknown)}")
+    if args.repeats < 1 or args.fanout_repeats < 1:
+        parser().error("--repeats and --fanout-repeats must be >= 1")
     out: Path = args.out
     work_dir = out / "tmp"
     settings = EncoderSettings()
@@ -157,9 +162,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if "fanout" in sections:
                 _say(f"fan-out: {args.fanout} viewers")
                 runs = asyncio.run(
-                    fanout.run_fanout(server, body, plan.frames, args.fps, args.fanout)
+                    fanout.run_fanout(
+                        server, body, plan.frames, args.fps, args.fanout, args.fanout_repeats
+                    )
                 )
-                result["fanout"] = {"runs": runs}
+                result["fanout"] = {"runs": runs, "repeats": args.fanout_repeats}
             if "profile" in sections:
                 if profiling.available():
                     _say("profile: py-spy on the server")

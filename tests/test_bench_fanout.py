@@ -87,9 +87,43 @@ def test_the_table_gives_the_loops_share_of_a_core_and_the_viewers_part() -> Non
         "ttff_s": {"median": 0.2, "max": 0.3},
         "viewers_complete": 100,
     }
+    runs[1] |= {"fanout_thread_cpu_pct": 1.5}
     lines = table({"runs": runs})
-    assert "| 0 | 2.00 | - | - | - | 3.00 | - | - | -/0 | 0.00 |" in lines
-    assert "| 100 | 6.00 | 4.00 | 1.20 | 0.07 | 3.00 | 0.200 | 0.300 | 100/100 | 0.10 |" in lines
+    assert "| 0 | 2.00 | - | - | - | - | 3.00 | - | - | -/0 | 0.00 |" in lines
+    assert (
+        "| 100 | 6.00 | 4.00 | 1.20 | 0.07 | 1.50 | 3.00 | 0.200 | 0.300 | 100/100 | 0.10 |"
+        in lines
+    )
+
+
+def test_with_repeats_the_table_gives_each_figures_median_and_range() -> None:
+    runs = []
+    for repeat, (idle_s, busy_s, complete) in enumerate(
+        [(0.03, 0.06, 10), (0.03, 0.09, 10), (0.03, 0.075, 9)]
+    ):
+        runs += [
+            {"viewers": 0, "loop_cpu_s": idle_s, "job_total_s": 3.0, "client_cpu_s": 0.0},
+            {
+                "viewers": 10,
+                "loop_cpu_s": busy_s,
+                "loop_cpu_s_per_viewer": (busy_s - idle_s) / 10,
+                "loop_cpu_pct_added": 100 * (busy_s - idle_s) / 3.0,
+                "job_total_s": 3.0,
+                "client_cpu_s": 0.1,
+                "viewers_complete": complete,
+                "ttff_s": {"median": 0.1 * (repeat + 1), "max": 0.5 + repeat},
+            },
+        ]
+        for run in runs[-2:]:
+            run["loop_cpu_pct"] = 100 * run["loop_cpu_s"] / run["job_total_s"]
+            run["repeat"] = repeat
+    lines = table({"runs": runs})
+    assert "| 0 | 1.00 (1.00-1.00) | - | - | - | - | 3.00 | - | - | -/0 | 0.00 |" in lines
+    assert (
+        "| 10 | 2.50 (2.00-3.00) | 1.50 (1.00-2.00) | 4.50 | - | - | 3.00 | 0.200 | 2.500 "
+        "| 29/30 | 0.10 |" in lines
+    )
+    assert any("median of 3 rounds" in line for line in lines)
 
 
 def test_kernel_time_counts_a_threads_system_calls_not_its_python() -> None:
