@@ -267,8 +267,8 @@ def table(section: dict[str, Any]) -> list[str]:
         )
         + "On the loop, a viewer costs its request (accept, routing, headers, the init "
         "segment alone, the end) and a few attribute updates per fragment; the sends to "
-        "caught-up viewers are made on the server's fan-out thread (its CPU: the next "
-        "column but one), which over loopback includes the client's TCP receive. The "
+        "caught-up viewers are made on the server's fan-out thread (its own column), "
+        "which over loopback includes the client's TCP receive. The "
         "loop's kernel time (10 ms ticks) is mostly the upload's receive and the requests.",
     ]
     return [*lines, ""]
