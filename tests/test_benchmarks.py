@@ -99,8 +99,9 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
             assert len(run["ttff_s"]["all"]) == run["viewers"]
             assert run["frames_decoded_first_viewer"] == FRAMES
             assert "server_cpu_s_per_viewer" in run
-            # The caught-up viewers' sends were made on the server's fan-out thread.
-            assert run["fanout_thread_cpu_s"] > 0
+            # Few viewers are written by the loop; from THREAD_FROM_MEMBERS on, by the
+            # fan-out thread (tests/server/test_broadcast.py checks which, deterministically).
+            assert run["fanout_thread_cpu_s"] >= 0
 
     (throughput,) = report["throughput"]["runs"]
     for key in ("vaecast_path", "quantize_rgb", "swscale_rgb_to_yuv420", "ffmpeg_cli"):

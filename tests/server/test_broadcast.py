@@ -5,8 +5,8 @@ viewers receive, that the broadcast really carried them (its member count while 
 decode is held), so a regression to the per-viewer path cannot pass unnoticed.
 
 Every test runs twice: with the members' sends made on the server's fan-out thread
-(`fanout_sender.py`), and made by the loop, as for a member the thread cannot take
-(no descriptor to spare).
+(`fanout_sender.py`, here however few the members), and made by the loop, as for a
+member the thread cannot take (no descriptor to spare).
 """
 
 from __future__ import annotations
@@ -51,9 +51,12 @@ BIG_ENCODER = replace(TEST_CONFIG.encoder, crf=1)
 
 @pytest.fixture(params=["thread", "loop"], autouse=True)
 def sends(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Who writes to the members: the fan-out thread, or the loop."""
+    """Who writes to the members: the fan-out thread (here from the first member), or
+    the loop."""
     if request.param == "loop":
         monkeypatch.setattr(broadcast, "open_member_socket", lambda fd: None)
+    else:
+        monkeypatch.setattr(broadcast, "THREAD_FROM_MEMBERS", 1)
     return request.param
 
 
@@ -510,3 +513,23 @@ async def test_members_of_a_log_released_midway_are_cut(start_server: StartServe
     await until(lambda: job.viewers == 0)
     decoder.gate.set()
     await asyncio.wait_for(job.wait(), 30)
+
+
+async def test_a_few_members_are_written_by_the_loop_and_many_by_the_thread(
+    start_server: StartServer, monkeypatch: pytest.MonkeyPatch, sends: str
+):
+    """(With no descriptor for the thread, the loop writes to them however many.)"""
+    monkeypatch.setattr(broadcast, "THREAD_FROM_MEMBERS", 8)
+    server = await start_server(decoders={"linear": GatedDecoder(hold_at=2)})
+    sender = server.manager.fanout
+    for viewers, thread_used in ((7, False), (8, True)):
+        decoder = GatedDecoder(hold_at=2)
+        server.manager.decoders["linear"] = decoder
+        job = await create_job(server, smooth_latents(frames=LATENT_FRAMES))
+        before = sender.batches_sent
+        watching = [asyncio.create_task(watch(server, job)) for _ in range(viewers)]
+        await until(lambda: members(job) == viewers)  # noqa: B023 (awaited here)
+        decoder.gate.set()
+        streams = await asyncio.gather(*watching)
+        assert streams == [await finished_file(server, job)] * viewers
+        assert (sender.batches_sent > before) == (thread_used and sends == "thread"), viewers
