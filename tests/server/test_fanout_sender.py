@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from vaecast.server.broadcast import thread_descriptor
 from vaecast.server.fanout_sender import (
     FAILED,
     SKIPPED,
@@ -152,3 +153,21 @@ def test_a_member_socket_is_a_duplicate_only_of_a_non_blocking_socket(pairs):
     theirs.setblocking(True)
     assert open_member_socket(theirs.fileno()) is None
     assert open_member_socket(1 << 30) is None  # no such descriptor
+
+
+class FakeTransport:
+    def __init__(self, extra: dict[str, object]) -> None:
+        self.extra = extra
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self.extra.get(name, default)
+
+
+def test_the_thread_never_gets_the_socket_under_a_tls_transport(pairs):
+    ((ours, _),) = pairs()
+    plain = thread_descriptor(FakeTransport({"socket": ours}))
+    assert plain is not None
+    os.close(plain)
+    tls = FakeTransport({"socket": ours, "ssl_object": object()})
+    assert thread_descriptor(tls) is None
+    assert thread_descriptor(FakeTransport({})) is None

@@ -112,6 +112,19 @@ def can_broadcast_to(response: web.StreamResponse, writer: object) -> bool:
     )
 
 
+def thread_descriptor(transport: asyncio.BaseTransport) -> int | None:
+    """A descriptor the fan-out thread may write a member's bytes to, or None.
+
+    Only a transport that writes to its socket as is: bytes written to the socket under
+    a TLS transport would go out unencrypted (vaecast serves no TLS itself, but a
+    subclass or an embedding application could).
+    """
+    if transport.get_extra_info("ssl_object") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    return None if sock is None else open_member_socket(sock.fileno())
+
+
 class Broadcast:
     """The broadcast members among one SegmentLog's viewers (a job makes one with its log)."""
 
@@ -283,8 +296,8 @@ class Broadcast:
 
     async def _member(self, writer: StreamWriter, index: int) -> tuple[_Woken, int]:
         member = _Member(writer, asyncio.get_running_loop().create_future(), index)
-        if self._sender is not None and (sock := writer.transport.get_extra_info("socket")):
-            member.fd = open_member_socket(sock.fileno())
+        if self._sender is not None:
+            member.fd = thread_descriptor(writer.transport)
         self._members[member] = None
         try:
             why = await member.woken
