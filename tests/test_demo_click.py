@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.demo_click import run_demo_click, summarize, table, vaecast_serve
+from benchmarks.demo_click import (
+    run_demo_click,
+    summarize,
+    table,
+    vaecast_serve,
+    warm_up_ended,
+)
 from tests.helpers.cdp import CHROMIUM
 
 pytestmark = [
@@ -27,6 +33,10 @@ SPEC = {"scene": "shapes", "frames": 17, "width": 256, "height": 160, "fps": 16}
 async def test_one_click_to_its_first_frame(tmp_path: Path) -> None:
     with vaecast_serve(tmp_path / "server.log") as url:
         assert url.startswith("http://127.0.0.1:")
+        # `vaecast serve` warms the demo up in the background; /healthz says when it ends.
+        warm_up = await warm_up_ended(url)
+        assert warm_up["state"] == "done", warm_up
+        assert set(warm_up["seconds"]) == {"scene", "audio", "decode", "encode"}
         runs = await run_demo_click(url, SPEC, repeats=1)
     [run] = runs
     assert run["job_status"] == "completed" and run["page_errors"] == []

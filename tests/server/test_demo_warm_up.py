@@ -23,7 +23,7 @@ from vaecast.models.linear import LinearDecoder
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.app import DEMO_WARM_UP, create_app, runner_settings
 from vaecast.server.config import ServerConfig
-from vaecast.server.live_demo import warm_up_demo
+from vaecast.server.live_demo import warm_up_demo, warm_up_state
 
 CONFIG = ServerConfig(default_model="tiny")
 WARM_UP_WAIT_S = 300.0  # seconds of CPU on an idle machine; far more on a loaded one
@@ -74,11 +74,16 @@ async def test_the_warm_up_runs_in_the_background_while_healthz_answers(
             began = time.perf_counter()
             async with client.get("/healthz") as response:
                 assert response.status == 200
+                health = await response.json()
             assert time.perf_counter() - began < 2.0
+            # (It may have ended between the check above and this answer.)
+            assert health["warm_up"]["state"] in ("running", "done")
             answered += 1
             await asyncio.sleep(0.05)
         assert answered >= 1, "the warm-up ended before the server answered once"
         seconds = await asyncio.wait_for(warm_up, WARM_UP_WAIT_S)
+        async with client.get("/healthz") as response:
+            assert (await response.json())["warm_up"] == {"state": "done", "seconds": seconds}
     assert seconds is not None and set(seconds) == {"scene", "audio", "decode", "encode"}
     # It decoded the demo's geometry: 832x480 frames from the scene's first two blocks.
     assert decoder.chunk_shapes and all(s[-2:] == (480, 832) for s in decoder.chunk_shapes)
@@ -102,8 +107,11 @@ async def test_a_job_stops_the_warm_up_and_runs():
             assert response.status == 200
             assert (await response.read())[4:8] == b"ftyp"
         seconds = await asyncio.wait_for(warm_up, WARM_UP_WAIT_S)
+        async with client.get("/healthz") as response:
+            said = (await response.json())["warm_up"]
     # Stopped before its decode (the job came during its first step), or done first.
     assert seconds is not None and "scene" in seconds
+    assert said == {"state": "done" if len(seconds) == 4 else "stopped", "seconds": seconds}
 
 
 async def test_no_warm_up_without_the_demo_model_as_the_default():
@@ -177,3 +185,27 @@ async def test_no_warm_up_unless_asked():
         assert app[DEMO_WARM_UP] is None
     finally:
         await runner.cleanup()
+
+
+async def test_what_healthz_says_of_each_way_the_warm_up_ends():
+    async def returning(value):
+        return value
+
+    async def forever():
+        await asyncio.Event().wait()
+
+    assert warm_up_state(None) == {"state": "off"}
+    pending = asyncio.create_task(forever())
+    assert warm_up_state(pending) == {"state": "running"}
+    pending.cancel()
+    await asyncio.gather(pending, return_exceptions=True)
+    assert warm_up_state(pending) == {"state": "failed"}
+    all_steps = dict.fromkeys(("scene", "audio", "decode", "encode"), 0.1)
+    for value, expected in [
+        (None, {"state": "failed"}),
+        (all_steps, {"state": "done", "seconds": all_steps}),
+        ({"scene": 1.4}, {"state": "stopped", "seconds": {"scene": 1.4}}),
+    ]:
+        ended = asyncio.create_task(returning(value))
+        await ended
+        assert warm_up_state(ended) == expected

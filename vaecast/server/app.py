@@ -16,16 +16,13 @@ from vaecast.models.base import ChunkedDecoder
 from vaecast.pipeline import Stages
 from vaecast.server.config import ServerConfig
 from vaecast.server.http_errors import json_errors
-from vaecast.server.live_demo import warm_up_demo
+from vaecast.server.live_demo import DEMO_WARM_UP, warm_up_demo
 from vaecast.server.loop_lag import watch_loop_lag
 from vaecast.server.manager import JobManager
 from vaecast.server.push import PushSessions
 from vaecast.server.routes import MANAGER, PUSH_SESSIONS, add_routes
 from vaecast.server.security import SecurityGuard
 from vaecast.server.uploads import DEMO_MODEL
-
-# The demo warm-up task (vaecast.server.live_demo.warm_up_demo), or None when skipped.
-DEMO_WARM_UP = web.AppKey("demo_warm_up", asyncio.Task)
 
 # Bodies are read by vaecast.server.uploads with the configured limit; aiohttp's own
 # cap (client_max_size) only guards request.read()/post(), which the app never calls

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from aiohttp import web
+
 from vaecast.codecs.aac import AudioSettings
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.demo.live import latent_block_frames, scene_latent_blocks
@@ -39,6 +41,10 @@ from vaecast.pipeline import AudioFormat, Stages, TimedAudio, Workers
 from vaecast.server.job import Job, PushRequest
 
 log = logging.getLogger("vaecast.demo")
+
+# The app's warm-up task (`warm_up_demo`), or None when the app runs none.
+DEMO_WARM_UP = web.AppKey("demo_warm_up", asyncio.Task)
+WARM_UP_STEPS = ("scene", "audio", "decode", "encode")
 
 DEMO_AUDIO = AudioFormat(DEFAULT_SAMPLE_RATE_HZ, 2)  # the scenes' soundtrack is stereo
 AUDIO_LEAD_FRAMES = 4  # one later latent frame's worth of video
@@ -96,6 +102,21 @@ async def _produce(job: Job, demo: LiveDemoRequest) -> None:
     except Exception as error:
         log.exception("live demo of job %s failed", job.id)
         job.abort(DecodeFailedError(f"the demo producer failed: {error}"))
+
+
+def warm_up_state(task: asyncio.Task[dict[str, float] | None] | None) -> dict[str, Any]:
+    """What `/healthz` says of the warm-up: `off` (none), `running`, `done` (every step),
+    `stopped` (a job came first), `failed` (an error or its timeout); with the seconds
+    of the steps done once it has ended."""
+    if task is None:
+        return {"state": "off"}
+    if not task.done():
+        return {"state": "running"}
+    seconds = None if task.cancelled() else task.result()
+    if seconds is None:
+        return {"state": "failed"}
+    state = "done" if set(seconds) == set(WARM_UP_STEPS) else "stopped"
+    return {"state": state, "seconds": seconds}
 
 
 async def warm_up_demo(

@@ -16,7 +16,12 @@ from vaecast.params import leading_int, parse_int
 from vaecast.server.content import end_response, send_content, send_stream
 from vaecast.server.hls_routes import add_hls_routes
 from vaecast.server.job import DecodeRequest, Job, PushRequest
-from vaecast.server.live_demo import LiveDemoRequest, start_producer
+from vaecast.server.live_demo import (
+    DEMO_WARM_UP,
+    LiveDemoRequest,
+    start_producer,
+    warm_up_state,
+)
 from vaecast.server.manager import Admission, JobManager
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vaecast.server.push import PushSessions, push_json, push_latents
@@ -245,6 +250,8 @@ async def healthz(request: web.Request) -> web.Response:
         "jobs": len(manager.jobs),
         "queue": {"depth": manager.queue_depth, "max": manager.config.max_queued_jobs},
         "decode_slots": manager.config.decode_slots,
+        # The first demo click is as fast as later ones once this is `done`.
+        "warm_up": warm_up_state(request.app.get(DEMO_WARM_UP)),
     }
     replicas = manager.replica_health()
     if replicas is not None:  # Ray mode: the decoder replicas (count, healthy, by state)
