@@ -12,10 +12,16 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from vaecast.server.body_buffer import MAPPED_ROOM_BYTES, SMALL_BODY_BYTES, BodyBuffer
+from vaecast.server.body_buffer import (
+    MAPPED_ROOM_BYTES,
+    SMALL_BODY_BYTES,
+    BodyBuffer,
+    advise_huge_pages,
+)
 
 MIB = 1 << 20
 
@@ -98,3 +104,18 @@ def test_a_big_body_is_held_once_where_bytearray_growth_leaves_holes() -> None:
     buffered = _held_over_body("buffer")
     assert buffered < 1.05, buffered  # the body, and nothing left behind by its growth
     assert grown > buffered + 0.1, (grown, buffered)
+
+
+def test_a_mapped_body_is_advised_for_huge_pages_and_still_resizes() -> None:
+    """The advice is taken where the kernel has huge pages, and it leaves no export
+    behind: the buffer still grows and is cut to size."""
+    buffer = BodyBuffer()
+    for _ in range(3):
+        buffer.append(b"\x02" * MIB)  # moved into its own mapping at the second
+    # A kernel built with transparent huge pages accepts the advice (whatever its mode).
+    with_thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+    assert advise_huge_pages(buffer._data) == with_thp
+    buffer.append(b"\x03" * (40 * MIB))  # past the room: mremap
+    body = buffer.take()
+    assert len(body) == 43 * MIB and body[-1] == 3 and body[0] == 2
+    assert not advise_huge_pages(bytearray())
