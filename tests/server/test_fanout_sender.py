@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -171,3 +174,35 @@ def test_the_thread_never_gets_the_socket_under_a_tls_transport(pairs):
     tls = FakeTransport({"socket": ours, "ssl_object": object()})
     assert thread_descriptor(tls) is None
     assert thread_descriptor(FakeTransport({})) is None
+
+
+DESCRIPTOR_PROBE = """
+import json, os, resource, socket
+from vaecast.server.fanout_sender import open_member_socket
+from vaecast.server.app import raise_open_file_limit
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+ours, theirs = socket.socketpair()
+ours.setblocking(False)
+taken = []
+while True:  # duplicates for the thread, until it keeps the rest for connections
+    duplicate = open_member_socket(ours.fileno())
+    if duplicate is None:
+        break
+    taken.append(duplicate)
+spare = os.dup(ours.fileno())  # what an accept would still get
+raised = raise_open_file_limit()
+print(json.dumps({"highest": max(taken), "spare": spare, "raised": raised,
+                  "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "hard": hard}))
+"""
+
+
+def test_duplicates_leave_a_quarter_of_the_limit_and_serve_raises_the_limit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", DESCRIPTOR_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["highest"] == 64 * 3 // 4 - 1  # every number below 48, none above
+    assert found["spare"] < 64  # the descriptors left for accepting connections
+    assert found["raised"] == found["soft"] == found["hard"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import resource
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -23,6 +25,8 @@ from vaecast.server.push import PushSessions
 from vaecast.server.routes import MANAGER, PUSH_SESSIONS, add_routes
 from vaecast.server.security import SecurityGuard
 from vaecast.server.uploads import DEMO_MODEL
+
+log = logging.getLogger("vaecast.server")
 
 # Bodies are read by vaecast.server.uploads with the configured limit; aiohttp's own
 # cap (client_max_size) only guards request.read()/post(), which the app never calls
@@ -137,6 +141,25 @@ def runner_settings(config: ServerConfig) -> dict[str, Any]:
     }
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; the new soft limit.
+
+    Every viewer is a socket, and a broadcast member one more descriptor for the fan-out
+    thread (server/fanout_sender.py): the usual soft limit of 1,024 would refuse
+    connections long before the server's CPU runs out (the hard limit, which only root
+    can raise, is commonly 512 Ki or more). Go's runtime does the same at start.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and soft != resource.RLIM_INFINITY:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError):  # a sandbox that refuses it: keep what we have
+            return soft
+        log.info("open files: soft limit raised from %d to %s", soft, hard)
+        return hard
+    return soft
+
+
 async def serve_until_signalled(
     app: web.Application,
     host: str,
@@ -162,6 +185,7 @@ async def serve_until_signalled(
         gc.freeze()
         # Decodes run again and again: keep their memory mapped (vaecast/heap.py).
         retain_decode_heap()
+        raise_open_file_limit()
         announce(bound_host, bound_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -32,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import math
 import os
 import queue
+import resource
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,17 +70,24 @@ Done = Callable[[SendBatch, list[int]], None]
 
 
 def open_member_socket(fd: int) -> int | None:
-    """A duplicate of a connection's socket descriptor for the thread, or None when none
-    can be had (out of descriptors) or the socket would block (then the viewer is
-    written by the loop, as before)."""
+    """A duplicate of a connection's socket descriptor for the thread, or None (then the
+    viewer is written by the loop, as before) when the socket would block or
+    descriptors run short: each duplicate is one more open file, and past three
+    quarters of the process's limit the rest is kept for accepting connections."""
     try:
         duplicate = os.dup(fd)
     except OSError:
         return None
-    if os.get_blocking(duplicate):
+    # The kernel hands out the lowest free number: this one says how many are open.
+    if duplicate >= _descriptor_ceiling() or os.get_blocking(duplicate):
         os.close(duplicate)
         return None
     return duplicate
+
+
+def _descriptor_ceiling() -> float:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return math.inf if soft == resource.RLIM_INFINITY else soft * 3 // 4
 
 
 def send(frame: bytes, target: Target) -> int:
