@@ -1,14 +1,14 @@
-"""A job's live viewers, written to in one loop as each segment of its MP4 is appended.
+"""A job's live viewers, written to in one batch as each segment of its MP4 is appended.
 
 Every viewer of a running job gets the same bytes. Following the log each on its own
 (woken at every append, a timeout scope and an aiohttp `write` per part) cost the
 event loop ~50 us per viewer per fragment, most of what a hundred viewers add to it.
 So a viewer that has been written everything so far (caught up), and whose socket
 takes more (its transport not paused for writing), joins the log's `Broadcast`: at
-each append the segment is framed once as an HTTP/1.1 chunk and handed to every
-member's transport in one loop, and the member's coroutine sleeps until something
-concerns it. What a segment then costs per viewer is one `transport.write` (the
-kernel's send) and a few attribute updates.
+each append the segment is framed once as an HTTP/1.1 chunk and sent to every member
+in one batch, and the member's coroutine sleeps until something concerns it. What a
+segment then costs per viewer is one send (the kernel's; on the fan-out thread from
+`THREAD_FROM_MEMBERS` members on, see below) and a few attribute updates.
 
 What stays per viewer, through aiohttp's own `write` under `reader_write_timeout_s`:
 the init segment (so the headers are out before any broadcast byte), catching up (a

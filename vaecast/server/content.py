@@ -127,7 +127,7 @@ async def send_stream(
     """Write the job's MP4 as it grows; cut the connection if the job breaks midway.
 
     Caught up, the viewer is one of the log's broadcast members (`broadcast.py`): each
-    new segment is written to all of them in one loop. An error after the headers
+    new segment is sent to all of them in one batch. An error after the headers
     cannot change the status, so the connection is closed without the terminating
     chunk: clients see a truncated transfer, and the job object says why.
     """

@@ -159,7 +159,7 @@ class Job:
         self.status = JobStatus.QUEUED
         self.error: VaecastError | None = None
         self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
-        # Its caught-up live viewers, written to in one loop per segment.
+        # Its caught-up live viewers, sent each segment in one batch.
         self.broadcast = Broadcast(self.log, metrics.bytes_sent, fanout)
         # Each part's duration and keyframe, for the HLS playlist of the same bytes.
         self.parts = PartIndex()

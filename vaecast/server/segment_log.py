@@ -10,7 +10,7 @@ run in threads (`os.pread`/`os.pwrite`, no shared file position), never on the l
 
 Besides followers, which pull, a log has listeners, which it tells synchronously of
 each segment appended and of its close: what lets `broadcast.py` write a segment to
-every caught-up viewer in one loop, instead of waking each viewer to do it.
+every caught-up viewer in one batch, instead of waking each viewer to do it.
 
 The job's progress events use the same mechanism (`FollowableLog[dict]`), which is
 what lets a late subscriber see the state so far before following live.
