@@ -24,11 +24,12 @@ each page of a fresh mapping is a page fault, ~2,100 of them for an 8 MiB upload
 on the event loop before the decode can start. With 2 MiB pages there are a handful:
 5.6 -> 2.5 ms of the loop's time to take in an 8.4 MB body here (medians of 40, idle;
 over a socket the client's send paces the read, so the request's time to its decode
-start moved less than its noise: 8.9 vs 9.3 ms, `benchmarks.first_fragment`). The advice costs at most one huge page
-beyond the body; where the kernel has no huge pages it changes nothing. (A kernel that
-defragments for advised regions, `defrag` = `madvise`, the default, may compact memory
-at such a fault when free memory is fragmented: glibc's `hugetlb` tunable asks the
-same of the kernel for every allocation.)
+start moved less than its noise: 8.9 vs 9.3 ms, `benchmarks.first_fragment`). The
+advice costs at most one huge page beyond the body; where the kernel has no huge
+pages it changes nothing. (A kernel that defragments for advised regions, `defrag` =
+`madvise`, the default, may compact memory at such a fault when free memory is
+fragmented: glibc's `hugetlb` tunable asks the same of the kernel for every
+allocation.)
 """
 
 from __future__ import annotations
@@ -93,21 +94,28 @@ class BodyBuffer:
     def _move_to_mapping(self, needed: int) -> None:
         small, self._data = self._data, bytearray()
         _resize(self._data, max(needed, MAPPED_ROOM_BYTES))
-        advise_huge_pages(self._data)  # before the first write; kept by mremap
+        advise_huge_pages(self._data)  # before the first write; mremap keeps it
         with memoryview(self._data) as view:
             view[: self._size] = small
         self._mapped = True
 
 
 def advise_huge_pages(data: bytearray) -> bool:
-    """Ask for transparent huge pages over `data`'s whole pages; whether the kernel
-    took the advice (False where it has no huge pages, or no madvise)."""
+    """Ask for transparent huge pages over every page `data` touches; whether the kernel
+    took the advice (False where it has no huge pages, or no madvise).
+
+    `data` must be a mapping of its own (the room: glibc maps a block this size alone),
+    since the first and last pages are advised whole: they hold glibc's block header
+    and the end of the mapping, nothing else. Advising only the whole pages inside the
+    buffer would split the mapping in two with different flags, and a mapping in two
+    pieces cannot grow by mremap: glibc would copy the body into a new, unadvised one.
+    """
     if _madvise is None or not data:
         return False
     address = _address_of(data)
-    start = -(-address // PAGE_BYTES) * PAGE_BYTES  # madvise wants a page-aligned start
-    length = (address + len(data) - start) // PAGE_BYTES * PAGE_BYTES
-    return length > 0 and _madvise(start, length, MADV_HUGEPAGE) == 0
+    start = address // PAGE_BYTES * PAGE_BYTES  # madvise wants a page-aligned start
+    end = -(-(address + len(data)) // PAGE_BYTES) * PAGE_BYTES
+    return _madvise(start, end - start, MADV_HUGEPAGE) == 0
 
 
 def _address_of(data: bytearray) -> int:
