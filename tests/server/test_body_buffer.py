@@ -109,14 +109,14 @@ def test_a_big_body_is_held_once_where_bytearray_growth_leaves_holes() -> None:
 
 def test_a_mapped_body_is_advised_for_huge_pages_and_still_resizes() -> None:
     """The body's own mapping carries the advice (the kernel's `hg` flag, where it has
-    transparent huge pages), also after it grew by mremap, and the advice leaves no
+    transparent huge pages), also after it grew past its room, and the advice leaves no
     export behind: the buffer still grows and is cut to size."""
     with_thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").exists()
     buffer = BodyBuffer()
     for _ in range(3):
         buffer.append(b"\x02" * MIB)  # moved into its own mapping at the second
     assert ("hg" in mapping_flags(buffer._data)) == with_thp
-    buffer.append(b"\x03" * (40 * MIB))  # past the room: mremap keeps the flag
+    buffer.append(b"\x03" * (40 * MIB))  # past the room: grown, and advised again
     assert ("hg" in mapping_flags(buffer._data)) == with_thp
     body = buffer.take()
     assert len(body) == 43 * MIB and body[-1] == 3 and body[0] == 2

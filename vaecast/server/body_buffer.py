@@ -79,6 +79,9 @@ class BodyBuffer:
         elif end > len(self._data):
             # A mapping grows by mremap: the room costs address space, not memory.
             _resize(self._data, max(end, len(self._data) * 3 // 2))
+            # Advised again: glibc may have moved it to a new mapping (seen in a
+            # long-lived process) instead of growing it in place.
+            advise_huge_pages(self._data)
         with memoryview(self._data) as view:
             view[self._size : end] = chunk
         self._size = end
@@ -94,7 +97,7 @@ class BodyBuffer:
     def _move_to_mapping(self, needed: int) -> None:
         small, self._data = self._data, bytearray()
         _resize(self._data, max(needed, MAPPED_ROOM_BYTES))
-        advise_huge_pages(self._data)  # before the first write; mremap keeps it
+        advise_huge_pages(self._data)  # before the first write
         with memoryview(self._data) as view:
             view[: self._size] = small
         self._mapped = True
