@@ -7,6 +7,7 @@ numbers whose answer is known.
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from types import SimpleNamespace
@@ -86,10 +87,12 @@ def test_the_sampler_sees_this_process_grow() -> None:
         # The first sample is taken on entry, before the block exists, however late the
         # sampler's thread runs on a busy machine.
         before = len(sampler.samples)
-        block = np.ones(64 * 2**20, np.uint8)  # 64 MiB, touched
+        # Fresh pages from the kernel: memory from malloc may be pages this process freed
+        # earlier and still holds (the whole suite runs in it), which add nothing to RSS.
+        block = np.frombuffer(mmap.mmap(-1, 64 * 2**20), np.uint8)  # 64 MiB
         deadline = time.monotonic() + 10.0
         while len(sampler.samples) < before + 20 and time.monotonic() < deadline:
-            block[::4096] += 1
+            block[::4096] += 1  # touched: now it counts
     start, end = sampler.samples[0][0], sampler.samples[-1][0]
     assert sampler.peak_between(start, end) - sampler.samples[0][1] > 50 * MB
     del block
