@@ -22,7 +22,8 @@ The room is advised for transparent huge pages (`madvise(MADV_HUGEPAGE)`, where 
 kernel offers them only on request, as on Debian's default): the body's first write to
 each page of a fresh mapping is a page fault, ~2,100 of them for an 8 MiB upload, all
 on the event loop before the decode can start. With 2 MiB pages there are a handful:
-5.6 -> 2.5 ms of the loop's time to take in an 8.4 MB body here (medians of 40, idle;
+3.7-5.0 -> 1.1-1.3 ms of the loop's time to take in an 8.4 MB body here (medians of 40,
+idle, the whole mapping advised;
 over a socket the client's send paces the read, so the request's time to its decode
 start moved less than its noise: 8.9 vs 9.3 ms, `benchmarks.first_fragment`). The
 advice costs at most one huge page beyond the body; where the kernel has no huge
