@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vaecast.bridge import chunk_to_host
 from vaecast.codecs.colour import Yuv420Frames, from_rgb
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
@@ -157,7 +158,7 @@ def preencode(
 
     def on_chunk(chunk: DecodedChunk) -> None:
         trace.mark(arm, "decoded", chunk.index)
-        chunks.put((chunk.index, to_host(chunk.frames, decoder.value_range)))
+        chunks.put((chunk.index, chunk_to_host(chunk, to_host, decoder.value_range)))
         trace.mark(arm, "handed_off", chunk.index)
 
     worker = threading.Thread(target=encode_loop, name="bench-preencode")
@@ -217,7 +218,7 @@ def feed_ffmpeg(
 
     def on_chunk(chunk: DecodedChunk) -> None:
         trace.mark(arm, "decoded", chunk.index)
-        stdin.write(raw_bytes(to_host(chunk.frames, decoder.value_range)))
+        stdin.write(raw_bytes(chunk_to_host(chunk, to_host, decoder.value_range)))
         stdin.flush()
         trace.mark(arm, "piped", chunk.index)
 
@@ -239,7 +240,7 @@ def decode_only(
     def on_chunk(chunk: DecodedChunk) -> None:
         nonlocal last
         decoded = time.perf_counter()
-        to_host(chunk.frames, decoder.value_range)
+        chunk_to_host(chunk, to_host, decoder.value_range)
         done = time.perf_counter()
         decode_s.append(decoded - last)
         quantize_s.append(done - decoded)
@@ -263,7 +264,9 @@ def decoded_pixels(
     """Every chunk as host frames (the encoder's input), untimed."""
     chunks: list[HostFrames] = []
     _decode(
-        decoder, latents, lambda chunk: chunks.append(to_host(chunk.frames, decoder.value_range))
+        decoder,
+        latents,
+        lambda chunk: chunks.append(chunk_to_host(chunk, to_host, decoder.value_range)),
     )
     return chunks
 

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from benchmarks.client import client_session, make_latents, receive, server_process
+from vaecast.bridge import chunk_to_host
 from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.base import DecodedChunk
@@ -48,7 +49,7 @@ def reference_chunk_seconds(latents: torch.Tensor) -> list[float]:
 
     def on_chunk(chunk: DecodedChunk) -> None:
         nonlocal since
-        encoder.encode_chunk(quantize_yuv420_to_host(chunk.frames, decoder.value_range))
+        encoder.encode_chunk(chunk_to_host(chunk, quantize_yuv420_to_host, decoder.value_range))
         now = time.perf_counter()
         seconds.append(now - since)
         since = time.perf_counter()

@@ -46,6 +46,16 @@ DEFAULT_QUEUE_CHUNKS = 2
 ToHost: TypeAlias = Callable[[torch.Tensor, tuple[float, float]], Yuv420Frames]
 
 
+def chunk_to_host(
+    chunk: DecodedChunk, to_host: ToHost, value_range: tuple[float, float]
+) -> Yuv420Frames:
+    """`to_host(chunk.frames, value_range)`: the YUV 4:2:0 the decoder made while
+    decoding where it is that conversion (the same bytes, already on the host)."""
+    if chunk.yuv420 is not None and to_host is quantize_yuv420_to_host:
+        return chunk.yuv420
+    return to_host(chunk.frames, value_range)
+
+
 @dataclass(frozen=True, slots=True)
 class HostChunk:
     """A committed chunk as 8-bit YUV 4:2:0 frames on the host (`pixels.shape` is
@@ -128,7 +138,7 @@ class ChunkBridge:
         """The decoder's callback: runs on the worker thread, may block (backpressure)."""
         if self._cancelled.is_set():
             raise DecodeCancelled("decode cancelled")
-        pixels = self._to_host(chunk.frames, self._value_range)
+        pixels = chunk_to_host(chunk, self._to_host, self._value_range)
         self._put(HostChunk(chunk.index, chunk.total, chunk.frame_start, pixels))
 
     def _put(self, item: BridgeItem) -> None:

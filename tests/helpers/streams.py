@@ -63,7 +63,8 @@ def build_case(name: str) -> Case:
         return Case(LinearDecoder(), _latents(16, 6, 2, 3, 1), 1, lambda n: n, None)
     if name == "tiny":
         decoder = TinyDecoder()
-        return Case(decoder, _latents(16, 5, 2, 3, 2), 1, lambda n: n, decoder._net)
+        # Its first layer: every step runs it once, on the decoding thread.
+        return Case(decoder, _latents(16, 5, 2, 3, 2), 1, lambda n: n, decoder._net.inp)
     if name.startswith("taehv"):
         per_chunk = 2 if name == "taehv-grouped" else 1
         net = TAEHVNet(TAEHVConfig(latent_channels=16, widths=(8, 8, 4, 4)))

@@ -85,9 +85,12 @@ def quantize_yuv420_to_host(frames: torch.Tensor, value_range: tuple[float, floa
     return Yuv420Frames(host, h3 * 2 // 3, w, ready)
 
 
-def yuv420_on_device(frames: torch.Tensor, value_range: tuple[float, float]) -> torch.Tensor:
+def yuv420_on_device(
+    frames: torch.Tensor, value_range: tuple[float, float], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """BCTHW RGB floats in `value_range` -> (T, H * 3 // 2, W) uint8 I420 planes, on
-    the tensor's own device.
+    the tensor's own device (written into `out`, a contiguous uint8 tensor of that
+    shape, where given).
 
     BT.601, limited range (`colour.BT601_LIMITED`). RGB clamps to `value_range` first,
     as in `quantize_to_host`; each plane rounds half up. Each chroma sample is the mean
@@ -103,7 +106,11 @@ def yuv420_on_device(frames: torch.Tensor, value_range: tuple[float, float]) -> 
         # Normalization to [0, 1] folds into the matrix: row . ((x - low) * s) + offset
         # == row . x * s + (offset - s * low * sum(row)); + 0.5 makes the cast round.
         scale = 1.0 / (high - low)
-        out = torch.empty(t, h * w * 3 // 2, dtype=torch.uint8, device=x.device)
+        if out is None:
+            out = torch.empty(t, h * 3 // 2, w, dtype=torch.uint8, device=x.device)
+        elif out.shape != (t, h * 3 // 2, w) or out.dtype != torch.uint8 or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous uint8 of shape {(t, h * 3 // 2, w)}")
+        out = out.view(t, h * w * 3 // 2)
         luma = out[:, : h * w].view(t, h, w)
         luma.copy_(_weighted_sum(x, colour.BT601_LIMITED[0], scale, low, colour.OFFSETS[0]))
         rows = x[:, :, 0::2] + x[:, :, 1::2]

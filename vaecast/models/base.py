@@ -40,11 +40,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from vaecast.errors import InvalidRequestError, UnknownModelError, WeightsError
+
+if TYPE_CHECKING:
+    from vaecast.codecs.colour import Yuv420Frames
 
 # Wan 2.1's usual clip, in latent frames (81 video frames); quoted in messages.
 TYPICAL_LATENT_FRAMES = 21
@@ -125,12 +128,17 @@ class DecodedChunk:
     so None on every chunk published before (a causal decoder's last chunk too: it
     is committed before the iterator says there is no more). A stream's last chunk
     is the one published before `decode_stream` returns.
+
+    `yuv420`: the same frames already quantized by `quantize_yuv420_to_host` (the
+    server's host conversion), where the decoder did that on its own threads while
+    decoding (`tiny` on a CPU); None elsewhere. `bridge.chunk_to_host` takes it.
     """
 
     frames: torch.Tensor
     index: int
     total: int | None
     frame_start: int
+    yuv420: Yuv420Frames | None = None
 
     @property
     def is_final(self) -> bool:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -34,8 +34,15 @@ from vaecast.models.base import (
     check_next_block,
 )
 
-# What a `LatentStream` calls with the frames of each chunk it commits, in order.
-Emit = Callable[[torch.Tensor], None]
+if TYPE_CHECKING:
+    from vaecast.codecs.colour import Yuv420Frames
+
+
+class Emit(Protocol):
+    """What a `LatentStream` calls with the frames of each chunk it commits, in order
+    (and their YUV 4:2:0 where it made that too: `DecodedChunk.yuv420`)."""
+
+    def __call__(self, frames: torch.Tensor, yuv420: Yuv420Frames | None = None) -> None: ...
 
 
 class LatentStream(Protocol):
@@ -165,7 +172,7 @@ class _Chunks:
     frame_counts: list[int] = field(default_factory=list)
     frame_start: int = 0
 
-    def emit(self, frames: torch.Tensor) -> None:
+    def emit(self, frames: torch.Tensor, yuv420: Yuv420Frames | None = None) -> None:
         index = len(self.frame_counts)
         count = int(frames.shape[2])
         assert self.stream_plan is not None
@@ -180,7 +187,7 @@ class _Chunks:
                 f"plan {self.plan or self.stream_plan}"
             )
         total = None if self.plan is None else self.plan.chunks
-        self.on_chunk(DecodedChunk(frames, index, total, self.frame_start))
+        self.on_chunk(DecodedChunk(frames, index, total, self.frame_start, yuv420))
         self.frame_counts.append(count)
         self.frame_start += count
 
@@ -206,6 +213,7 @@ class CausalStream:
         self._dtype = dtype
         self._latents_per_chunk = latents_per_chunk
         self._group: list[torch.Tensor] = []
+        self._group_yuv420: Yuv420Frames | None = None
         self._next = 0
 
     def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
@@ -214,16 +222,25 @@ class CausalStream:
         raise NotImplementedError
 
     def push(self, block: torch.Tensor, emit: Emit) -> None:
+        for latent in self._latents(block):
+            self._add(self.step(latent, self._next), emit)
+
+    def _latents(self, block: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The block's latent frames, one (B, C, 1, h, w) at a time, as `step` takes them."""
         block = block.to(self._device, self._dtype)
         for t in range(block.shape[2]):
             # Each step gets its own contiguous copy, whatever block the frame came in,
             # so a whole decode and any split of a stream hand the model the same
             # tensor, strides and alignment included (kernels may choose by them).
-            latent = block[:, :, t : t + 1].clone(memory_format=torch.contiguous_format)
-            self._group.append(self.step(latent, self._next))
-            self._next += 1
-            if len(self._group) == self._latents_per_chunk:
-                self._commit(emit)
+            yield block[:, :, t : t + 1].clone(memory_format=torch.contiguous_format)
+
+    def _add(self, frames: torch.Tensor, emit: Emit, yuv420: Yuv420Frames | None = None) -> None:
+        """The next latent frame's frames, committed when they complete a chunk."""
+        self._group.append(frames)
+        self._group_yuv420 = yuv420  # passed on only for a chunk of one latent frame
+        self._next += 1
+        if len(self._group) == self._latents_per_chunk:
+            self._commit(emit)
 
     def finish(self, latent_frames: int, emit: Emit) -> None:
         if self._group:
@@ -231,7 +248,12 @@ class CausalStream:
 
     def close(self) -> None:
         self._group = []
+        self._group_yuv420 = None
 
     def _commit(self, emit: Emit) -> None:
         group, self._group = self._group, []
-        emit(group[0] if len(group) == 1 else torch.cat(group, dim=2))
+        yuv420, self._group_yuv420 = self._group_yuv420, None
+        if len(group) == 1:
+            emit(group[0], yuv420)
+        else:
+            emit(torch.cat(group, dim=2))

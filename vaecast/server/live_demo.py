@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from vaecast.bridge import chunk_to_host
 from vaecast.codecs.aac import AudioSettings
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.demo.live import latent_block_frames, scene_latent_blocks
@@ -158,7 +159,7 @@ async def warm_up_demo(
         pixels: list[object] = []
 
         def on_chunk(chunk: DecodedChunk) -> None:
-            pixels.append(stages.to_host(chunk.frames, decoder.value_range))
+            pixels.append(chunk_to_host(chunk, stages.to_host, decoder.value_range))
 
         decoder.decode_stream(iter(made["blocks"]), on_chunk)
         made["pixels"] = pixels
