@@ -17,6 +17,7 @@ and how well they reconstruct.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -542,10 +543,15 @@ class _TinyStream(CausalStream):
             if self._next == 0 and self._drawing is None:
                 self._add(self.step(latent, 0), emit)
                 continue
-            with thread_ops(self._part_threads):
+            # With no step being drawn (the pool idle: the first step after latent 0,
+            # or every step of a stream whose blocks are one latent each) the head has
+            # the cores to itself, so it keeps this thread's operator threads.
+            pool_busy = self._drawing is not None
+            with thread_ops(self._part_threads) if pool_busy else contextlib.nullcontext():
                 drawing = self._start(latent)
+            with thread_ops(self._part_threads):
                 self._emit_drawn(emit)
-                self._drawing = drawing
+            self._drawing = drawing
         with thread_ops(self._part_threads):
             self._emit_drawn(emit)
 
