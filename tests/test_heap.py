@@ -63,3 +63,48 @@ def test_a_freed_decode_sized_block_stays_mapped_only_with_the_settings() -> Non
     # With the settings it came from the heap and stays there for the next chunk.
     assert retained["applied"] is True
     assert retained["given_back_mib"] < 1, retained
+
+
+ARENAS_PROBE = textwrap.dedent(
+    """
+    import ctypes, ctypes.util, sys, threading
+    from vaecast.heap import retain_decode_heap
+
+    if sys.argv[1] == "retain":
+        retain_decode_heap()
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = (ctypes.c_void_p,)
+    all_in = threading.Barrier(7)
+
+    def allocate():
+        block = libc.malloc(1 << 20)  # while every other thread holds one too
+        all_in.wait()
+        libc.free(block)
+
+    threads = [threading.Thread(target=allocate) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    all_in.wait()
+    for thread in threads:
+        thread.join()
+    libc.malloc_stats()  # to stderr: one "Arena N:" block per arena
+    """
+)
+
+
+def _arenas(mode: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", ARENAS_PROBE, mode], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return sum(1 for line in done.stderr.splitlines() if line.startswith("Arena "))
+
+
+@pytest.mark.skipif(not _is_glibc(), reason="the settings are glibc's")
+def test_threads_share_one_arena_with_the_settings() -> None:
+    # Six threads allocating at once: glibc's default gives most of them an arena each
+    # (up to 8 per core), each keeping its own peak mapped; the settings cap the
+    # process at the main arena and one that every other thread shares.
+    assert _arenas("default") > 2
+    assert _arenas("retain") == 2
