@@ -498,15 +498,19 @@ class _TinyStream(CausalStream):
 
     On a CPU the decode is spread over threads whose operators run single-threaded
     (`op_threads`), instead of one thread whose operators each split over every
-    core. This thread runs each step's head, the steps' only chain, then hands the
-    step's 4 sub-frames to `TAIL_PARTS` pool threads (2 each, the tail: ~3/4 of the
-    work), and while they draw them it runs the next step's head and hands the
-    frames drawn before on (`emit`: the bridge's quantizer runs here too). Measured
-    on 2 cores (tiny, 81 frames at 832x480, in-process, medians of 4 alternating
-    runs): decode alone 1.79 s against 1.87 s; with x264 encoding beside it 1.91
-    against 2.18 s. An operator split over both cores waits at its end for its
-    slowest thread, so every slice of a core that x264 took stalled the other
-    core too; single-threaded operators on three threads just take turns with it.
+    core. This thread runs each step's head (the 1/8-resolution layers: what the
+    next step needs), then hands the step's 4 sub-frames to `TAIL_PARTS` pool
+    threads (2 each: ~2/3 of the work), which also make their YUV 4:2:0 (the
+    server's host conversion, `DecodedChunk.yuv420`: on this thread it would be the
+    busiest thread's work); while they draw, this thread runs the next step's head,
+    then hands the frames drawn before on (`emit`). A head with the pool idle (the
+    first after latent 0, or each step of a stream of one-latent blocks) keeps this
+    thread's operator threads: it has the cores to itself. Measured on 2 cores
+    (81 frames at 832x480, in-process, alternating rounds): decode + x264 beside it
+    2.74 -> 2.12 s (8 rounds), the whole pipeline into a null sink 2.42 -> 2.01 s
+    (10 rounds). An operator split over both cores waits at its end for its slowest
+    thread, so every slice of a core that x264 took stalled the other core too;
+    single-threaded operators on three threads just take turns with it.
 
     The frames are the same as `TinyDecoderNet.forward`'s one step at a time, bit for
     bit: each sub-frame is drawn by the same operators from the same inputs (latent
