@@ -105,6 +105,6 @@ def _arenas(mode: str) -> int:
 def test_threads_share_one_arena_with_the_settings() -> None:
     # Six threads allocating at once: glibc's default gives most of them an arena each
     # (up to 8 per core), each keeping its own peak mapped; the settings cap the
-    # process at the main arena and one that every other thread shares.
+    # process at two arenas (the main one and one more), which the threads share.
     assert _arenas("default") > 2
     assert _arenas("retain") == 2

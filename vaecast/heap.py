@@ -15,11 +15,12 @@ spent ~9 % of their time in the kernel, page faults first. With the settings bel
 - `M_TRIM_THRESHOLD` 256 MiB: larger than an arena heap (64 MiB), so a decode
   thread's heaps are never unmapped, and the main arena is trimmed only past it.
 
-- `M_ARENA_MAX` 2: every thread but the main one allocates from one shared arena
-  (glibc's default is up to 8 per core). A decode is several threads (`tiny` on a CPU:
+- `M_ARENA_MAX` 2: the process has two arenas, the main one and one more, and every
+  thread allocates from one of them once both exist (glibc's default is up to 8
+  arenas per core, a thread each while there are threads enough). A decode is several threads (`tiny` on a CPU:
   the decode thread and two pool threads, plus the encoder's), and with an arena each,
-  each kept the peak of its own share mapped: with one shared arena, what one thread
-  frees the next allocation of another reuses. Measured (`python -m benchmarks
+  each kept the peak of its own share mapped: with the threads sharing two, what one
+  thread frees the next allocation of another reuses. Measured (`python -m benchmarks
   --sections memory`, 1281-frame streams, 3 each): peak RSS 810-861 -> 714-755 MB, the
   growth within a stream 2.7/2.0/1.7 -> 0.4/-0.7/-0.8 MB per 100 frames beyond its
   MP4; the whole-video time unchanged (0.97x, 10 alternating rounds; the allocations
