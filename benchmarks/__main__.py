@@ -1,7 +1,8 @@
 """`python -m benchmarks`: vaecast against the alternatives, on the same latents, one run.
 
     python -m benchmarks [--frames 81] [--width 832] [--height 480] [--model tiny]
-                         [--repeats 5] [--out benchmarks/results] [--sections ...]
+                         [--repeats 5] [--rounds 3] [--out benchmarks/results]
+                         [--sections ...]
 
 Sections (all by default): `arms` (time to first byte / first playable fragment /
 last byte of four pipelines over HTTP; vaecast run back to back with each other arm
@@ -78,6 +79,12 @@ def parser() -> argparse.ArgumentParser:
         default=paired.MIN_REPEATS,
         help=f"repeats (>= 1; {paired.MIN_REPEATS} or more for a verdict)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=paired.ROUNDS,
+        help="rounds of pairs per repeat, their ratios averaged (default %(default)s)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
     p.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}"
@@ -114,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         parser().error(f"unknown sections {sorted(unknown)}")
-    if args.repeats < 1 or args.fanout_repeats < 1:
-        parser().error("--repeats and --fanout-repeats must be >= 1")
+    if min(args.repeats, args.rounds, args.fanout_repeats) < 1:
+        parser().error("--repeats, --rounds and --fanout-repeats must be >= 1")
     out: Path = args.out
     work_dir = out / "tmp"
     settings = EncoderSettings()
@@ -139,12 +146,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         ) as server:
             if "arms" in sections:
                 _say(
-                    f"arms: {args.repeats} repeats of {len(paired.schedule(0))} runs, "
-                    "vaecast paired with each other arm"
+                    f"arms: {args.repeats} repeats of {args.rounds} x "
+                    f"{len(paired.schedule(0))} runs, vaecast paired with each other arm"
                 )
                 runs, loads = asyncio.run(
                     arms.run_arms(
-                        server, body, plan.frames, args.fps, args.repeats, not args.no_warmup
+                        server,
+                        body,
+                        plan.frames,
+                        args.fps,
+                        args.repeats,
+                        not args.no_warmup,
+                        args.rounds,
                     )
                 )
                 timelines = [arms.timeline(runs, arm) for arm in ("vaecast", "decode_then_encode")]
@@ -157,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     timelines,
                     out / "timeline.png",
                     f"{args.model}, {plan.frames} frames at {plan.width}x{plan.height}, "
-                    f"{plan.chunks} chunks (median run of {args.repeats})",
+                    f"{plan.chunks} chunks (the median run)",
                 )
             if "fanout" in sections:
                 _say(f"fan-out: {args.fanout} viewers")
@@ -221,6 +234,7 @@ def _meta(args: argparse.Namespace, settings: EncoderSettings) -> dict[str, Any]
         "model": args.model,
         "device": args.device,
         "repeats": args.repeats,
+        "rounds": args.rounds,
         "host_frames": args.host_frames,
         "encoder": f"{settings.preset} crf {settings.crf} zerolatency, "
         f"keyframe every {settings.keyframe_interval_s:g} s",

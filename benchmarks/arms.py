@@ -40,9 +40,15 @@ async def warm_up(session: Any, server: ServerProcess, body: bytes, fps: int) ->
 
 
 async def run_arms(
-    server: ServerProcess, body: bytes, planned_frames: int, fps: int, repeats: int, warmup: bool
+    server: ServerProcess,
+    body: bytes,
+    planned_frames: int,
+    fps: int,
+    repeats: int,
+    warmup: bool,
+    rounds: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`repeats` repeats of `paired.schedule`: one record per run, one per repeat."""
+    """`repeats` repeats of `paired.repeat_schedule`: one record per run, one per repeat."""
     runs: list[dict[str, Any]] = []
     loads: list[dict[str, Any]] = []
     async with client_session() as session:
@@ -50,7 +56,7 @@ async def run_arms(
             await warm_up(session, server, body, fps)
         for repeat in range(repeats):
             repeat_runs, repeat_load = await run_repeat(
-                session, server, body, planned_frames, fps, repeat
+                session, server, body, planned_frames, fps, repeat, rounds
             )
             runs += repeat_runs
             loads.append(repeat_load)
@@ -58,13 +64,19 @@ async def run_arms(
 
 
 async def run_repeat(
-    session: Any, server: ServerProcess, body: bytes, planned_frames: int, fps: int, repeat: int
+    session: Any,
+    server: ServerProcess,
+    body: bytes,
+    planned_frames: int,
+    fps: int,
+    repeat: int,
+    rounds: int = 1,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One repeat: vaecast back to back with each other arm and reference, and the
-    machine's load over the whole repeat."""
+    """One repeat: `rounds` rounds of vaecast back to back with each other arm and
+    reference, and the machine's load over the whole repeat."""
     runs: list[dict[str, Any]] = []
     repeat_start = load.sample([server.pid])
-    for position, (arm, pair) in enumerate(paired.schedule(repeat)):
+    for position, (round_, arm, pair) in enumerate(paired.repeat_schedule(repeat, rounds)):
         await take_trace(session, server)
         before = load.sample([server.pid])
         received = await receive(session, "POST", arm_url(server, arm, fps), body)
@@ -76,6 +88,7 @@ async def run_repeat(
             "arm": arm,
             "pair": pair,
             "repeat": repeat,
+            "round": round_,
             "position": position,
             "others_cores": run_load["others_cores"],
             "load_1min": run_load["loadavg_1min"][0],

@@ -18,6 +18,15 @@ The ratios (per repeat):
 - `total_over_best_peer`: vaecast over the fastest other arm: the largest of the
   `total_over_<arm>` of the repeat.
 
+A repeat is `rounds` rounds of those pairs back to back (`repeat_schedule`; 3 in the
+README's run, `--rounds`). Each ratio is computed within each round, and the repeat's
+ratio is their geometric mean (`total_over_best_peer` from the arms' means). Why: on
+this 2-core VM two back-to-back runs of the same 2-s decode differ by up to ~10 %
+(its speed moves from second to second; `decode_only` alone has a run-to-run CV of
+3-5 %), so one pair per repeat gave IQRs of +-5-10 % around ratios whose targets are
+a few % away; averaging k pairs narrows that noise by ~sqrt(k) and measures the same
+ratio. The verdict rule below is unchanged.
+
 When a target decides (`verdict`): the median must meet it, and the interquartile
 range must not straddle it. With 5 repeats the IQR runs from the 2nd to the 4th
 value, so a verdict holds when at least 4 repeats of 5 agree with the median.
@@ -26,6 +35,7 @@ Fewer than `MIN_REPEATS` repeats decide nothing.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -37,6 +47,8 @@ PEER_ARMS = ("decode_then_encode", "preencode", "ffmpeg_pipe")
 REFERENCES = ("decode_only", "encode_only")
 PEERS = PEER_ARMS + REFERENCES
 MIN_REPEATS = 5
+# Rounds of pairs in one repeat of `python -m benchmarks` (see the module docstring).
+ROUNDS = 3
 # A repeat during which other processes used more than this many cores on average
 # is flagged as loaded: its ratios still pair like with like, its seconds do not
 # describe an idle machine.
@@ -117,8 +129,47 @@ def schedule(repeat: int, peers: Sequence[str] = PEERS) -> list[tuple[str, str]]
     return runs
 
 
+def repeat_schedule(
+    repeat: int, rounds: int, peers: Sequence[str] = PEERS
+) -> list[tuple[int, str, str]]:
+    """The runs of one repeat of `rounds` rounds: (round, arm, the peer of its pair).
+
+    Round r of repeat k runs `schedule(k * rounds + r)`, so the order of the pairs
+    moves on from round to round as it does from repeat to repeat.
+    """
+    return [
+        (round_, arm, pair)
+        for round_ in range(rounds)
+        for arm, pair in schedule(repeat * rounds + round_, peers)
+    ]
+
+
 def repeat_ratios(runs: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """The ratios of one repeat from its runs (records with `arm` and `pair`)."""
+    """The ratios of one repeat from its runs (records with `arm`, `pair` and, when
+    the repeat has several rounds, `round`): each ratio's geometric mean over the
+    rounds, and the best peer's from the arms' means."""
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_round.setdefault(run.get("round", 0), []).append(run)
+    rounds = [round_ratios(by_round[r]) for r in sorted(by_round)]
+    names = dict.fromkeys(name for ratios in rounds for name in ratios)
+    combined = {
+        name: _geometric_mean([ratios[name] for ratios in rounds if name in ratios])
+        for name in names
+        if name != "total_over_best_peer"
+    }
+    totals = [combined[f"total_over_{arm}"] for arm in PEER_ARMS if f"total_over_{arm}" in combined]
+    if totals:
+        combined["total_over_best_peer"] = max(totals)
+    return combined
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def round_ratios(runs: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """The ratios of one round of pairs from its runs (records with `arm` and `pair`)."""
     mine: dict[str, dict[str, Any]] = {}  # the vaecast run of each pair
     peer: dict[str, dict[str, Any]] = {}
     for run in runs:

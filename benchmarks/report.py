@@ -38,7 +38,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{meta['frames']} frames at {meta['width']}x{meta['height']}, {meta['fps']} fps, "
         f"model `{meta['model']}` (weights {meta.get('weights_sha256') or '-'}) on "
         f"{meta['device']}, x264 {meta['encoder']}, host frames {meta['host_frames']}; "
-        f"{meta['repeats']} repeats (medians; min-max in the JSON).",
+        f"{meta['repeats']} repeats of {meta.get('rounds', 1)} round(s) of pairs "
+        "(medians; min-max in the JSON).",
         f"Machine: {meta['machine']}; load average at start {meta['load_start']}, "
         f"at end {meta['load_end']}.",
         "",
@@ -155,9 +156,10 @@ def _paired_table(section: dict[str, Any]) -> list[str]:
     lines = [
         "## vaecast against the targets: paired ratios",
         "",
-        "Each repeat runs vaecast back to back with every other arm and reference "
-        "(the order rotated every repeat); each ratio is computed within a repeat, from "
-        "runs that met the same load, then summarized over the repeats. A target is met "
+        "Each repeat runs vaecast back to back with every other arm and reference, "
+        "in one or more rounds (the order rotated every round); each ratio is computed "
+        "within a round, from runs that met the same load, averaged over the repeat's "
+        "rounds (geometric mean), then summarized over the repeats. A target is met "
         f"when the median meets it and the interquartile range does not straddle it "
         f"(at least {MIN_REPEATS} repeats); when the IQR straddles it, the run is too "
         "noisy to conclude.",

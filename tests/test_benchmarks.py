@@ -20,6 +20,7 @@ from benchmarks.profiling import summarize
 
 FRAMES, CHUNKS, WIDTH, HEIGHT = 9, 3, 64, 48
 REPEATS = 2
+ROUNDS = 2
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -29,7 +30,7 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
     main(
         [
             "--frames", str(FRAMES), "--width", str(WIDTH), "--height", str(HEIGHT),
-            "--repeats", str(REPEATS), "--out", str(tmp_path),
+            "--repeats", str(REPEATS), "--rounds", str(ROUNDS), "--out", str(tmp_path),
             "--sections", "arms,fanout,memory,throughput",
             "--fanout", "1,3", "--fanout-repeats", "2",
             "--memory-frames", "5,9", "--memory-baseline-frames", "5",
@@ -41,10 +42,15 @@ def test_benchmark_smoke(tmp_path: Path) -> None:
 
     runs = report["arms"]["runs"]
     assert sorted({r["arm"] for r in runs}) == sorted(ARMS + REFERENCES)
+    rounds = [(repeat, round_) for repeat in range(REPEATS) for round_ in range(ROUNDS)]
     for arm in PEERS:
-        assert [r["repeat"] for r in runs if r["arm"] == arm] == list(range(REPEATS)), arm
-    for repeat in range(REPEATS):  # one vaecast run per peer, paired with it
-        pairs = [r["pair"] for r in runs if r["arm"] == "vaecast" and r["repeat"] == repeat]
+        assert [(r["repeat"], r["round"]) for r in runs if r["arm"] == arm] == rounds, arm
+    for repeat, round_ in rounds:  # one vaecast run per peer and round, paired with it
+        pairs = [
+            r["pair"]
+            for r in runs
+            if r["arm"] == "vaecast" and (r["repeat"], r["round"]) == (repeat, round_)
+        ]
         assert sorted(pairs) == sorted(PEERS)
     for run in (r for r in runs if r["arm"] in ARMS):
         assert run["status"] == 200

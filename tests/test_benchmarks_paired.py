@@ -22,6 +22,7 @@ from benchmarks.paired import (
     explain,
     per_repeat,
     repeat_ratios,
+    repeat_schedule,
     schedule,
     summarize,
     verdict,
@@ -73,7 +74,17 @@ def test_schedule_pairs_vaecast_with_every_peer_once_per_repeat() -> None:
     assert firsts == dict.fromkeys(PEERS, len(PEERS))
 
 
-def _repeat(repeat: int = 0, scale: float = 1.0) -> list[dict[str, Any]]:
+def test_a_repeat_of_rounds_runs_each_pair_once_per_round_in_moving_orders() -> None:
+    runs = repeat_schedule(1, rounds=3)
+    assert len(runs) == 3 * 2 * len(PEERS)
+    for round_ in range(3):
+        mine = [(arm, pair) for r, arm, pair in runs if r == round_]
+        assert mine == schedule(3 + round_)
+    assert len({tuple(schedule(3 + r)) for r in range(3)}) == 3
+    assert repeat_schedule(0, rounds=1) == [(0, arm, pair) for arm, pair in schedule(0)]
+
+
+def _repeat(repeat: int = 0, scale: float = 1.0, round_: int = 0) -> list[dict[str, Any]]:
     """vaecast paired with each peer; `scale` slows the whole repeat (machine load)."""
     runs: list[dict[str, Any]] = []
 
@@ -83,6 +94,7 @@ def _repeat(repeat: int = 0, scale: float = 1.0) -> list[dict[str, Any]]:
                 "arm": name,
                 "pair": pair,
                 "repeat": repeat,
+                "round": round_,
                 "ttff_s": ttff * scale,
                 "last_byte_s": last * scale,
             }
@@ -102,6 +114,7 @@ def _repeat(repeat: int = 0, scale: float = 1.0) -> list[dict[str, Any]]:
                 "arm": name,
                 "pair": name,
                 "repeat": repeat,
+                "round": round_,
                 "result": {"chunk_s": [chunk_s * scale, 1.0], "total_s": total_s * scale},
             }
         )
@@ -129,6 +142,26 @@ def test_repeat_ratios_with_unequal_vaecast_runs() -> None:
             run["ttff_s"] = 0.25
     # 1 / (0.08 / 0.125 + 0.02 / 0.25)
     assert repeat_ratios(runs)["ttff_over_first_chunk"] == pytest.approx(1 / 0.72)
+
+
+def test_rounds_of_a_repeat_average_geometrically_and_the_best_peer_from_the_means() -> None:
+    first = _repeat(0, round_=0)
+    second = _repeat(0, round_=1)
+    for run in second:
+        if run["arm"] == "preencode":
+            run["last_byte_s"] = 2.2 / 0.9  # vaecast / preencode 0.9 this round
+        if run["arm"] == "ffmpeg_pipe":
+            run["last_byte_s"] = 2.0 / 1.25  # vaecast / ffmpeg_pipe 1.25 this round
+        if run["arm"] == "decode_only":
+            run["result"]["total_s"] = 2.2 / 1.21  # total / bound 1.21 this round
+    ratios = repeat_ratios([*first, *second])
+    assert ratios["total_over_preencode"] == pytest.approx((1.1 * 0.9) ** 0.5)
+    assert ratios["total_over_ffmpeg_pipe"] == pytest.approx((0.8 * 1.25) ** 0.5)
+    assert ratios["total_over_bound"] == pytest.approx((1.1 * 1.21) ** 0.5)
+    # The best peer of the means (ffmpeg pipe, 1.0), not the mean of each round's
+    # best (1.1 and 1.25).
+    assert ratios["total_over_best_peer"] == pytest.approx(1.0)
+    assert ratios["ttff_over_first_chunk"] == pytest.approx(1.25)
 
 
 def test_a_load_that_slows_a_whole_repeat_leaves_its_ratios_alone() -> None:
