@@ -96,13 +96,26 @@ def test_keyframes_start_the_first_chunk_past_each_interval() -> None:
 CHUNKS_OF_21 = [(0, 1), (1, 5), (5, 9), (9, 13), (13, 17), (17, 21)]
 
 
-def test_samples_decode_with_avcc_as_extradata() -> None:
-    # At this size on a multi-core machine, x264's sliced threads cut each frame
-    # into several slices, so samples hold several NAL units to walk.
+def _slices(sample: bytes) -> int:
+    return sum(avc.nal_unit_type(u) in (1, 5) for u in avc.split_length_prefixed(sample))
+
+
+def test_one_x264_thread_by_default_one_slice_per_frame() -> None:
     encoder = H264Encoder(832, 480, Fraction(16))
+    samples = encoder.encode(from_rgb(gradient_frames(2, 832, 480)))
+    encoder.close()
+    assert EncoderSettings().threads == 1
+    assert [_slices(sample.data) for sample in samples] == [1, 1]
+
+
+def test_samples_decode_with_avcc_as_extradata() -> None:
+    # With two sliced threads x264 cuts each frame into two slices, so samples hold
+    # several NAL units to walk.
+    encoder = H264Encoder(832, 480, Fraction(16), EncoderSettings(threads=2))
     source = gradient_frames(4, 832, 480)
     samples = encoder.encode(from_rgb(source))
     encoder.close()
+    assert all(_slices(sample.data) == 2 for sample in samples)
     decoder = av.CodecContext.create("h264", "r")
     decoder.extradata = encoder.avcc  # avcC extradata switches FFmpeg to length prefixes
     frames = []
@@ -148,3 +161,6 @@ def test_settings_validation() -> None:
         EncoderSettings(crf=52)
     with pytest.raises(ValueError, match="keyframe_interval_s"):
         EncoderSettings(keyframe_interval_s=0)
+    for threads in (-1, 17):
+        with pytest.raises(ValueError, match="threads must be in 0..16"):
+            EncoderSettings(threads=threads)

@@ -51,6 +51,13 @@ from vaecast.codecs.fmp4 import Sample
 
 DEFAULT_PRESET = "ultrafast"
 DEFAULT_CRF = 23
+# One x264 thread. Its default here (sliced threads under zerolatency: each frame cut
+# into slices that threads encode and then wait for each other) bought ~10 % of wall
+# time alone for ~25 % more CPU, and beside a decode that keeps every core busy the
+# CPU is what counts (numbers: benchmarks/results/codecs_notes.md). 0 is x264's own
+# choice, for a machine with cores to spare.
+DEFAULT_THREADS = 1
+MAX_THREADS = 16
 DEFAULT_KEYFRAME_INTERVAL_S = 2.0
 
 # Media timescales are 32-bit in mdhd.
@@ -71,8 +78,11 @@ class EncoderSettings:
     preset: str = DEFAULT_PRESET
     crf: int = DEFAULT_CRF
     keyframe_interval_s: float = DEFAULT_KEYFRAME_INTERVAL_S
+    threads: int = DEFAULT_THREADS
 
     def __post_init__(self) -> None:
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"threads must be in 0..{MAX_THREADS}, got {self.threads}")
         if not 0 <= self.crf <= 51:
             raise ValueError(f"crf must be in 0..51, got {self.crf}")
         if not self.keyframe_interval_s > 0:
@@ -132,6 +142,7 @@ class H264Encoder:
         # x264's own limit must not put one first, in the middle of a chunk.
         context.gop_size = 2 * self.keyframe_interval_frames
         context.max_b_frames = 0
+        context.thread_count = settings.threads
         context.flags |= Flags.global_header
         # What goes into the SPS VUI: what Yuv420Frames hold (BT.601, limited range).
         context.colorspace = _AVCOL_SPC_SMPTE170M
