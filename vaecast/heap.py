@@ -17,8 +17,9 @@ spent ~9 % of their time in the kernel, page faults first. With the settings bel
 
 - `M_ARENA_MAX` 2: the process has two arenas, the main one and one more, and every
   thread allocates from one of them once both exist (glibc's default is up to 8
-  arenas per core, a thread each while there are threads enough). A decode is several threads (`tiny` on a CPU:
-  the decode thread and two pool threads, plus the encoder's), and with an arena each,
+  arenas per core, a thread each while there are threads enough). A decode is
+  several threads (`tiny` on a CPU: the decode thread and two pool threads, plus the
+  encoder's), and with an arena each,
   each kept the peak of its own share mapped: with the threads sharing two, what one
   thread frees the next allocation of another reuses. Measured (`python -m benchmarks
   --sections memory`, 1281-frame streams, 3 each): peak RSS 810-861 -> 714-755 MB, the

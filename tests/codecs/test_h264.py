@@ -162,5 +162,5 @@ def test_settings_validation() -> None:
     with pytest.raises(ValueError, match="keyframe_interval_s"):
         EncoderSettings(keyframe_interval_s=0)
     for threads in (-1, 17):
-        with pytest.raises(ValueError, match="threads must be in 0..16"):
+        with pytest.raises(ValueError, match=r"threads must be in 0\.\.16"):
             EncoderSettings(threads=threads)
