@@ -22,10 +22,10 @@ A repeat is `rounds` rounds of those pairs back to back (`repeat_schedule`; 3 in
 README's run, `--rounds`). Each ratio is computed within each round, and the repeat's
 ratio is their geometric mean (`total_over_best_peer` from the arms' means). Why: on
 this 2-core VM two back-to-back runs of the same 2-s decode differ by up to ~10 %
-(its speed moves from second to second; `decode_only` alone has a run-to-run CV of
-3-5 %), so one pair per repeat gave IQRs of +-5-10 % around ratios whose targets are
-a few % away; averaging k pairs narrows that noise by ~sqrt(k) and measures the same
-ratio. The verdict rule below is unchanged.
+(its speed moves from second to second; the decode alone had a run-to-run CV of
+3-10 % in series of 10-14 runs), so one pair per repeat gave IQRs of +-5-10 % around
+ratios whose targets are a few % away; averaging k pairs narrows that noise by
+~sqrt(k) and measures the same ratio. The verdict rule below is unchanged.
 
 When a target decides (`verdict`): the median must meet it, and the interquartile
 range must not straddle it. With 5 repeats the IQR runs from the 2nd to the 4th
