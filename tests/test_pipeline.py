@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import sys
 import threading
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -15,7 +17,7 @@ from tests.helpers import GatedDecoder, decode_mp4, smooth_latents
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.errors import DecodeCancelled, DecodeFailedError
 from vaecast.models.base import DecodedChunk
-from vaecast.pipeline import Stages, VideoOutput, WholeLatents, own_workers, run_pipeline
+from vaecast.pipeline import Stages, VideoOutput, WholeLatents, Workers, own_workers, run_pipeline
 
 LATENTS = smooth_latents(frames=6)  # 6 chunks
 WAIT_S = 10.0
@@ -141,3 +143,65 @@ async def test_a_decoder_that_breaks_its_plan_fails_the_pipeline(
     decoder = PlanBreakingDecoder(breaking)
     with pytest.raises(DecodeFailedError, match=f"the decoder broke its plan.*{planned}"):
         await _run(decoder, VideoStreamEncoder)
+
+
+class ThreadRecordingEncoder(VideoStreamEncoder):
+    """Records, per chunk, the thread that encoded it and that thread's policy."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: list[tuple[str, int | None]] = []
+
+    def encode_chunk(self, frames: Any) -> bytes:
+        policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+        self.threads.append((threading.current_thread().name, policy))
+        return super().encode_chunk(frames)
+
+
+async def _run_on(workers: Workers) -> tuple[ListSink, ThreadRecordingEncoder]:
+    decoder = GatedDecoder()
+    opened: list[ThreadRecordingEncoder] = []
+
+    def recording(*args: Any, **kwargs: Any) -> ThreadRecordingEncoder:
+        opened.append(ThreadRecordingEncoder(*args, **kwargs))
+        return opened[-1]
+
+    sink = ListSink()
+    try:
+        await run_pipeline(
+            WholeLatents(LATENTS),
+            decoder,
+            decoder.plan(LATENTS.shape),
+            VideoOutput(Fraction(16)),
+            sink,
+            workers,
+            stages=Stages(encoder_factory=recording),
+        )
+    finally:
+        for pool in workers.pools():
+            pool.shutdown()
+    return sink, opened[0]
+
+
+async def test_one_slot_encodes_the_first_chunk_at_normal_priority_and_the_rest_idle() -> None:
+    sink, encoder = await _run_on(Workers.for_slots(1))
+    names = [name for name, _ in encoder.threads]
+    assert len(names) == GatedDecoder().plan(LATENTS.shape).chunks
+    assert names[0].startswith("vaecast-encode_")
+    assert all(name.startswith("vaecast-encode-idle_") for name in names[1:])
+    if sys.platform.startswith("linux"):
+        assert encoder.threads[0][1] == os.SCHED_OTHER
+        assert {policy for _, policy in encoder.threads[1:]} == {os.SCHED_IDLE}
+    # Where a chunk is encoded changes nothing in the stream.
+    several, _ = await _run_on(Workers.for_slots(2))
+    assert sink.segments == several.segments
+
+
+async def test_several_slots_encode_every_chunk_at_normal_priority() -> None:
+    # Another video's decode could keep an idle encoder from running at all.
+    workers = Workers.for_slots(2)
+    assert workers.encode_rest is None and workers.after_first() is workers.encode
+    _, encoder = await _run_on(workers)
+    assert all(name.startswith("vaecast-encode_") for name, _ in encoder.threads)
+    if sys.platform.startswith("linux"):
+        assert {policy for _, policy in encoder.threads} == {os.SCHED_OTHER}

@@ -43,6 +43,7 @@ from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
 from vaecast.errors import DecodeFailedError
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodePlan, StreamPlan
+from vaecast.thread_priority import idle_pool
 
 DEFAULT_QUEUE_CHUNKS = 2
 
@@ -104,10 +105,37 @@ class Stages:
 @dataclass(frozen=True, slots=True)
 class Workers:
     """Threads for the decode and the encode. Each encoder is used by one thread at a
-    time, whatever the pool size: the pipeline never runs two of its calls at once."""
+    time, whatever the pool sizes: the pipeline never runs two of its calls at once.
+
+    `encode` opens each video's encoder and encodes its first chunk (the first
+    fragment is what a viewer waits for). `encode_rest`, when given, encodes the
+    chunks after it: an idle-priority pool (`vaecast.thread_priority`), so that on
+    cores the decode fills the encoder takes only the time the decode leaves idle.
+    """
 
     decode: Executor
     encode: Executor
+    encode_rest: Executor | None = None
+
+    @classmethod
+    def for_slots(cls, slots: int) -> Workers:
+        """A thread of each kind per decode slot. The rest of each video's chunks are
+        encoded at idle priority only when the process decodes one video at a time:
+        then the decode beside an encoder is its own, which waits (the bounded queue)
+        when its encoder falls behind; with more slots another video's decode could
+        keep this one's encoder from running at all."""
+        return cls(
+            decode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-decode"),
+            encode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-encode"),
+            encode_rest=idle_pool(slots, "vaecast-encode-idle") if slots == 1 else None,
+        )
+
+    def pools(self) -> list[Executor]:
+        return [self.decode, self.encode, *([self.encode_rest] if self.encode_rest else [])]
+
+    def after_first(self) -> Executor:
+        """Where the chunks after a video's first are encoded."""
+        return self.encode if self.encode_rest is None else self.encode_rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +235,11 @@ async def run_pipeline(
             _check_against_plan(plan, chunks_done, frames_done, item)
             encode_from = time.perf_counter()
             encoding = loop.run_in_executor(
-                workers.encode, _encode, encoder, item.pixels, source.take_audio()
+                workers.encode if chunks_done == 0 else workers.after_first(),
+                _encode,
+                encoder,
+                item.pixels,
+                source.take_audio(),
             )
             try:
                 fragment = await encoding
@@ -263,16 +295,15 @@ async def run_pipeline(
 
 
 def own_workers() -> tuple[Workers, Callable[[], None]]:
-    """One decode and one encode thread for a caller that has no pools (the CLI), and
-    the function that shuts them down."""
-    decode = ThreadPoolExecutor(1, thread_name_prefix="vaecast-decode")
-    encode = ThreadPoolExecutor(1, thread_name_prefix="vaecast-encode")
+    """One slot's threads for a caller that has no pools (the CLI), and the function
+    that shuts them down."""
+    workers = Workers.for_slots(1)
 
     def shutdown() -> None:
-        decode.shutdown()
-        encode.shutdown()
+        for pool in workers.pools():
+            pool.shutdown()
 
-    return Workers(decode, encode), shutdown
+    return workers, shutdown
 
 
 async def _append(sink: Sink, segment: bytes) -> None:

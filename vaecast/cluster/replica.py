@@ -24,7 +24,6 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -77,10 +76,7 @@ class DecoderReplica:
         }
         slots = max(1, options.max_ongoing)
         retain_decode_heap()  # the replica decodes again and again (vaecast/heap.py)
-        self._workers = Workers(
-            decode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-decode"),
-            encode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-encode"),
-        )
+        self._workers = Workers.for_slots(slots)
         context = serve.get_replica_context()
         self.info = ReplicaInfo(
             context.replica_id.unique_id, ray.get_runtime_context().get_node_id(), os.getpid()

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import AsyncIterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from vaecast.encoder_spares import SpareEncoders
@@ -91,10 +90,7 @@ class JobManager:
         self._reserved = 0  # admissions whose request is still being read
         self._slots = asyncio.Semaphore(config.decode_slots)
         # One encoder per running job, used by one thread at a time: one thread a slot.
-        self._workers = Workers(
-            decode=ThreadPoolExecutor(config.decode_slots, thread_name_prefix="vaecast-decode"),
-            encode=ThreadPoolExecutor(config.decode_slots, thread_name_prefix="vaecast-encode"),
-        )
+        self._workers = Workers.for_slots(config.decode_slots)
         # Every job's viewers are sent their fragments on this one thread.
         self.fanout = FanoutSender()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -339,7 +335,7 @@ class JobManager:
         for job in list(self.jobs.values()):
             await job.log.release()
         self._spares.close()  # a replenish still running closes what it opens
-        for pool in (self._workers.decode, self._workers.encode):
+        for pool in self._workers.pools():
             await asyncio.to_thread(pool.shutdown)
         await asyncio.to_thread(self.fanout.close)
 
