@@ -1,7 +1,7 @@
 """`python -m benchmarks`: vaecast against the alternatives, on the same latents, one run.
 
     python -m benchmarks [--frames 81] [--width 832] [--height 480] [--model tiny]
-                         [--repeats 5] [--rounds 3] [--out benchmarks/results]
+                         [--repeats 5] [--rounds 5] [--out benchmarks/results]
                          [--sections ...]
 
 Sections (all by default): `arms` (time to first byte / first playable fragment /

@@ -18,7 +18,7 @@ The ratios (per repeat):
 - `total_over_best_peer`: vaecast over the fastest other arm: the largest of the
   `total_over_<arm>` of the repeat.
 
-A repeat is `rounds` rounds of those pairs back to back (`repeat_schedule`; 3 in the
+A repeat is `rounds` rounds of those pairs back to back (`repeat_schedule`; 5 in the
 README's run, `--rounds`). Each ratio is computed within each round, and the repeat's
 ratio is their geometric mean (`total_over_best_peer` from the arms' means). Why: on
 this 2-core VM two back-to-back runs of the same 2-s decode differ by up to ~10 %
@@ -48,7 +48,7 @@ REFERENCES = ("decode_only", "encode_only")
 PEERS = PEER_ARMS + REFERENCES
 MIN_REPEATS = 5
 # Rounds of pairs in one repeat of `python -m benchmarks` (see the module docstring).
-ROUNDS = 3
+ROUNDS = 5
 # A repeat during which other processes used more than this many cores on average
 # is flagged as loaded: its ratios still pair like with like, its seconds do not
 # describe an idle machine.
