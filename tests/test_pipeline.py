@@ -17,7 +17,7 @@ from tests.helpers import GatedDecoder, decode_mp4, smooth_latents
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.errors import DecodeCancelled, DecodeFailedError
 from vaecast.models.base import DecodedChunk
-from vaecast.pipeline import Stages, VideoOutput, WholeLatents, Workers, own_workers, run_pipeline
+from vaecast.pipeline import Stages, VideoOutput, WholeLatents, Workers, run_pipeline
 
 LATENTS = smooth_latents(frames=6)  # 6 chunks
 WAIT_S = 10.0
@@ -39,9 +39,11 @@ class RecordedEncoder(VideoStreamEncoder):
         super().close()
 
 
-async def _run(decoder: GatedDecoder, factory: Any) -> ListSink:
+async def _run(decoder: GatedDecoder, factory: Any, workers: Workers | None = None) -> ListSink:
+    """The pipeline over LATENTS into a list, on `workers` (default: one slot's), whose
+    pools are shut down after."""
     sink = ListSink()
-    workers, shutdown = own_workers()
+    workers = workers or Workers.for_slots(1)
     try:
         await run_pipeline(
             WholeLatents(LATENTS),
@@ -53,7 +55,7 @@ async def _run(decoder: GatedDecoder, factory: Any) -> ListSink:
             stages=Stages(encoder_factory=factory),
         )
     finally:
-        shutdown()
+        workers.shutdown()
     return sink
 
 
@@ -159,27 +161,13 @@ class ThreadRecordingEncoder(VideoStreamEncoder):
 
 
 async def _run_on(workers: Workers) -> tuple[ListSink, ThreadRecordingEncoder]:
-    decoder = GatedDecoder()
     opened: list[ThreadRecordingEncoder] = []
 
     def recording(*args: Any, **kwargs: Any) -> ThreadRecordingEncoder:
         opened.append(ThreadRecordingEncoder(*args, **kwargs))
         return opened[-1]
 
-    sink = ListSink()
-    try:
-        await run_pipeline(
-            WholeLatents(LATENTS),
-            decoder,
-            decoder.plan(LATENTS.shape),
-            VideoOutput(Fraction(16)),
-            sink,
-            workers,
-            stages=Stages(encoder_factory=recording),
-        )
-    finally:
-        for pool in workers.pools():
-            pool.shutdown()
+    sink = await _run(GatedDecoder(), recording, workers)
     return sink, opened[0]
 
 

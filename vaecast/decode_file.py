@@ -19,7 +19,7 @@ from typing import BinaryIO
 import torch
 
 from vaecast.models.base import ChunkedDecoder, DecodePlan
-from vaecast.pipeline import FragmentDone, VideoOutput, WholeLatents, own_workers, run_pipeline
+from vaecast.pipeline import FragmentDone, VideoOutput, WholeLatents, Workers, run_pipeline
 
 
 def decode_to_file(
@@ -30,7 +30,7 @@ def decode_to_file(
     progress = _ProgressBar(plan.chunks, plan.frames)
     fd, partial_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     partial = Path(partial_name)
-    workers, shutdown_workers = own_workers()
+    workers = Workers.for_slots(1)
     try:
         with os.fdopen(fd, "wb") as file:
             pipeline = run_pipeline(
@@ -50,7 +50,7 @@ def decode_to_file(
             partial.unlink()
         raise
     finally:
-        shutdown_workers()
+        workers.shutdown()
     progress.finish(ok=True)
     return plan
 

@@ -130,8 +130,11 @@ class Workers:
             encode_rest=idle_pool(slots, "vaecast-encode-idle") if slots == 1 else None,
         )
 
-    def pools(self) -> list[Executor]:
-        return [self.decode, self.encode, *([self.encode_rest] if self.encode_rest else [])]
+    def shutdown(self) -> None:
+        """Wait for every pool's work, then stop its threads."""
+        for pool in (self.decode, self.encode, self.encode_rest):
+            if pool is not None:
+                pool.shutdown()
 
     def after_first(self) -> Executor:
         """Where the chunks after a video's first are encoded."""
@@ -292,18 +295,6 @@ async def run_pipeline(
                 encoder = opening.result()
         if encoder is not None:
             await _join(loop.run_in_executor(workers.encode, encoder.close))
-
-
-def own_workers() -> tuple[Workers, Callable[[], None]]:
-    """One slot's threads for a caller that has no pools (the CLI), and the function
-    that shuts them down."""
-    workers = Workers.for_slots(1)
-
-    def shutdown() -> None:
-        for pool in workers.pools():
-            pool.shutdown()
-
-    return workers, shutdown
 
 
 async def _append(sink: Sink, segment: bytes) -> None:

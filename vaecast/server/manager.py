@@ -335,8 +335,7 @@ class JobManager:
         for job in list(self.jobs.values()):
             await job.log.release()
         self._spares.close()  # a replenish still running closes what it opens
-        for pool in self._workers.pools():
-            await asyncio.to_thread(pool.shutdown)
+        await asyncio.to_thread(self._workers.shutdown)
         await asyncio.to_thread(self.fanout.close)
 
     def _state_for_metrics(self) -> tuple[list[str], int, int]:
