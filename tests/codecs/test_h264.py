@@ -127,6 +127,27 @@ def test_samples_decode_with_avcc_as_extradata() -> None:
     assert np.abs(decoded.astype(int) - source).mean() < 4
 
 
+@pytest.mark.parametrize(("width", "height", "threads"), [(64, 48, 1), (66, 34, 1), (832, 480, 2)])
+def test_planes_are_free_once_encode_returns(width: int, height: int, threads: int) -> None:
+    # The encoder wraps each frame's planes without copying them: x264 must have
+    # taken its own copy by the time `encode` returns, or a caller reusing the
+    # buffer (a CUDA decode's pinned staging memory) would change frames already sent.
+    settings = EncoderSettings(threads=threads)
+    frames = gradient_frames(6, width, height)
+    chunks = [from_rgb(frames[i : i + 2]) for i in range(0, 6, 2)]
+    kept = H264Encoder(width, height, Fraction(16), settings)
+    expected = [s.data for chunk in chunks for s in kept.encode(chunk)]
+    kept.close()
+    reused = H264Encoder(width, height, Fraction(16), settings)
+    got = []
+    for chunk in chunks:
+        planes = chunk.planes.copy()
+        got += [s.data for s in reused.encode(Yuv420Frames(planes, height, width))]
+        planes[:] = 255 - planes  # the caller's buffer, reused at once
+    reused.close()
+    assert got == expected
+
+
 @pytest.mark.parametrize(("width", "height"), [(63, 48), (64, 47), (0, 48)])
 def test_odd_or_empty_size_raises(width: int, height: int) -> None:
     with pytest.raises(ValueError, match="positive and even"):
