@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ import av
 import torch
 
 from benchmarks import arms, fanout, memory, paired, profiling, report, throughput
-from benchmarks.client import latents_body, make_latents, server_process
+from benchmarks.client import latents_body, make_latents, server_process, tiny_weights_digest
 from benchmarks.pipelines import HOST_FORMATS, bridge_host_format
 from benchmarks.server import load_decoder
 from vaecast.codecs.h264 import EncoderSettings
@@ -263,11 +262,7 @@ def _machine() -> str:
 
 def _weights_digest(model: str) -> str | None:
     """The shipped weights' digest (first 16 hex), so a table names the model it measured."""
-    if model != "tiny":
-        return None
-    from vaecast.models.tiny import default_weights
-
-    return hashlib.sha256(default_weights().read_bytes()).hexdigest()[:16]
+    return tiny_weights_digest() if model == "tiny" else None
 
 
 def _load() -> str:

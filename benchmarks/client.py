@@ -7,6 +7,7 @@ the machine), so the server's trace and the client's receive times share an axis
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import signal
@@ -49,7 +50,10 @@ def make_latents(
     if frames < 1 or (frames - 1) % 4:
         raise ValueError(f"frames must be 1 + 4k, got {frames}")
     base_frames = min(frames, 81)
-    path = cache_dir / f"latents_{scene}_{base_frames}_{width}x{height}.safetensors"
+    # Named after the encoder's weights too: latents a refit's encoder would not make
+    # are another video (another x264 load, another MP4 size), not the same one cached.
+    digest = tiny_weights_digest()
+    path = cache_dir / f"latents_{scene}_{base_frames}_{width}x{height}_{digest}.safetensors"
     if path.exists():
         from safetensors.torch import load_file
 
@@ -61,6 +65,13 @@ def make_latents(
     steps = (frames - 1) // 4 + 1
     repeats = -(-steps // base.shape[2])
     return base.repeat(1, 1, repeats, 1, 1)[:, :, :steps].contiguous()
+
+
+def tiny_weights_digest() -> str:
+    """The shipped `tiny` weights' digest (first 16 hex): the demo scenes' encoder."""
+    from vaecast.models.tiny import default_weights
+
+    return hashlib.sha256(default_weights().read_bytes()).hexdigest()[:16]
 
 
 def latents_body(latents: torch.Tensor, fps: int) -> bytes:

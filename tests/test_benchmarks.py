@@ -12,9 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save
 
 from benchmarks.__main__ import main
 from benchmarks.arms import ARMS, REFERENCES
+from benchmarks.client import make_latents, tiny_weights_digest
 from benchmarks.paired import PEERS, TARGETS, Verdict
 from benchmarks.profiling import summarize
 
@@ -169,3 +172,15 @@ def test_benchmark_arms_with_either_host_format(tmp_path: Path, host_frames: str
     assert sorted({r["arm"] for r in arms}) == sorted(ARMS)
     for run in arms:
         assert run["frames_decoded"] == run["frames_planned"] == FRAMES, run["arm"]
+
+
+def test_cached_latents_are_named_after_the_encoder_that_made_them(tmp_path: Path) -> None:
+    # Latents an older `tiny` encoder made are another video (another x264 load and
+    # MP4 size): a file cached under a name without the weights' digest is not reused.
+    stale = tmp_path / f"latents_showcase_5_{WIDTH}x{HEIGHT}.safetensors"
+    stale.write_bytes(save({"latents": torch.zeros(1, 16, 2, HEIGHT // 8, WIDTH // 8)}))
+    made = make_latents(5, WIDTH, HEIGHT, tmp_path)
+    assert made.abs().sum() > 0
+    fresh = {p.name for p in tmp_path.iterdir()} - {stale.name}
+    assert fresh == {f"latents_showcase_5_{WIDTH}x{HEIGHT}_{tiny_weights_digest()}.safetensors"}
+    assert torch.equal(make_latents(5, WIDTH, HEIGHT, tmp_path), made)  # read back
