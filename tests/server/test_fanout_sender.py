@@ -10,9 +10,11 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
+from vaecast.server import broadcast
 from vaecast.server.broadcast import thread_descriptor
 from vaecast.server.fanout_sender import (
     FAILED,
@@ -206,3 +208,74 @@ def test_duplicates_leave_a_quarter_of_the_limit_and_serve_raises_the_limit() ->
     assert found["highest"] == 64 * 3 // 4 - 1  # every number below 48, none above
     assert found["spare"] < 64  # the descriptors left for accepting connections
     assert found["raised"] == found["soft"] == found["hard"]
+
+
+class PendingTransport:
+    """A member's transport: `pending` bytes it still holds for the socket."""
+
+    def __init__(self, pending: int) -> None:
+        self.pending = pending
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.pending
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+class RecordingSender:
+    def __init__(self) -> None:
+        self.batches: list[SendBatch] = []
+
+    def submit(self, batch: SendBatch, reported: object) -> bool:
+        self.batches.append(batch)
+        return True
+
+
+@pytest.mark.parametrize("pending", [0, 30_000])
+async def test_the_thread_never_overtakes_bytes_the_transport_still_holds(
+    pairs, monkeypatch: pytest.MonkeyPatch, pending: int
+):
+    # A member the loop wrote to before (under the thread's threshold, or catching up
+    # alone) may still have bytes in its transport. A send straight to its socket
+    # would go out before them: the viewer would read a chunk inside another (seen
+    # under load in test_broadcast's catch-up test). Until its transport is empty, the
+    # loop writes to it through the transport, which keeps the order.
+    monkeypatch.setattr(broadcast, "THREAD_FROM_MEMBERS", 1)
+    ((ours, _),) = pairs()
+    sender = RecordingSender()
+
+    class Log:
+        def add_listener(self, listener: object) -> None:
+            pass
+
+    class Counter:
+        def inc(self, amount: float = 1) -> None:
+            pass
+
+    hub = broadcast.Broadcast(Log(), Counter(), sender)  # type: ignore[arg-type]
+    transport = PendingTransport(pending)
+    writer = SimpleNamespace(
+        protocol=SimpleNamespace(transport=transport, writing_paused=False),
+        output_size=0,
+        buffer_size=0,
+    )
+    member = broadcast._Member(writer, asyncio.get_running_loop().create_future(), 1)  # type: ignore[arg-type]
+    member.fd = open_member_socket(ours.fileno())
+    hub._members[member] = None
+    try:
+        hub.appended(b"segment")
+        frame = broadcast.frame_chunk(b"segment")
+        if pending:
+            assert transport.written == [frame] and sender.batches == []
+            assert member.written == 2 and member.in_flight == 0
+        else:
+            assert transport.written == []
+            assert [batch.targets for batch in sender.batches] == [[member]]
+            assert member.in_flight == 1
+    finally:
+        os.close(member.fd)

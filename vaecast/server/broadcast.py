@@ -86,6 +86,19 @@ class _Member:
     why: _Woken | None = None  # the wake that waits for its batches
 
 
+def _holds_nothing(transport: asyncio.WriteTransport, member: _Member) -> bool:
+    """Whether the fan-out thread may write `member`'s next frame to its socket.
+
+    A batch already out for it: yes (the loop has written nothing to it since, so its
+    transport holds nothing of its own). None: only if the transport's buffer is empty.
+    Bytes the loop wrote earlier (while the member was under `THREAD_FROM_MEMBERS`, or
+    catching up alone before it joined) may still wait there for the socket to drain,
+    and a send straight to the socket would go out before them. Until they are out,
+    the loop keeps writing to it through the transport, which keeps the order.
+    """
+    return member.in_flight > 0 or transport.get_write_buffer_size() == 0
+
+
 def frame_chunk(data: bytes) -> bytes:
     """`data` as one HTTP/1.1 chunk, as aiohttp's chunked writer writes it."""
     return b"".join((b"%x\r\n" % len(data), data, CRLF))
@@ -162,9 +175,11 @@ class Broadcast:
             if transport is None or transport.is_closing():
                 self._wake(member, _Woken.LEFT)
                 continue
-            if to_thread and member.fd is not None:
-                # Its transport holds nothing to write: nothing on the loop writes to a
-                # member, and a short write by the thread wakes it. The thread finds a
+            if to_thread and member.fd is not None and _holds_nothing(transport, member):
+                # The thread writes to the socket itself, past the transport: only while
+                # the transport holds none of this member's bytes, or the frame would
+                # overtake them. Then nothing on the loop writes to it until the batch is
+                # reported, and a short write by the thread wakes it. The thread finds a
                 # full socket itself.
                 member.in_flight += 1
                 for_thread.append(member)
