@@ -1,5 +1,5 @@
-"""thread_priority: an idle pool's threads run at SCHED_IDLE (nice 19 where that is
-refused), and nothing outside the pool changes priority."""
+"""thread_priority: a lowered pool's threads run ten nice levels below the thread that
+started them, and nothing outside the pool changes priority."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vaecast import thread_priority
-from vaecast.thread_priority import LOWEST_NICE, idle_pool, lower_this_thread
+from vaecast.thread_priority import lower_this_thread, lowered_nice, lowered_pool
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's"
@@ -27,51 +27,42 @@ def _in_a_thread(work: Any) -> Any:
     return result[0]
 
 
-def _policy_and_nice() -> tuple[int, int]:
-    return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+def _nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0)  # Linux: the calling thread's
 
 
-def test_a_lowered_thread_is_idle_and_the_rest_of_the_process_is_not() -> None:
-    got, (policy, _) = _in_a_thread(lambda: (lower_this_thread(), _policy_and_nice()))
-    assert (got, policy) == ("idle", os.SCHED_IDLE)
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # this thread is untouched
-    # And so is a thread started after it.
-    assert _in_a_thread(_policy_and_nice)[0] == os.SCHED_OTHER
+def test_a_lowered_thread_is_ten_levels_down_and_the_rest_of_the_process_is_not() -> None:
+    ours = _nice()
+    got, nice = _in_a_thread(lambda: (lower_this_thread(), _nice()))
+    assert nice == lowered_nice(ours) == min(19, ours + 10)
+    assert got == f"nice {nice}"
+    assert _nice() == ours  # this thread is untouched
+    assert _in_a_thread(_nice) == ours  # and so is a thread started after it
 
 
-def test_an_idle_pools_threads_are_idle() -> None:
-    pool = idle_pool(2, "test-idle")
+def test_a_lowered_pools_threads_are_lowered() -> None:
+    pool = lowered_pool(2, "test-lowered")
     try:
-        seen = {pool.submit(_policy_and_nice).result(10)[0] for _ in range(4)}
+        seen = {pool.submit(_nice).result(10) for _ in range(4)}
     finally:
         pool.shutdown()
-    assert seen == {os.SCHED_IDLE}
+    assert seen == {lowered_nice(_nice())}
 
 
-def test_where_sched_idle_is_refused_the_thread_gets_nice_19(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_never_below_nice_19() -> None:
+    assert lowered_nice(15) == 19
+    assert lowered_nice(19) == 19
+
+
+def test_where_nice_is_refused_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     def refused(*args: Any) -> None:
         raise PermissionError("seccomp (simulated)")
 
-    monkeypatch.setattr(thread_priority.os, "sched_setscheduler", refused)
-    got, (policy, nice) = _in_a_thread(lambda: (lower_this_thread(), _policy_and_nice()))
-    assert (got, policy, nice) == (f"nice {LOWEST_NICE}", os.SCHED_OTHER, LOWEST_NICE)
-    assert os.getpriority(os.PRIO_PROCESS, 0) != LOWEST_NICE  # this thread is untouched
-
-
-def test_where_both_are_refused_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refused(*args: Any) -> None:
-        raise PermissionError("simulated")
-
-    monkeypatch.setattr(thread_priority.os, "sched_setscheduler", refused)
     monkeypatch.setattr(thread_priority.os, "setpriority", refused)
-    assert _in_a_thread(lambda: (lower_this_thread(), _policy_and_nice()))[0] == "unchanged"
+    assert _in_a_thread(lambda: (lower_this_thread(), _nice())) == ("unchanged", _nice())
 
 
 def test_off_linux_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     # setpriority would lower the whole process there, not a thread.
     monkeypatch.setattr(thread_priority.sys, "platform", "darwin")
-    got, (policy, nice) = _in_a_thread(lambda: (lower_this_thread(), _policy_and_nice()))
-    assert (got, policy) == ("unchanged", os.SCHED_OTHER)
-    assert nice == os.getpriority(os.PRIO_PROCESS, 0)
+    assert _in_a_thread(lambda: (lower_this_thread(), _nice())) == ("unchanged", _nice())

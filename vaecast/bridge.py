@@ -112,6 +112,11 @@ class ChunkBridge:
         """Stop the decode at its next chunk (callable from any thread)."""
         self._cancelled.set()
 
+    @property
+    def backlog(self) -> int:
+        """Items handed over and not yet taken (on the loop's thread)."""
+        return self._queue.qsize()
+
     async def get(self) -> BridgeItem:
         item = await self._queue.get()
         self._room.release()

@@ -43,7 +43,7 @@ from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
 from vaecast.errors import DecodeFailedError
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodePlan, StreamPlan
-from vaecast.thread_priority import idle_pool
+from vaecast.thread_priority import lowered_pool
 
 DEFAULT_QUEUE_CHUNKS = 2
 
@@ -109,8 +109,11 @@ class Workers:
 
     `encode` opens each video's encoder and encodes its first chunk (the first
     fragment is what a viewer waits for). `encode_rest`, when given, encodes the
-    chunks after it: an idle-priority pool (`vaecast.thread_priority`), so that on
-    cores the decode fills the encoder takes only the time the decode leaves idle.
+    chunks after it while the encoder keeps up (no chunk waiting behind the one taken):
+    a pool at a lower priority (nice 10, `vaecast.thread_priority`), so that on cores
+    the decode fills the encoder takes mostly the time the decode leaves idle. A chunk
+    taken with another waiting goes to `encode`: the encoder is behind, and at a
+    tenth of a core's share the stream would fall further behind.
     """
 
     decode: Executor
@@ -120,14 +123,14 @@ class Workers:
     @classmethod
     def for_slots(cls, slots: int) -> Workers:
         """A thread of each kind per decode slot. The rest of each video's chunks are
-        encoded at idle priority only when the process decodes one video at a time:
+        encoded at a lower priority only when the process decodes one video at a time:
         then the decode beside an encoder is its own, which waits (the bounded queue)
-        when its encoder falls behind; with more slots another video's decode could
-        keep this one's encoder from running at all."""
+        when its encoder falls behind; with more slots another video's decode would
+        hold this one's encoder to a fraction of its share, and nothing would wait."""
         return cls(
             decode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-decode"),
             encode=ThreadPoolExecutor(slots, thread_name_prefix="vaecast-encode"),
-            encode_rest=idle_pool(slots, "vaecast-encode-idle") if slots == 1 else None,
+            encode_rest=lowered_pool(slots, "vaecast-encode-low") if slots == 1 else None,
         )
 
     def shutdown(self) -> None:
@@ -137,7 +140,7 @@ class Workers:
                 pool.shutdown()
 
     def after_first(self) -> Executor:
-        """Where the chunks after a video's first are encoded."""
+        """Where the chunks after a video's first are encoded while the encoder keeps up."""
         return self.encode if self.encode_rest is None else self.encode_rest
 
 
@@ -237,8 +240,13 @@ async def run_pipeline(
                 raise DecodeFailedError(f"the decoder failed: {item.error}") from item.error
             _check_against_plan(plan, chunks_done, frames_done, item)
             encode_from = time.perf_counter()
+            # At the lower priority only while the encoder keeps up. Anything already
+            # waiting behind this chunk means it does not: the decode outruns it, or
+            # other work (another process) holds the cores; at normal priority it then
+            # gets its fair share. (The decode's end waiting: nothing is left to yield to.)
+            caught_up = chunks_done > 0 and bridge.backlog == 0
             encoding = loop.run_in_executor(
-                workers.encode if chunks_done == 0 else workers.after_first(),
+                workers.after_first() if caught_up else workers.encode,
                 _encode,
                 encoder,
                 item.pixels,

@@ -1,4 +1,4 @@
-"""Encode in the decode's idle time: a thread pool whose threads run at idle priority.
+"""Encode mostly in the decode's gaps: a thread pool whose threads run at a lower priority.
 
 On a machine whose cores the decode fills, the encoder's CPU has to come from
 somewhere. At the same priority, the scheduler gives the encode thread a core
@@ -6,24 +6,30 @@ whenever it has a chunk, preempting whichever decode thread held it; a chunked
 decode is several threads that wait for each other (`tiny` on a CPU: the decode
 thread's step-to-step chain and two pool threads), so a preempted one stalls the
 others, and the whole video takes longer than the encoder's CPU alone explains.
-At idle priority (Linux `SCHED_IDLE`) the encoder runs only when a core would
-otherwise be idle: in the decode's own gaps (it keeps two cores ~95 % busy) and after
-it. The pipeline's bounded queue keeps that safe: an encoder that falls behind fills
-the queue, the decode then waits, and its cores are the encoder's.
+Ten nice levels below the rest of the process (Linux's per-thread nice: at nice 10
+a weight of 110 against a normal thread's 1024) the encoder rarely preempts a
+decode thread and runs in the decode's gaps and after it, yet still gets about a
+tenth of a core's share when everything else is busy. The
+pipeline's bounded queue keeps the decode from running away from it, and a chunk
+taken while another already waits goes to a normal-priority thread
+(`vaecast.pipeline.run_pipeline`).
 
-Measured (the bench server, 81 frames at 832x480, `tiny`, 2 cores). 30 alternating
-runs against a server encoding at normal priority: the whole video's last byte
-0.955x (IQR 0.89-1.00) with the chunks after the first at idle priority, 0.966x at
-nice 19; with every chunk at idle priority the first fragment came 1.11x later (its
-encode waited for a gap in the second chunk's decode), so the first chunk is
-encoded at normal priority (`vaecast.pipeline.Workers.encode`). Every arm against
-the tree before, in one run (`python -m benchmarks.before_after`, 8 repeats, 22:38
-UTC): vaecast's last byte 0.938x per repeat (0.86-1.13), its first fragment 0.936x;
-last byte / decode alone 1.104 -> 1.061, / the best other arm 1.058 -> 1.002.
+Why not Linux's idle class (`SCHED_IDLE`, which this module used first): an idle
+thread gets next to nothing (a weight of 3) whenever other processes keep the cores
+busy, and every chunk handed to it while the encoder had caught up then waited
+seconds for it. Measured with two busy loops beside the test suite's catch-up tests
+(both with the rule above): 86 s at `SCHED_IDLE`, 6.5 s at nice 10. On an idle
+machine the two are alike: 24 alternating requests to two bench servers (81 frames
+at 832x480, `tiny`, 2 cores), nice 10 against `SCHED_IDLE`: last byte 1.007x (IQR
+0.985-1.045), nice 19 1.011x. Against a normal-priority encoder (30 alternating
+runs, `SCHED_IDLE` then): 0.955x (IQR 0.89-1.00); with every chunk lowered the first
+fragment came 1.11x later (its encode waited for a gap in the second chunk's
+decode), so the first chunk is encoded at normal priority
+(`vaecast.pipeline.Workers.encode`).
 
-Linux only: `SCHED_IDLE` is per thread there. Where it is refused (a seccomp
-filter, say), nice 19 is the fallback, also per thread on Linux. Elsewhere nothing
-is changed: `setpriority` would lower the whole process.
+Linux only: nice is per thread there. Where it is refused (a seccomp filter, say)
+the thread keeps its priority. Elsewhere nothing is changed: `setpriority` would
+lower the whole process.
 """
 
 from __future__ import annotations
@@ -35,29 +41,38 @@ from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
-# The fallback's nice value: the lowest priority a thread can ask for without privileges.
-LOWEST_NICE = 19
+# How many nice levels a lowered thread goes below the thread that started it: about a
+# tenth of its share when the two compete.
+LOWERED_BY = 10
+MAX_NICE = 19
+
+
+def lowered_nice(nice: int) -> int:
+    """The nice value a thread at `nice` is lowered to."""
+    return min(MAX_NICE, nice + LOWERED_BY)
 
 
 def lower_this_thread() -> str:
-    """Put the calling thread at idle priority; returns what it got ("idle", "nice 19",
-    or "unchanged"). A thread cannot raise its priority again without privileges, so
-    only threads that keep it for life (an idle pool's) should call this."""
+    """Lower the calling thread by `LOWERED_BY` nice levels (to 19 at most); returns
+    what it got ("nice N" or "unchanged"). A thread cannot raise its priority again
+    without privileges, so only threads that keep it for life (a lowered pool's)
+    should call this."""
     if not sys.platform.startswith("linux"):
         return "unchanged"
+    target = lowered_nice(os.getpriority(os.PRIO_PROCESS, 0))  # Linux: this thread's
     try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-        return "idle"
-    except (OSError, AttributeError) as error:
-        log.debug("SCHED_IDLE refused (%s); trying nice %d", error, LOWEST_NICE)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, LOWEST_NICE)  # Linux: this thread only
-        return f"nice {LOWEST_NICE}"
+        os.setpriority(os.PRIO_PROCESS, 0, target)  # Linux: this thread only
+        return f"nice {target}"
     except OSError as error:
-        log.debug("nice %d refused (%s); the encode thread keeps its priority", LOWEST_NICE, error)
+        log.debug("nice %d refused (%s); the encode thread keeps its priority", target, error)
         return "unchanged"
 
 
-def idle_pool(threads: int, name: str) -> ThreadPoolExecutor:
-    """A pool whose every thread runs at idle priority (`lower_this_thread`)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix=name, initializer=lower_this_thread)
+def lowered_pool(threads: int, name: str) -> ThreadPoolExecutor:
+    """A pool whose every thread runs at a lowered priority (`lower_this_thread`),
+    its threads started now (one at least; a pool starts threads as work comes), not
+    at the first chunk that happens to find the encoder caught up."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name, initializer=lower_this_thread)
+    for _ in range(threads):
+        pool.submit(int)
+    return pool
