@@ -9,10 +9,9 @@ others, and the whole video takes longer than the encoder's CPU alone explains.
 Ten nice levels below the rest of the process (Linux's per-thread nice: at nice 10
 a weight of 110 against a normal thread's 1024) the encoder rarely preempts a
 decode thread and runs in the decode's gaps and after it, yet still gets about a
-tenth of a core's share when everything else is busy. The
-pipeline's bounded queue keeps the decode from running away from it, and a chunk
-taken while another already waits goes to a normal-priority thread
-(`vaecast.pipeline.run_pipeline`).
+tenth of a core's share when everything else is busy. The pipeline's bounded queue
+keeps the decode from running away from it, and a chunk taken while another already
+waits goes to a normal-priority thread (`vaecast.pipeline.run_pipeline`).
 
 Why not Linux's idle class (`SCHED_IDLE`, which this module used first): an idle
 thread gets next to nothing (a weight of 3) whenever other processes keep the cores

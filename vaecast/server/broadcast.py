@@ -25,8 +25,10 @@ chunked body as usual, so keep-alive works. Any other writer follows the log alo
 
 The sends themselves are made by the server's `FanoutSender` thread where there is one
 (`fanout_sender.py`: the kernel's send was most of the loop's CPU with many viewers).
-Then a member's bytes stay in order by one rule: while any queued batch names a
-member, nothing on the loop writes to it, and it is not woken. A wake that comes
+Then a member's bytes stay in order by two rules: the thread gets a member only while
+its transport holds none of its bytes (`_holds_nothing`: a send straight to the socket
+would pass them), and while any queued batch names a member, nothing on the loop
+writes to it, and it is not woken. A wake that comes
 meanwhile (its socket filled, the log closed) waits until its last batch is reported
 back; a short write's remainder is written by the loop, through the transport, when
 its batch is reported, before anything else can be. Without a sender (or without a
