@@ -235,7 +235,7 @@ def _meta(args: argparse.Namespace, settings: EncoderSettings) -> dict[str, Any]
         "repeats": args.repeats,
         "rounds": args.rounds,
         "host_frames": args.host_frames,
-        "encoder": f"{settings.preset} crf {settings.crf} zerolatency, "
+        "encoder": f"{settings.preset} {' '.join(map(str, settings.rate_control))} zerolatency, "
         f"keyframe every {settings.keyframe_interval_s:g} s",
         "machine": _machine(),
         "load_start": _load(),

@@ -188,13 +188,14 @@ def ffmpeg_command(
     fragment leaves one frame later than its last frame is encoded.
     """
     gop = max(1, round(settings.keyframe_interval_s * fps))
+    rate_control, quality = settings.rate_control  # -qp or -crf, as vaecast's encoder
     chunk_us = round(4 * 1_000_000 / fps)
     return [
         FFMPEG, "-hide_banner", "-loglevel", "error", "-nostdin",
         "-f", "rawvideo", "-pix_fmt", pix_fmt, "-video_size", f"{width}x{height}",
         "-framerate", str(fps), "-i", "pipe:0",
         "-c:v", "libx264", "-preset", settings.preset, "-tune", "zerolatency",
-        "-crf", str(settings.crf), "-g", str(gop), "-pix_fmt", "yuv420p",
+        f"-{rate_control}", str(quality), "-g", str(gop), "-pix_fmt", "yuv420p",
         "-colorspace", "smpte170m", "-color_primaries", "smpte170m",
         "-color_trc", "smpte170m", "-color_range", "tv",
         "-movflags", "frag_keyframe+empty_moov+default_base_moof",

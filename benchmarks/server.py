@@ -260,7 +260,7 @@ class Baselines:
             "host_format": self.host_format,
             "encoder": {
                 "preset": self.config.encoder.preset,
-                "crf": self.config.encoder.crf,
+                "rate_control": list(self.config.encoder.rate_control),
                 "keyframe_interval_s": self.config.encoder.keyframe_interval_s,
             },
         }

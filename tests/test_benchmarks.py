@@ -9,6 +9,7 @@ and the Markdown table and PNG were written.
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from benchmarks.__main__ import main
 from benchmarks.arms import ARMS, REFERENCES
 from benchmarks.client import make_latents, tiny_weights_digest
 from benchmarks.paired import PEERS, TARGETS, Verdict
+from benchmarks.pipelines import ffmpeg_command
 from benchmarks.profiling import summarize
+from vaecast.codecs.h264 import EncoderSettings
 
 FRAMES, CHUNKS, WIDTH, HEIGHT = 9, 3, 64, 48
 REPEATS = 2
@@ -184,3 +187,11 @@ def test_cached_latents_are_named_after_the_encoder_that_made_them(tmp_path: Pat
     fresh = {p.name for p in tmp_path.iterdir()} - {stale.name}
     assert fresh == {f"latents_showcase_5_{WIDTH}x{HEIGHT}_{tiny_weights_digest()}.safetensors"}
     assert torch.equal(make_latents(5, WIDTH, HEIGHT, tmp_path), made)  # read back
+
+
+def test_the_ffmpeg_arm_encodes_at_vaecasts_quality():
+    """The CLI pipe's x264 gets the rate control vaecast's encoder has: a constant QP, or CRF."""
+    command = ffmpeg_command(832, 480, Fraction(16), EncoderSettings())
+    assert command[command.index("-qp") + 1] == "21" and "-crf" not in command
+    command = ffmpeg_command(832, 480, Fraction(16), EncoderSettings(crf=23))
+    assert command[command.index("-crf") + 1] == "23" and "-qp" not in command

@@ -35,6 +35,36 @@ def test_decode_writes_a_playable_mp4(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
 
 
+def x264_options(mp4: bytes) -> str:
+    """The options x264 wrote into the stream's first frame (its SEI)."""
+    text = mp4.decode("latin-1")
+    return text[text.index("options: ") :].split("\0", 1)[0]
+
+
+def test_decode_takes_the_encoder_quality(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    latents = write_latents(tmp_path / "z.safetensors")
+    command = ["decode", str(latents), "--model", "linear", "-o"]
+    assert main([*command, str(tmp_path / "default.mp4")]) == 0
+    assert " rc=cqp " in x264_options((tmp_path / "default.mp4").read_bytes())
+    assert " qp=21 " in x264_options((tmp_path / "default.mp4").read_bytes())
+    assert main([*command, str(tmp_path / "qp.mp4"), "--qp", "30"]) == 0
+    assert " qp=30 " in x264_options((tmp_path / "qp.mp4").read_bytes())
+    assert main([*command, str(tmp_path / "crf.mp4"), "--crf", "18"]) == 0
+    assert " crf=18.0 " in x264_options((tmp_path / "crf.mp4").read_bytes())
+    capsys.readouterr()
+    for option, value, reason in [
+        ("--qp", "52", "must be in 0..51, got 52"),
+        ("--crf", "-1", "must be in 0..51, got -1"),
+        ("--qp", "9" * 5000, "not an integer: '9999"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            main([*command, str(tmp_path / "bad.mp4"), option, value])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {option}: {reason}" in err and len(err) < 2000
+    assert not (tmp_path / "bad.mp4").exists()
+
+
 def test_decode_keeps_the_soundtrack_the_server_would_mux(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vaecast.cluster.records import ReplicaOptions
-from vaecast.codecs.h264 import EncoderSettings
+from vaecast.codecs.h264 import MAX_QP, EncoderSettings
 from vaecast.codecs.stream import Soundtrack
 from vaecast.decode_file import decode_to_file
 from vaecast.errors import InvalidRequestError, VaecastError
@@ -270,7 +270,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--fps", default=None, help=f"frames per second (default {DEFAULTS.default_fps})"
     )
     parser.add_argument("--preset", default=encoder.preset, help="x264 preset")
-    parser.add_argument("--crf", type=int, default=encoder.crf, help="x264 constant rate factor")
+    parser.add_argument(
+        "--qp",
+        type=_quantizer,
+        default=encoder.qp,
+        help=f"x264 constant quantizer, 0-{MAX_QP} (default {encoder.qp})",
+    )
+    parser.add_argument(
+        "--crf", type=_quantizer, default=None, help="x264 constant rate factor instead of --qp"
+    )
     parser.add_argument(
         "--keyframe-interval", type=float, default=encoder.keyframe_interval_s, metavar="SECONDS"
     )
@@ -278,8 +286,19 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _encoder_settings(args: argparse.Namespace) -> EncoderSettings:
     return EncoderSettings(
-        preset=args.preset, crf=args.crf, keyframe_interval_s=args.keyframe_interval
+        preset=args.preset, crf=args.crf, qp=args.qp, keyframe_interval_s=args.keyframe_interval
     )
+
+
+def _quantizer(text: str) -> int:
+    """--qp and --crf: an integer on x264's 8-bit scale."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
+    if not 0 <= value <= MAX_QP:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_QP}, got {value}")
+    return value
 
 
 def _option_type(parse: Callable[[str], str]) -> Callable[[str], str]:

@@ -15,7 +15,7 @@ import pytest_asyncio
 from tests.helpers.browser import GatedTinyDecoder, Server, serving
 from tests.helpers.cdp import CHROMIUM, Browser, Page, launch_chromium
 
-# The server exactly as `vaecast serve` configures it by default (crf included):
+# The server exactly as `vaecast serve` configures it by default (its QP included):
 # the colour tolerance below is what a user's stream gets.
 
 

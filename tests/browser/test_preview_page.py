@@ -42,8 +42,9 @@ AAC_FRAME_S = 1024 / 48000
 FRAMES_BEFORE_HOLD = 1 + 4 + 4
 # A frame read back from the browser against the same frame decoded here: the
 # largest per-channel difference of 4x4 region means, in 8-bit levels. Measured
-# 0.8-1.4 after H.264 (crf 23) and the BT.601 round trip; neighbouring frames of
-# this scene differ by 40 and more around the frame compared.
+# 0.8-1.4 after H.264 (at CRF 23, before the default became QP 21, of the same
+# quality) and the BT.601 round trip; neighbouring frames of this scene differ by
+# 40 and more around the frame compared.
 COLOUR_TOLERANCE = 4.0
 GRID = 4
 

@@ -177,9 +177,33 @@ def test_close_twice_then_encode_raises(encoder: H264Encoder) -> None:
         encoder.encode(gradient_yuv(1))
 
 
+def x264_options(settings: EncoderSettings) -> str:
+    """The options x264 says it used, from the SEI it writes into the first frame."""
+    enc = H264Encoder(WIDTH, HEIGHT, Fraction(16), settings)
+    try:
+        (sample,) = enc.encode(gradient_yuv(1))
+    finally:
+        enc.close()
+    text = sample.data.decode("latin-1")
+    return text[text.index("options: ") :]
+
+
+def test_quality_is_a_constant_quantizer_unless_a_crf_is_given() -> None:
+    # A constant QP spares x264 the half-resolution look-ahead that CRF weighs frames on.
+    default = x264_options(EncoderSettings())
+    assert " rc=cqp " in default and " qp=21 " in default
+    assert EncoderSettings().rate_control == ("qp", 21)
+    assert " qp=30 " in x264_options(EncoderSettings(qp=30))
+    with_crf = x264_options(EncoderSettings(crf=18, qp=30))
+    assert " rc=crf " in with_crf and " crf=18.0 " in with_crf
+    assert EncoderSettings(crf=18).rate_control == ("crf", 18)
+
+
 def test_settings_validation() -> None:
-    with pytest.raises(ValueError, match="crf"):
-        EncoderSettings(crf=52)
+    for field in ("crf", "qp"):
+        for value in (-1, 52):
+            with pytest.raises(ValueError, match=rf"{field} must be in 0\.\.51, got {value}"):
+                EncoderSettings(**{field: value})
     with pytest.raises(ValueError, match="keyframe_interval_s"):
         EncoderSettings(keyframe_interval_s=0)
     for threads in (-1, 17):

@@ -15,10 +15,16 @@ Defaults (numbers from benchmarks/encode_presets.py in
 benchmarks/results/codecs_notes.md): the encoder shares the CPU with the decoder,
 so the preset is ultrafast, the only one with throughput to spare when both run;
 its Constrained Baseline profile (avc1.42C0xx) is also the most widely decodable.
-CRF 23 is x264's own default quality point; ultrafast spends more bits for it than
-the slower presets (no CABAC, no B-frames), a price paid in bandwidth rather than
-latency. A keyframe every 2 s bounds how far a viewer seeking into the stream has
-to decode.
+Quality is a constant quantizer, QP 21, not x264's CRF: CRF weighs each frame on a
+half-resolution copy that x264 builds and motion-searches for that alone, work a
+constant QP skips. On the 81-frame showcase at 832x480, QP 21 gives CRF 23's size
+and PSNR (777 against 801 kB, 47.9 dB both) for 0.84x x264's CPU; on the four real
+clips of tools/real_clips.py a QP matched to CRF 23's PSNR takes 0.97-1.05x its
+size (`python -m benchmarks.encode_presets --rate-control`). The encoder shares the
+cores with the decode, so CPU is the price that counts; `crf` brings CRF back.
+Ultrafast spends more bits than the slower presets (no CABAC, no B-frames), a price
+paid in bandwidth rather than latency. A keyframe every 2 s bounds how far a viewer
+seeking into the stream has to decode.
 
 Colour: frames arrive as `Yuv420Frames`, BT.601 matrix in limited (MPEG) range,
 and the same is written into the SPS VUI, so players invert exactly what was
@@ -50,7 +56,9 @@ from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.fmp4 import Sample
 
 DEFAULT_PRESET = "ultrafast"
-DEFAULT_CRF = 23
+DEFAULT_QP = 21
+# x264's quantizer and rate factor scales, for 8-bit video.
+MAX_QP = 51
 # One x264 thread. Its default here (sliced threads under zerolatency: each frame cut
 # into slices that threads encode and then wait for each other) bought ~10 % of wall
 # time alone for ~25 % more CPU, and beside a decode that keeps every core busy the
@@ -76,17 +84,26 @@ class EncoderSettings:
     """x264 knobs a deployment may change; see the module docstring for why these."""
 
     preset: str = DEFAULT_PRESET
-    crf: int = DEFAULT_CRF
+    # x264's constant rate factor; None (the default) encodes at the constant `qp`.
+    crf: int | None = None
     keyframe_interval_s: float = DEFAULT_KEYFRAME_INTERVAL_S
     threads: int = DEFAULT_THREADS
+    qp: int = DEFAULT_QP
 
     def __post_init__(self) -> None:
         if not 0 <= self.threads <= MAX_THREADS:
             raise ValueError(f"threads must be in 0..{MAX_THREADS}, got {self.threads}")
-        if not 0 <= self.crf <= 51:
-            raise ValueError(f"crf must be in 0..51, got {self.crf}")
+        if self.crf is not None and not 0 <= self.crf <= MAX_QP:
+            raise ValueError(f"crf must be in 0..{MAX_QP}, got {self.crf}")
+        if not 0 <= self.qp <= MAX_QP:
+            raise ValueError(f"qp must be in 0..{MAX_QP}, got {self.qp}")
         if not self.keyframe_interval_s > 0:
             raise ValueError(f"keyframe_interval_s must be > 0, got {self.keyframe_interval_s}")
+
+    @property
+    def rate_control(self) -> tuple[str, int]:
+        """x264's rate-control option and its value: ("qp", 21), or ("crf", n) when set."""
+        return ("qp", self.qp) if self.crf is None else ("crf", self.crf)
 
 
 def media_timescale(fps: Fraction) -> tuple[int, int]:
@@ -152,7 +169,7 @@ class H264Encoder:
         context.options = {
             "preset": settings.preset,
             "tune": "zerolatency",
-            "crf": str(settings.crf),
+            settings.rate_control[0]: str(settings.rate_control[1]),
         }
         context.open()
         self._context: av.VideoCodecContext | None = context
