@@ -20,7 +20,8 @@ half-resolution copy that x264 builds and motion-searches for that alone, work a
 constant QP skips. On the 81-frame showcase at 832x480, QP 21 gives CRF 23's size
 and PSNR (777 against 801 kB, 47.9 dB both) for 0.84x x264's CPU; on the four real
 clips of tools/real_clips.py a QP matched to CRF 23's PSNR takes 0.97-1.05x its
-size (`python -m benchmarks.encode_presets --rate-control`). The encoder shares the
+size, and QP 21 itself spends 1.05-1.5x CRF 23's bits on them for 0.4-3.2 dB more
+(`python -m benchmarks.encode_presets --rate-control`). The encoder shares the
 cores with the decode, so CPU is the price that counts; `crf` brings CRF back.
 Ultrafast spends more bits than the slower presets (no CABAC, no B-frames), a price
 paid in bandwidth rather than latency. A keyframe every 2 s bounds how far a viewer
