@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
+from tests.helpers.media import x264_options
 from vaecast.cli import main
 
 
@@ -35,18 +36,12 @@ def test_decode_writes_a_playable_mp4(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
 
 
-def x264_options(mp4: bytes) -> str:
-    """The options x264 wrote into the stream's first frame (its SEI)."""
-    text = mp4.decode("latin-1")
-    return text[text.index("options: ") :].split("\0", 1)[0]
-
-
 def test_decode_takes_the_encoder_quality(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     latents = write_latents(tmp_path / "z.safetensors")
     command = ["decode", str(latents), "--model", "linear", "-o"]
     assert main([*command, str(tmp_path / "default.mp4")]) == 0
-    assert " rc=cqp " in x264_options((tmp_path / "default.mp4").read_bytes())
-    assert " qp=21 " in x264_options((tmp_path / "default.mp4").read_bytes())
+    default = x264_options((tmp_path / "default.mp4").read_bytes())
+    assert " rc=cqp " in default and " qp=21 " in default
     assert main([*command, str(tmp_path / "qp.mp4"), "--qp", "30"]) == 0
     assert " qp=30 " in x264_options((tmp_path / "qp.mp4").read_bytes())
     assert main([*command, str(tmp_path / "crf.mp4"), "--crf", "18"]) == 0

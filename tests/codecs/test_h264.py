@@ -10,7 +10,7 @@ import av
 import numpy as np
 import pytest
 
-from tests.helpers.media import gradient_frames, gradient_yuv
+from tests.helpers.media import gradient_frames, gradient_yuv, x264_options
 from vaecast.codecs import avc
 from vaecast.codecs.colour import Yuv420Frames, from_rgb
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder, media_timescale
@@ -177,24 +177,23 @@ def test_close_twice_then_encode_raises(encoder: H264Encoder) -> None:
         encoder.encode(gradient_yuv(1))
 
 
-def x264_options(settings: EncoderSettings) -> str:
-    """The options x264 says it used, from the SEI it writes into the first frame."""
+def options_used(settings: EncoderSettings) -> str:
+    """What x264 says it encoded a frame with under `settings`."""
     enc = H264Encoder(WIDTH, HEIGHT, Fraction(16), settings)
     try:
         (sample,) = enc.encode(gradient_yuv(1))
     finally:
         enc.close()
-    text = sample.data.decode("latin-1")
-    return text[text.index("options: ") :]
+    return x264_options(sample.data)
 
 
 def test_quality_is_a_constant_quantizer_unless_a_crf_is_given() -> None:
     # A constant QP spares x264 the half-resolution look-ahead that CRF weighs frames on.
-    default = x264_options(EncoderSettings())
+    default = options_used(EncoderSettings())
     assert " rc=cqp " in default and " qp=21 " in default
     assert EncoderSettings().rate_control == ("qp", 21)
-    assert " qp=30 " in x264_options(EncoderSettings(qp=30))
-    with_crf = x264_options(EncoderSettings(crf=18, qp=30))
+    assert " qp=30 " in options_used(EncoderSettings(qp=30))
+    with_crf = options_used(EncoderSettings(crf=18, qp=30))
     assert " rc=crf " in with_crf and " crf=18.0 " in with_crf
     assert EncoderSettings(crf=18).rate_control == ("crf", 18)
 

@@ -33,3 +33,10 @@ def gradient_frames(count: int, width: int = 64, height: int = 48) -> np.ndarray
 def gradient_yuv(count: int, width: int = 64, height: int = 48) -> Yuv420Frames:
     """`gradient_frames` as the encoder takes them (swscale's BT.601 4:2:0)."""
     return from_rgb(gradient_frames(count, width, height))
+
+
+def x264_options(h264: bytes) -> str:
+    """The options x264 says it encoded with: the text of the SEI it writes into the
+    first frame, found in an encoded sample or a whole MP4 (`rc=cqp ... qp=21 ...`)."""
+    text = h264.decode("latin-1")
+    return text[text.index("options: ") :].split("\0", 1)[0]

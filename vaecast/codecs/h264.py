@@ -167,10 +167,11 @@ class H264Encoder:
         context.color_range = ColorRange.MPEG
         context.color_primaries = ColorPrimaries.SMPTE170M
         context.color_trc = ColorTrc.SMPTE170M
+        rate_control, quality = settings.rate_control
         context.options = {
             "preset": settings.preset,
             "tune": "zerolatency",
-            settings.rate_control[0]: str(settings.rate_control[1]),
+            rate_control: str(quality),
         }
         context.open()
         self._context: av.VideoCodecContext | None = context
