@@ -127,7 +127,7 @@ def rate_control_clips() -> list[tuple[str, Yuv420Frames]]:
     from benchmarks.client import make_latents
     from benchmarks.pipelines import decoded_pixels
     from vaecast.codecs.quantize import quantize_yuv420_to_host
-    from vaecast.models.base import get_decoder
+    from vaecast.models.registry import get_decoder
 
     latents = make_latents(CLIP_FRAMES, CLIP_WIDTH, CLIP_HEIGHT, RESULTS / "tmp")  # cached
     chunks = decoded_pixels(get_decoder("tiny", device="cpu"), latents, quantize_yuv420_to_host)

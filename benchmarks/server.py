@@ -40,14 +40,8 @@ from benchmarks import pipelines
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.latent_files import load_latents
-from vaecast.models.base import (
-    ChunkCallback,
-    ChunkedDecoder,
-    DecodedChunk,
-    DecodePlan,
-    StreamPlan,
-    get_decoder,
-)
+from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk, DecodePlan, StreamPlan
+from vaecast.models.registry import get_decoder
 from vaecast.params import parse_fps
 from vaecast.pipeline import Stages
 from vaecast.server.app import create_app, runner_settings, serve_until_signalled

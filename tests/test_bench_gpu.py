@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benchmarks.gpu import nvenc_works, probe, random_weights
-from vaecast.models.base import get_decoder
+from vaecast.models.registry import get_decoder
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,8 @@ from vaecast.codecs.stream import Soundtrack
 from vaecast.decode_file import decode_to_file
 from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
-from vaecast.models.base import ChunkedDecoder, available_decoders, get_decoder, takes_weights
+from vaecast.models.base import ChunkedDecoder
+from vaecast.models.registry import available_decoders, get_decoder, takes_weights
 from vaecast.params import parse_fps
 from vaecast.pipeline import VideoOutput
 from vaecast.server.config import MIB, Limits, ServerConfig

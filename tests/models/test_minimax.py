@@ -15,8 +15,9 @@ from tests.helpers import one_torch_thread
 from tests.helpers.models import MINIMAX_LATENT_CHANNELS as LATENT_CHANNELS
 from tests.helpers.models import MINIMAX_TINY_CONFIG as TINY_CONFIG
 from vaecast.errors import InvalidRequestError
-from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
+from vaecast.models.base import ChunkedDecoder, DecodedChunk
 from vaecast.models.minimax import MiniMaxH3Decoder, check_internals
+from vaecast.models.registry import get_decoder
 from vaecast.models.weights_io import WeightsError
 
 # The real temporal geometry (17-frame clips, 4x in time, 3 latents dropped), tiny widths.

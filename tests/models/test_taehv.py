@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 
 from tests.helpers import one_torch_thread
 from vaecast.errors import InvalidRequestError
-from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
+from vaecast.models.base import ChunkedDecoder, DecodedChunk
+from vaecast.models.registry import get_decoder
 from vaecast.models.taehv import MemBlock, TAEHVConfig, TAEHVDecoder, TAEHVNet
 from vaecast.models.weights_io import WeightsError
 

@@ -10,7 +10,8 @@ import torch
 
 from vaecast.demo.scenes import random_clip, render_scene
 from vaecast.errors import InvalidRequestError
-from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
+from vaecast.models.base import ChunkedDecoder, DecodedChunk
+from vaecast.models.registry import get_decoder
 from vaecast.models.tiny import (
     LATENT_CHANNELS,
     TinyDecoder,

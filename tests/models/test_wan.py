@@ -20,7 +20,8 @@ import vaecast.models.minimax
 import vaecast.models.wan
 from tests.helpers import one_torch_thread
 from tests.helpers.models import WAN_TINY_CONFIG as TINY_CONFIG
-from vaecast.models.base import ChunkedDecoder, DecodedChunk, get_decoder
+from vaecast.models.base import ChunkedDecoder, DecodedChunk
+from vaecast.models.registry import get_decoder
 from vaecast.models.wan import WanDecoder, check_internals
 from vaecast.models.weights_io import WeightsError
 

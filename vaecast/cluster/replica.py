@@ -67,7 +67,7 @@ class DecoderReplica:
     """One replica: its models, its threads, and `decode`."""
 
     def __init__(self, options: ReplicaOptions) -> None:
-        from vaecast.models.base import get_decoder
+        from vaecast.models.registry import get_decoder
 
         weights = dict(options.weights)
         self._decoders: dict[str, ChunkedDecoder] = {

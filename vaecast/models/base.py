@@ -29,22 +29,21 @@ Guarantees every decoder keeps (and tests):
   with the decoder holding nothing of it.
 
 The built-in decoders subclass `StreamingDecoder` (`vaecast/models/streaming.py`),
-which runs both ways in through one per-decode `LatentStream`, and register their
-class under a model name. A class that reads a weights file says so by having a
-`from_weights` classmethod: `get_decoder` builds it through that, and
-`takes_weights` answers from it.
+which runs both ways in through one per-decode `LatentStream`; `vaecast.models.registry`
+maps model names to them. A class that reads a weights file says so by having a
+`from_weights` classmethod. A decoder whose pipeline returns latents in another
+layout than BCTHW names it as `latent_layout` (`vaecast.models.layouts`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from vaecast.errors import InvalidRequestError, UnknownModelError, WeightsError
+from vaecast.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from vaecast.codecs.colour import Yuv420Frames
@@ -291,59 +290,3 @@ def check_video_geometry(
         raise InvalidRequestError(
             f"width and height must be positive multiples of {spatial_scale}, got {width}x{height}"
         )
-
-
-_REGISTRY: dict[str, type[ChunkedDecoder]] = {}
-
-
-def register_decoder(name: str, decoder_class: type[ChunkedDecoder]) -> None:
-    """Make `get_decoder(name, ...)` build instances of `decoder_class`."""
-    _REGISTRY[name] = decoder_class
-
-
-def available_decoders() -> list[str]:
-    _load_builtin_decoders()
-    return sorted(_REGISTRY)
-
-
-def decoder_class(name: str) -> type[ChunkedDecoder]:
-    """The class registered under `name`; `UnknownModelError` names the known ones."""
-    _load_builtin_decoders()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise UnknownModelError(f"unknown model {name!r}; this server knows: {known}") from None
-
-
-def takes_weights(name: str) -> bool:
-    """Whether model `name` reads a weights file (its class has `from_weights`)."""
-    return callable(getattr(decoder_class(name), "from_weights", None))
-
-
-def get_decoder(
-    name: str,
-    device: str | torch.device = "cpu",
-    weights: str | Path | None = None,
-    **options: Any,
-) -> ChunkedDecoder:
-    """Build the decoder registered under `name`: through its class's
-    `from_weights(weights, device=..., **options)` when it has one (a decoder that
-    needs a file raises `WeightsError` for None), else `cls(device=..., **options)`."""
-    found = decoder_class(name)
-    load: Callable[..., ChunkedDecoder] | None = getattr(found, "from_weights", None)
-    if load is not None:
-        return load(weights, device=device, **options)
-    if weights is not None:
-        raise WeightsError(f"model {name!r} takes no weights file")
-    return found(device=device, **options)  # type: ignore[call-arg]
-
-
-def _load_builtin_decoders() -> None:
-    # Imported for their registration side effect, late so that importing the
-    # contract never pulls in every architecture.
-    import vaecast.models.linear
-    import vaecast.models.minimax
-    import vaecast.models.taehv
-    import vaecast.models.tiny
-    import vaecast.models.wan  # noqa: F401

@@ -20,7 +20,6 @@ from vaecast.models.base import (
     StreamPlan,
     causal_plan,
     causal_stream_plan,
-    register_decoder,
 )
 from vaecast.models.streaming import CausalStream, StreamingDecoder
 
@@ -75,6 +74,3 @@ class _LinearStream(CausalStream):
     def close(self) -> None:
         super().close()
         self._previous = None
-
-
-register_decoder("linear", LinearDecoder)

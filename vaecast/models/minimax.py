@@ -34,7 +34,6 @@ from vaecast.models.base import (
     DecodePlan,
     StreamPlan,
     check_latent_shape,
-    register_decoder,
 )
 from vaecast.models.streaming import Emit, StreamingDecoder
 from vaecast.models.tiler import TemporalTiler, TiledStream
@@ -211,6 +210,3 @@ class _MiniMaxStream:
 
     def _emitter(self, emit: Emit) -> Callable[[torch.Tensor, int], None]:
         return lambda sample, index: emit(self._decoder.pixels(sample))
-
-
-register_decoder("minimax-h3", MiniMaxH3Decoder)

@@ -39,7 +39,6 @@ from vaecast.models.base import (
     StreamPlan,
     causal_plan,
     causal_stream_plan,
-    register_decoder,
 )
 from vaecast.models.streaming import CausalStream, StreamingDecoder
 from vaecast.models.weights_io import WeightsError, load_strict, read_state_dict
@@ -263,6 +262,3 @@ class _TAEHVStream(CausalStream):
     def close(self) -> None:
         super().close()
         self._memory = []
-
-
-register_decoder("taehv", TAEHVDecoder)

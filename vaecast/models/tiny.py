@@ -40,7 +40,6 @@ from vaecast.models.base import (
     causal_plan,
     causal_stream_plan,
     check_video_geometry,
-    register_decoder,
 )
 from vaecast.models.op_threads import per_thread_control, thread_ops
 from vaecast.models.streaming import CausalStream, Emit, StreamingDecoder
@@ -623,6 +622,3 @@ class _Drawing:
     frames: torch.Tensor
     planes: torch.Tensor
     parts: list[Future[None]] = field(default_factory=list)
-
-
-register_decoder("tiny", TinyDecoder)

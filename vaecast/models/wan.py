@@ -48,7 +48,6 @@ from vaecast.models.base import (
     StreamPlan,
     causal_plan,
     causal_stream_plan,
-    register_decoder,
 )
 from vaecast.models.streaming import CausalStream, StreamingDecoder
 from vaecast.models.weights_io import (
@@ -227,4 +226,23 @@ class _WanStream(CausalStream):
             lock.release()
 
 
-register_decoder("wan2.1", WanDecoder)
+class Wan22Decoder(WanDecoder):
+    """`wan2.2`: the Wan 2.2 TI2V-5B VAE (48 latent channels, 16x in space: a 2x2 output
+    patch). The same causal loop as Wan 2.1's, which reads both geometries from the
+    config; a name of its own so that a server says which VAE it serves."""
+
+    name = "wan2.2"
+
+    @classmethod
+    def from_weights(
+        cls,
+        weights: str | Path | None,
+        device: str | torch.device = "cpu",
+        config: Mapping[str, Any] | None = None,
+    ) -> WanDecoder:
+        if weights is None:
+            raise WeightsError(
+                "the wan2.2 decoder needs --weights: a local diffusers folder of a Wan 2.2 "
+                "TI2V-5B model (or its vae/ subfolder)"
+            )
+        return cls(load_vae(weights, config), device)
