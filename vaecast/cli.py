@@ -17,7 +17,14 @@ from vaecast.decode_file import decode_to_file
 from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.models.base import ChunkedDecoder
-from vaecast.models.registry import available_decoders, get_decoder, takes_weights
+from vaecast.models.layouts import layout_of
+from vaecast.models.registry import (
+    DIFFUSERS_MODEL,
+    available_decoders,
+    diffusers_model,
+    get_decoder,
+    takes_weights,
+)
 from vaecast.params import parse_fps
 from vaecast.pipeline import VideoOutput
 from vaecast.server.config import MIB, Limits, ServerConfig
@@ -361,7 +368,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     # Checked before any model loads: a --weights mistake is a usage error.
-    weights = _weights_by_model(args.weights, models)
+    models, weights = _resolve_diffusers(models, _weights_by_model(args.weights, models))
     replicas = None if args.ray is None else _start_replicas(args, models, weights)
 
     async def serve() -> None:
@@ -441,7 +448,7 @@ def _weights_by_model(specs: list[str], models: list[str]) -> dict[str, str]:
     weights: dict[str, str] = {}
     for spec in specs:
         name, separator, path = spec.partition("=")
-        if not separator or name not in known:
+        if not separator or (name not in known and name not in models):
             name, path = models[0], spec
         elif name not in models:
             raise InvalidRequestError(
@@ -451,6 +458,27 @@ def _weights_by_model(specs: list[str], models: list[str]) -> dict[str, str]:
             raise InvalidRequestError(f"model {name!r} takes no --weights")
         weights[name] = path
     return weights
+
+
+def _resolve_diffusers(
+    models: list[str], weights: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """`--model diffusers` named as the model its `--weights` folder holds (its
+    config.json's class), so that requests and the page name the real model."""
+    if DIFFUSERS_MODEL not in models:
+        return models, weights
+    folder = weights.pop(DIFFUSERS_MODEL, None)
+    if folder is None:
+        raise InvalidRequestError(
+            "--model diffusers needs --weights DIR: a local diffusers folder of a video VAE"
+        )
+    name = diffusers_model(Path(folder))
+    if name in models:
+        raise InvalidRequestError(
+            f"--model diffusers: {folder} holds a {name} VAE, and {name} is served already"
+        )
+    weights[name] = folder
+    return [name if model == DIFFUSERS_MODEL else model for model in models], weights
 
 
 def _load_decoder(name: str, device: str, weights: str | None) -> ChunkedDecoder:
@@ -512,7 +540,13 @@ def _latents(args: argparse.Namespace) -> int:
 
 
 def _decode(args: argparse.Namespace) -> int:
-    latent_file = load_latents(args.latents.read_bytes())
+    data = args.latents.read_bytes()
+    models, weights = _resolve_diffusers(
+        [args.model], _weights_by_model(args.weights, [args.model])
+    )
+    decoder = _load_decoder(models[0], args.device, weights.get(models[0]))
+    layout = layout_of(decoder)
+    latent_file = load_latents(data, layout=layout.bind)
     fps = parse_fps(args.fps or latent_file.metadata.get("fps"), DEFAULTS.default_fps)
     soundtrack = None
     if latent_file.audio is not None:  # muxed as the server muxes it
@@ -520,8 +554,6 @@ def _decode(args: argparse.Namespace) -> int:
             latent_file.audio, latent_file.metadata.get(AUDIO_RATE_KEY)
         )
         soundtrack = Soundtrack(waveform, sample_rate)
-    weights = _weights_by_model(args.weights, [args.model])
-    decoder = _load_decoder(args.model, args.device, weights.get(args.model))
     output = VideoOutput(fps, _encoder_settings(args), soundtrack)
     plan = decode_to_file(latent_file.latents, decoder, output, args.output)
     sound = "" if soundtrack is None else f", {soundtrack.channels} audio channel(s)"

@@ -34,7 +34,14 @@ from __future__ import annotations
 
 from vaecast.errors import InvalidRequestError, UnsupportedMediaError
 from vaecast.latent_files.audio import AUDIO_KEY, AUDIO_RATE_KEY, MAX_AUDIO_CHANNELS, check_audio
-from vaecast.latent_files.latents import LATENTS_KEY, SAFE_HINT, Buffer, LatentFile, ShapeCheck
+from vaecast.latent_files.latents import (
+    LATENTS_KEY,
+    SAFE_HINT,
+    Buffer,
+    LatentFile,
+    LayoutChoice,
+    ShapeCheck,
+)
 from vaecast.latent_files.npy_format import NPY_MAGIC, load_npy
 from vaecast.latent_files.safetensors_format import load_safetensors
 from vaecast.safetensors_header import read_header
@@ -45,6 +52,7 @@ __all__ = [
     "LATENTS_KEY",
     "MAX_AUDIO_CHANNELS",
     "LatentFile",
+    "LayoutChoice",
     "ShapeCheck",
     "check_audio",
     "load_latents",
@@ -58,12 +66,18 @@ _PICKLE_REFUSED = (
 )
 
 
-def load_latents(data: Buffer, check_shape: ShapeCheck | None = None) -> LatentFile:
+def load_latents(
+    data: Buffer, check_shape: ShapeCheck | None = None, layout: LayoutChoice | None = None
+) -> LatentFile:
     """Parse and check an uploaded latent file; see the module docstring.
 
     `check_shape` gets the declared latents shape as BCTHW after the dtype, rank and
     batch checks and before any latents data is converted or scanned; what it raises
     propagates unchanged (the server refuses videos over its frame and pixel limits).
+
+    `layout` picks, from the file's metadata, the layout the latents are read in
+    (`vaecast.models.layouts`: a pipeline's own, such as LTX's packed tokens); the
+    shape checks and `check_shape` see the BCTHW it makes. Without it: CTHW or BCTHW.
 
     From a `bytearray` the latents may be a view of it, not a copy (an upload is then
     held once): the caller hands the buffer over and must not write to it afterwards.
@@ -73,9 +87,9 @@ def load_latents(data: Buffer, check_shape: ShapeCheck | None = None) -> LatentF
         raise InvalidRequestError(f"the upload is empty; {SAFE_HINT}")
     header = read_header(data)
     if header is not None:
-        return load_safetensors(data, header, check_shape)
+        return load_safetensors(data, header, check_shape, layout)
     if data.startswith(NPY_MAGIC):
-        return load_npy(data, check_shape)
+        return load_npy(data, check_shape, layout)
     if data.startswith(_ZIP_MAGIC) or (
         data[0] == _PICKLE_PROTO and len(data) > 1 and data[1] in _PICKLE_PROTOCOLS
     ):

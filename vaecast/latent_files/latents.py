@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vaecast.errors import InvalidRequestError
+from vaecast.models.layouts import BCTHW, BoundLayout, Params
 
 LATENTS_KEY = "latents"
 SAFE_HINT = "save it with safetensors: safetensors.torch.save_file({'latents': z}, 'z.safetensors')"
@@ -23,6 +24,15 @@ MAX_DIM = 2**63 - 1
 _MAX_ECHO_CHARS = 40
 
 ShapeCheck = Callable[[tuple[int, ...]], None]
+# The file's metadata -> the layout its latents are read in, bound to the request's
+# parameters (those a layout needs may come from either).
+LayoutChoice = Callable[[Params], BoundLayout]
+
+
+def choose_layout(choice: LayoutChoice | None, metadata: Params) -> BoundLayout:
+    return BCTHW if choice is None else choice(metadata)
+
+
 # An upload as read: a bytearray from the server (tensors may be views of it), bytes elsewhere.
 Buffer = bytes | bytearray
 # The NaN/Inf scan goes this many values at a time: its boolean temporary stays small
@@ -53,16 +63,14 @@ def declared_bytes(shape: Sequence[int], itemsize: int, limit: int) -> int | Non
     return total
 
 
-def check_declared(shape: tuple[int, ...], dtype_name: str, floating: bool) -> tuple[int, ...]:
-    """The declared latents shape as BCTHW, or the 422 that says what is wrong with it."""
+def check_declared(
+    shape: tuple[int, ...], dtype_name: str, floating: bool, layout: BoundLayout = BCTHW
+) -> tuple[int, ...]:
+    """The declared latents shape as the BCTHW that `layout` makes of it, or the 422 that
+    says what is wrong with it."""
     if not floating:
         raise InvalidRequestError(f"latents must be floating point, got {dtype_name}")
-    if len(shape) == 4:
-        shape = (1, *shape)
-    elif len(shape) != 5:
-        raise InvalidRequestError(
-            f"latents must be CTHW or BCTHW, got {len(shape)} dimensions {shape_text(shape)}"
-        )
+    shape = layout.bcthw_shape(shape)
     if shape[0] != 1:
         raise InvalidRequestError(f"latents must hold one video (batch 1), got batch {shape[0]}")
     if shape[2] == 0:
@@ -89,12 +97,6 @@ def finish_latents(latents: torch.Tensor) -> torch.Tensor:
         if not torch.isfinite(latents[:, :, start : start + step]).all():
             raise InvalidRequestError("latents contain NaN or infinite values")
     return latents
-
-
-def shape_text(shape: Sequence[int]) -> str:
-    if len(shape) <= 8:
-        return str(tuple(shape))
-    return f"({', '.join(map(str, shape[:8]))}, ... {len(shape)} dimensions)"
 
 
 def bytes_text(declared: int | None, limit: int) -> str:

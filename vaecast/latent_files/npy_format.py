@@ -20,14 +20,16 @@ from vaecast.latent_files.latents import (
     SAFE_HINT,
     Buffer,
     LatentFile,
+    LayoutChoice,
     ShapeCheck,
     bytes_text,
     check_declared,
+    choose_layout,
     declared_bytes,
     echo,
     finish_latents,
-    shape_text,
 )
+from vaecast.models.layouts import shape_text
 
 NPY_MAGIC = b"\x93NUMPY"
 _CORRUPT = "the .npy file is corrupt: "
@@ -47,7 +49,9 @@ _TOKEN = re.compile(
 _NAMES = {"True": True, "False": False, "None": None}
 
 
-def load_npy(data: Buffer, check_shape: ShapeCheck | None) -> LatentFile:
+def load_npy(
+    data: Buffer, check_shape: ShapeCheck | None, layout: LayoutChoice | None = None
+) -> LatentFile:
     descr, fortran_order, shape, offset = _read_header(data)
     dtype = _plain_dtype(descr)
     present = len(data) - offset
@@ -58,7 +62,8 @@ def load_npy(data: Buffer, check_shape: ShapeCheck | None) -> LatentFile:
             f"{bytes_text(declared, present)} of data, but the file holds {present}"
         )
     floating = dtype.kind == "f"
-    bcthw = check_declared(shape, dtype.name, floating)
+    bound = choose_layout(layout, {})  # a .npy file has no metadata
+    bcthw = check_declared(shape, dtype.name, floating, bound)
     if check_shape is not None:
         check_shape(bcthw)
     count = present // dtype.itemsize
@@ -71,7 +76,7 @@ def load_npy(data: Buffer, check_shape: ShapeCheck | None) -> LatentFile:
         with np.errstate(over="ignore", invalid="ignore"):
             native = native.astype(np.float64)
     tensor = torch.from_numpy(native)
-    return LatentFile(finish_latents(tensor), dtype=tensor.dtype)
+    return LatentFile(finish_latents(bound.to_bcthw(tensor)), dtype=tensor.dtype)
 
 
 def _read_header(data: bytes) -> tuple[object, bool, tuple[int, ...], int]:

@@ -30,14 +30,16 @@ from vaecast.latent_files.latents import (
     MAX_DIM,
     Buffer,
     LatentFile,
+    LayoutChoice,
     ShapeCheck,
     bytes_text,
     check_declared,
+    choose_layout,
     declared_bytes,
     echo,
     finish_latents,
-    shape_text,
 )
+from vaecast.models.layouts import shape_text
 from vaecast.safetensors_header import CORRUPT, SafetensorsHeader
 
 _MAX_NAMES_LISTED = 10
@@ -93,9 +95,13 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def load_safetensors(
-    data: Buffer, header: SafetensorsHeader, check_shape: ShapeCheck | None
+    data: Buffer,
+    header: SafetensorsHeader,
+    check_shape: ShapeCheck | None,
+    layout: LayoutChoice | None = None,
 ) -> LatentFile:
-    """The latents, metadata and soundtrack of a safetensors file whose header is parsed."""
+    """The latents, metadata and soundtrack of a safetensors file whose header is parsed;
+    the latents read in the layout `layout` picks from the metadata (BCTHW without it)."""
     entries = header.entries
     entry = entries.get(LATENTS_KEY)
     if entry is None:
@@ -113,12 +119,15 @@ def load_safetensors(
         raise InvalidRequestError(
             f"latents dtype {echo(dtype_name)!r} is not supported; {_FLOATS_HINT}"
         )
-    bcthw = check_declared(shape, _torch_name(torch_dtype), torch_dtype.is_floating_point)
+    metadata_entry = entries.get(_METADATA_KEY)
+    bound = choose_layout(layout, {} if metadata_entry is None else _metadata(metadata_entry))
+    bcthw = check_declared(shape, _torch_name(torch_dtype), torch_dtype.is_floating_point, bound)
     if check_shape is not None:
         check_shape(bcthw)
     metadata = _validate(entries, data_bytes)
     begin, _ = entry["data_offsets"]  # type: ignore[index]
-    latents = finish_latents(_tensor(data, header.data_start + begin, shape, torch_dtype))
+    tensor = _tensor(data, header.data_start + begin, shape, torch_dtype)
+    latents = finish_latents(bound.to_bcthw(tensor))
     audio = None
     audio_entry = entries.get(AUDIO_KEY)
     if audio_entry is not None:

@@ -173,9 +173,9 @@ def _import_target(target: str, name: str) -> Any:
         )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
+    except Exception as error:  # a plugin's module may fail any way while it imports
         raise UnknownModelError(
-            f"model {name!r}: cannot import {module_name!r} ({error})"
+            f"model {name!r}: cannot import {module_name!r}: {error!r}"
         ) from None
     found: Any = module
     for part in attribute.split("."):

@@ -27,6 +27,7 @@ from vaecast.errors import (
     VaecastError,
 )
 from vaecast.models.base import ChunkedDecoder, DecodePlan
+from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.fanout_sender import FanoutSender
@@ -186,6 +187,12 @@ class JobManager:
             raise UnknownModelError(
                 f"model {name!r} is not served here; this server serves: {served}"
             ) from None
+
+    def layout_for(self, model: str) -> LatentLayout:
+        """The layout model `model`'s latents are uploaded in (BCTHW for a model not
+        served here: the job's own model check then refuses it)."""
+        decoder = self.decoders.get(model)
+        return BCTHW if decoder is None else layout_of(decoder)
 
     def check_stream_shape(
         self, job: Job, latent_frames: int, block_shape: tuple[int, ...]

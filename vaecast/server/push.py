@@ -35,6 +35,7 @@ from vaecast.errors import (
     UnauthorizedError,
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
+from vaecast.models.layouts import layout_of
 from vaecast.pipeline import TimedAudio
 from vaecast.server.config import ServerConfig
 from vaecast.server.job import Job
@@ -131,7 +132,10 @@ class PushSession:
                 self.job.decoder.plan_stream(shape)  # channels and size the decoder takes
             self._manager.check_stream_shape(self.job, self.feed.latent_frames + shape[2], shape)
 
-        latent_file = load_latents(data, check_shape)
+        layout = layout_of(self.job.decoder)
+        latent_file = load_latents(
+            data, check_shape, layout=lambda metadata: layout.bind({**metadata, **params})
+        )
         latents = latent_file.latents
         if self._dtype is not None and latent_file.dtype != self._dtype:
             raise InvalidRequestError(

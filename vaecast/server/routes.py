@@ -90,7 +90,7 @@ async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
         decode_request = await read_decode_request(
-            request, manager.config, manager.check_latent_shape
+            request, manager.config, manager.check_latent_shape, manager.layout_for
         )
         job = _submit(admission, decode_request)
     body = job_json(job, manager)
@@ -162,7 +162,7 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
         decode_request = await read_decode_request(
-            request, manager.config, manager.check_latent_shape
+            request, manager.config, manager.check_latent_shape, manager.layout_for
         )
         if isinstance(decode_request, PushRequest):
             raise InvalidRequestError(

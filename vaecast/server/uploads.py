@@ -40,6 +40,7 @@ from vaecast.errors import (
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.latent_files.audio import MAX_AUDIO_CHANNELS
+from vaecast.models.layouts import BCTHW, BoundLayout, LatentLayout
 from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline import AudioFormat
 from vaecast.server.body_buffer import BodyBuffer
@@ -79,8 +80,13 @@ class Upload:
 
 
 async def read_decode_request(
-    request: web.Request, config: ServerConfig, check_shape: ShapeCheck
+    request: web.Request,
+    config: ServerConfig,
+    check_shape: ShapeCheck,
+    layout_for: Callable[[str], LatentLayout] = lambda model: BCTHW,
 ) -> DecodeRequest | PushRequest | LiveDemoRequest:
+    """The request a POST makes: a push session, a demo, or an upload of latents read in
+    the layout of the model they are for (`layout_for`, by name)."""
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
         if body.get("input") == "push":
@@ -89,9 +95,13 @@ async def read_decode_request(
     upload = await read_upload(request, config)
     named_model = upload.fields.get("model") or request.query.get("model") or None
 
+    def layout(metadata: Mapping[str, str]) -> BoundLayout:
+        params = {**metadata, **request.query, **upload.fields}
+        return layout_for(params.get("model") or config.default_model).bind(params)
+
     def load_and_check() -> tuple[Any, dict[str, str], Soundtrack | None]:
         latent_file = load_latents(
-            upload.data, check_shape=lambda shape: check_shape(named_model, shape)
+            upload.data, check_shape=lambda shape: check_shape(named_model, shape), layout=layout
         )
         params = {**latent_file.metadata, **request.query, **upload.fields}
         soundtrack = None
