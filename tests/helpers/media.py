@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+
+import av
 import numpy as np
 
 from vaecast.codecs.colour import Yuv420Frames, from_rgb
@@ -40,3 +43,10 @@ def x264_options(h264: bytes) -> str:
     first frame, found in an encoded sample or a whole MP4 (`rc=cqp ... qp=21 ...`)."""
     text = h264.decode("latin-1")
     return text[text.index("options: ") :].split("\0", 1)[0]
+
+
+def decode_yuv420(data: bytes) -> list[np.ndarray]:
+    """Every frame of an MP4 as its decoded I420 planes, (H * 3 // 2, W) uint8: what a
+    lossless encode must give back exactly, with no colour conversion in between."""
+    with av.open(io.BytesIO(data)) as container:
+        return [frame.to_ndarray(format="yuv420p") for frame in container.decode(video=0)]
