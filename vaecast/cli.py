@@ -332,6 +332,8 @@ def _serve(args: argparse.Namespace) -> int:
     from vaecast.server.routes import MANAGER
 
     models = args.model or [DEFAULT_MODEL]
+    # Checked before any model loads: a --weights mistake is a usage error.
+    models, weights = _resolve_diffusers(models, _weights_by_model(args.weights, models))
     security, warnings = for_bind_address(
         SecurityConfig(
             api_key=args.api_key,
@@ -367,8 +369,6 @@ def _serve(args: argparse.Namespace) -> int:
         security=security,
     )
 
-    # Checked before any model loads: a --weights mistake is a usage error.
-    models, weights = _resolve_diffusers(models, _weights_by_model(args.weights, models))
     replicas = None if args.ray is None else _start_replicas(args, models, weights)
 
     async def serve() -> None:

@@ -101,7 +101,8 @@ class PackedTokens:
     The latent grid is the pipeline's: `F = (num_frames - 1) // temporal_scale + 1`,
     `H = height // spatial_scale`, `W = width // spatial_scale`, then patches of
     `patch_size_t` x `patch_size` x `patch_size` (LTX's transformer: 1 x 1 x 1). The
-    unpacking is the pipeline's `_unpack_latents`: the same reshape and permute.
+    unpacking is the inverse of the pipeline's `_pack_latents`: at LTX's 1 x 1 x 1
+    patches, its `_unpack_latents`, the same reshape and permute.
     """
 
     spatial_scale: int
