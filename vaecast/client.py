@@ -14,8 +14,16 @@ Leaving normally sends the final mark (an empty block with `?final=1`); leaving 
 exception cancels the job (`DELETE`) and re-raises.
 
 Each request goes on a new connection: a generator may take longer between blocks than
-the server keeps an idle keep-alive connection, and a POST that failed on a connection
-the server had closed could not be retried safely (the block might have been queued).
+the server keeps an idle keep-alive connection.
+
+Pushes are safe to retry: each block carries its index (`X-Push-Seq`, from 0, the
+final mark included), and the server answers a block it already took with the same
+answer and adds nothing. A push whose connection fails (refused, reset, closed before
+the answer) or that gets a 502, 503, 504 or 429 is sent again with the same index (a
+timeout is not: `timeout` bounds the wait, backpressure included), after `Retry-After`
+where the server sent one, else after a backoff doubling from 0.1 s to 2 s, for at most
+`retry_s` seconds in all (60 by default; 0: never), then `PushError` is raised. Other
+answers (a 4xx that says what is wrong with the block) are raised at once.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import contextlib
 import http.client
 import json
 import re
+import time
 from dataclasses import dataclass
 from fractions import Fraction
 from types import TracebackType
@@ -45,6 +54,11 @@ Fps = int | float | Fraction | str
 
 DEFAULT_TIMEOUT_S = 300.0  # seconds a request may wait for the server, backpressure included
 PUSH_TOKEN_HEADER = "X-Push-Token"
+PUSH_SEQ_HEADER = "X-Push-Seq"
+DEFAULT_RETRY_S = 60.0  # how long one push may go on being retried
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 2.0
 MAX_ANSWER_BYTES = 1 << 20  # JSON answers are small: a URL that serves a video is a mistake
 _ENDED = (404, 409, 410)  # the job is over or gone: a DELETE would delete its record
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
@@ -131,6 +145,21 @@ def _answer(status: int, data: bytes, retry_after: str | None) -> dict[str, Any]
     raise PushError(status, error_type, message, retry_after_s)
 
 
+def retry_delay(error: PushError, attempt: int, spent_s: float, budget_s: float) -> float | None:
+    """Seconds to wait before sending a push again, or None to raise `error`.
+
+    `attempt` counts the tries so far (1 after the first), `spent_s` the time since the
+    first began: a retry that would start past `budget_s` is not made.
+    """
+    # A timeout is not retried: `timeout` bounds the wait for an answer, backpressure
+    # included, and the same server would hold the same push again.
+    if not (error.type == "connection_error" or error.status in RETRY_STATUSES):
+        return None
+    backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (attempt - 1))
+    delay = error.retry_after_s if error.retry_after_s is not None else backoff
+    return delay if spent_s + delay <= budget_s else None
+
+
 def _json_fps(fps: Fps) -> int | float | str:
     """fps as JSON: a number as given, a Fraction as an int or a ratio the server reads."""
     if isinstance(fps, Fraction):
@@ -151,12 +180,15 @@ class _Session:
         audio_sample_rate: int | None = None,
         audio_channels: int | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
+        retry_s: float = DEFAULT_RETRY_S,
     ) -> None:
         if urlsplit(url).scheme not in ("http", "https"):
             raise InvalidRequestError(f"the server URL must be http:// or https://, got {url!r}")
         self.base_url = url.rstrip("/")
         self.timeout = timeout
+        self.retry_s = retry_s
         self._api_key = api_key
+        self._next_seq = 0  # the index the next push carries
         create: dict[str, Any] = {"input": "push", "fps": _json_fps(fps)}
         optional = {
             "model": model,
@@ -246,8 +278,24 @@ class _Session:
 
     def _push_request(self, body: bytes, final: bool) -> _Request:
         self._check_pushable()
-        headers = {**self._headers("application/octet-stream"), PUSH_TOKEN_HEADER: self._token}
+        headers = {
+            **self._headers("application/octet-stream"),
+            PUSH_TOKEN_HEADER: self._token,
+            PUSH_SEQ_HEADER: str(self._next_seq),
+        }
         return _Request("POST", self._push_path + ("?final=1" if final else ""), headers, body)
+
+    def _pushed(self, answer: dict[str, Any]) -> dict[str, Any]:
+        self._next_seq += 1
+        return answer
+
+    def _gave_up(self, error: PushError, attempts: int, started: float) -> PushError:
+        if attempts > 1:
+            error.add_note(
+                f"gave up after {attempts} tries in {time.monotonic() - started:.1f} s "
+                f"(retry_s={self.retry_s:g})"
+            )
+        return error
 
     def _cancel_request(self) -> _Request:
         return _Request("DELETE", self._opened()["urls"]["self"], self._headers())
@@ -277,9 +325,23 @@ class PushSession(_Session):
         `final=True` marks it the last, so leaving the session sends nothing more.
         """
         self._check_pushable()  # before the work of serializing
-        answer = self._send(self._push_request(encode_block(latents, audio), final))
+        answer = self._push(self._push_request(encode_block(latents, audio), final))
         self._finalized |= final
         return answer
+
+    def _push(self, request: _Request) -> dict[str, Any]:
+        """Send a push, retried with the same index as the module docstring says."""
+        started, attempts = time.monotonic(), 0
+        while True:
+            attempts += 1
+            try:
+                return self._pushed(self._send(request))
+            except PushError as error:
+                spent = time.monotonic() - started
+                delay = retry_delay(error, attempts, spent, self.retry_s)
+                if delay is None:
+                    raise self._gave_up(error, attempts, started) from error.__cause__
+            time.sleep(delay)
 
     def refresh(self) -> dict[str, Any]:
         """The job as the server has it now (status, progress, ...); updates `job`."""
@@ -304,7 +366,10 @@ class PushSession(_Session):
             return
         request = self._push_request(b"", final=True) if final else self._cancel_request()
         self._closed = True  # even if this fails: the server ends a session left open
-        self._send(request)
+        if final:
+            self._push(request)
+        else:
+            self._send(request)
         self._finalized = final
 
     def __enter__(self) -> Self:
@@ -377,9 +442,23 @@ class AsyncPushSession(_Session):
         """Send one block; see `PushSession.push`. Serialized in a thread, off the loop."""
         self._check_pushable()  # before the work of serializing
         body = await asyncio.to_thread(encode_block, latents, audio)
-        answer = await self._send(self._push_request(body, final))
+        answer = await self._push(self._push_request(body, final))
         self._finalized |= final
         return answer
+
+    async def _push(self, request: _Request) -> dict[str, Any]:
+        """See `PushSession._push`."""
+        started, attempts = time.monotonic(), 0
+        while True:
+            attempts += 1
+            try:
+                return self._pushed(await self._send(request))
+            except PushError as error:
+                spent = time.monotonic() - started
+                delay = retry_delay(error, attempts, spent, self.retry_s)
+                if delay is None:
+                    raise self._gave_up(error, attempts, started) from error.__cause__
+            await asyncio.sleep(delay)
 
     async def refresh(self) -> dict[str, Any]:
         self._job = {**self._opened(), **(await self._send(self._refresh_request()))}
@@ -398,7 +477,10 @@ class AsyncPushSession(_Session):
             if not (self._closed or self._job is None or self._finalized):
                 request = self._push_request(b"", final=True) if final else self._cancel_request()
                 self._closed = True  # even if this fails: the server ends a session left open
-                await self._send(request)
+                if final:
+                    await self._push(request)
+                else:
+                    await self._send(request)
                 self._finalized = final
         finally:
             self._closed = True

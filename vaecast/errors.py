@@ -20,6 +20,10 @@ class VaecastError(Exception):
         super().__init__(message)
         self.message = message
 
+    def fields(self) -> dict[str, object]:
+        """Machine-readable facts the JSON error carries beside its type and message."""
+        return {}
+
     def detached(self) -> VaecastError:
         """The same error without a traceback, cause or context.
 
@@ -38,6 +42,13 @@ class InvalidRequestError(VaecastError):
 
     status = 422
     type = "invalid_request"
+
+
+class PreconditionRequiredError(VaecastError):
+    """The request lacks a header the resource requires (a push session's block index)."""
+
+    status = 428
+    type = "precondition_required"
 
 
 class MalformedRequestError(VaecastError):

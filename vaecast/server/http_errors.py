@@ -25,8 +25,11 @@ log = logging.getLogger("vaecast.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error_response(status: int, error_type: str, message: str) -> web.Response:
-    return web.json_response({"error": {"type": error_type, "message": message}}, status=status)
+def error_response(
+    status: int, error_type: str, message: str, fields: dict[str, object] | None = None
+) -> web.Response:
+    body = {"type": error_type, "message": message, **(fields or {})}
+    return web.json_response({"error": body}, status=status)
 
 
 @web.middleware
@@ -48,7 +51,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         response.force_close()
         return response
     except VaecastError as error:
-        return error_response(error.status, error.type, error.message)
+        return error_response(error.status, error.type, error.message, error.fields())
     except web.HTTPException as error:
         if error.status < 400:
             raise

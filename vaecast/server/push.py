@@ -40,6 +40,7 @@ from vaecast.pipeline import TimedAudio
 from vaecast.server.config import ServerConfig
 from vaecast.server.job import Job
 from vaecast.server.manager import JobManager
+from vaecast.server.push_ledger import SEQ_HEADER, PushLedger, parse_seq
 from vaecast.server.uploads import read_upload
 
 TOKEN_HEADER = "X-Push-Token"
@@ -65,6 +66,8 @@ class PushSession:
         self._dtype: torch.dtype | None = None
         self._block_shape: tuple[int, ...] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self.ledger = PushLedger()
+        self._in_flight: set[asyncio.Future[dict[str, Any]]] = set()
         if watch_idle:
             self._watchdog = asyncio.create_task(self._watch_idle(), name=f"push-idle-{job.id}")
 
@@ -74,9 +77,37 @@ class PushSession:
         if not hmac.compare_digest(presented.encode(), self.token.encode()):
             raise ForbiddenError(f"the {TOKEN_HEADER} is not this session's token")
 
-    async def push(self, data: bytes, final: bool, params: dict[str, str]) -> dict[str, Any]:
-        """Append a block (or only end the session); the 202 body."""
+    async def push(
+        self, data: bytes, final: bool, params: dict[str, str], seq: int | None = None
+    ) -> dict[str, Any]:
+        """Append block `seq` (or only end the session); the 202 body. A block already
+        taken is answered again with its answer (`PushLedger`).
+
+        The push runs to its end even if the producer's connection drops meanwhile (the
+        handler is cancelled, not the push): a block the session took is then recorded
+        as taken, so that the producer's retry is a replay, not a second copy."""
+        task = asyncio.ensure_future(self._push(data, final, params, seq))
+        self._in_flight.add(task)
+        task.add_done_callback(self._forget)
+        return await asyncio.shield(task)
+
+    def _forget(self, task: asyncio.Future[dict[str, Any]]) -> None:
+        self._in_flight.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a push whose producer left fails silently
+
+    def replayed(self, seq: int | None) -> bool:
+        """Whether block `seq` was taken already (then the push is a replay, answered
+        even after the session ended); raises for a gap or a missing index."""
+        return self.ledger.replay(seq) is not None
+
+    async def _push(
+        self, data: bytes, final: bool, params: dict[str, str], seq: int | None
+    ) -> dict[str, Any]:
         async with self._pushing:
+            answer = self.ledger.replay(seq)
+            if answer is not None:
+                return answer
             await self._sync()
             self.check_open()
             self._last_push = time.perf_counter()
@@ -89,15 +120,18 @@ class PushSession:
                 await self.feed.put(latents, audio)
             elif not final:
                 raise InvalidRequestError("the block is empty; send latents, or ?final=1 to end")
+            # Recorded before anything else can be awaited: the block is in the feed.
+            answer = self.ledger.taken(seq, {"latent_frames": self.feed.latent_frames})
             if final:
                 await self._end()
             self._last_push = time.perf_counter()
-            return {"latent_frames": self.feed.latent_frames, "frames_done": self.job.frames_done}
+            return {**answer, "frames_done": self.job.frames_done}
 
     async def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
+        tasks = [*self._in_flight, *([self._watchdog] if self._watchdog else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _sync(self) -> None:
         """Before a push: take in state kept elsewhere (nothing here; see vaecast.cluster)."""
@@ -232,10 +266,14 @@ async def push_latents(request: web.Request, sessions: PushSessions) -> web.Resp
     """`POST /v1/videos/{id}/latents`: 202 once the block is queued (see the module)."""
     session = sessions.get(request.match_info["video_id"])
     session.authorize(request.headers.get(TOKEN_HEADER))
-    session.check_open()  # before reading a body for nothing
+    seq = parse_seq(request.headers.get(SEQ_HEADER))
+    # Before reading a body for nothing: a gap, a missing index, an ended session. A
+    # retry of a block already taken is answered even once the session has ended.
+    if not session.replayed(seq):
+        session.check_open()
     upload = await read_upload(request, sessions.config)
     final = request.query.get("final", "").lower() in FINAL_VALUES
-    body = await session.push(upload.data, final, {**request.query, **upload.fields})
+    body = await session.push(upload.data, final, {**request.query, **upload.fields}, seq)
     return web.json_response(body, status=202)
 
 
