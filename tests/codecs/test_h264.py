@@ -208,3 +208,19 @@ def test_settings_validation() -> None:
     for threads in (-1, 17):
         with pytest.raises(ValueError, match=r"threads must be in 0\.\.16"):
             EncoderSettings(threads=threads)
+
+
+@pytest.mark.parametrize(("width", "height"), [(64, 48), (66, 34), (40, 30), (32, 2)])
+def test_every_even_height_encodes_its_own_pixels(width: int, height: int) -> None:
+    # PyAV wraps I420 planes without a copy only for heights that are multiples of 4;
+    # any other even height (34, 270) must still encode the frame it was given.
+    frames = from_rgb(gradient_frames(3, width, height))
+    encoder = H264Encoder(width, height, Fraction(16), EncoderSettings(qp=0))  # lossless
+    samples = encoder.encode(frames)
+    decoder = av.CodecContext.create("h264", "r")
+    decoder.extradata = encoder.avcc
+    encoder.close()
+    decoded = [f for sample in samples for f in decoder.decode(av.Packet(sample.data))]
+    decoded += decoder.decode(None)
+    planes = np.stack([f.to_ndarray(format="yuv420p") for f in decoded])
+    assert np.array_equal(planes, frames.planes)

@@ -244,7 +244,13 @@ class H264Encoder:
         # 600 KB a frame at 832x480: ~0.22 ms, 18 ms of the encode thread's CPU over
         # an 81-frame video). Safe: libx264 copies the picture into its own frame
         # before `encode` returns, and the planes outlive this call.
-        frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(planes), format="yuv420p")
+        if planes.shape[0] % 6:
+            # PyAV wraps only heights that are multiples of 4 (its row count // 6 * 4):
+            # another even height would be read as a shorter frame, its chroma from
+            # the wrong rows. A copy handles every even height.
+            frame = av.VideoFrame.from_ndarray(planes, format="yuv420p")
+        else:
+            frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(planes), format="yuv420p")
         # Tags only, as swscale's reformat() would leave them; the VUI comes from
         # the codec context.
         frame.colorspace = Colorspace.ITU601
