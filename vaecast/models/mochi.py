@@ -1,0 +1,249 @@
+"""`mochi`: the Mochi 1 video VAE decoder, a chunk per frame-wise decoded batch.
+
+The model is diffusers' `AutoencoderKLMochi` (Apache-2.0; architecture by Genmo), as
+`MochiPipeline` decodes with it. Each latent frame decodes to 6 frames (temporal
+expansions 1 x 2 x 3), and `_decode` then drops the first 5 frames of the video
+(`drop_last_temporal_frames`, on by default, despite its name): T latents give
+6 T - 5 frames, latent 0 standing for one. 8x in space.
+
+`_decode` has two paths. By default it decodes the whole clip in one call. With
+`use_framewise_decoding` it feeds `vae.decoder(z, conv_cache=...)` batches of
+`num_latent_frames_batch_size` (2) latent frames from the start, the last batch short
+when T is odd. This decoder streams the frame-wise path: it turns
+`use_framewise_decoding` on for the VAE it wraps (it is not in the saved config), drives
+that loop from outside (`vaecast/models/frame_batches.py`) and publishes each batch as a
+chunk: 7 frames for the first (12 less the 5 dropped), 12 for each next, 6 for a last
+lone latent (T = 5: 7, 12, 6; 25 frames). The chunks concatenate bit for bit to
+`vae.decode` with frame-wise decoding on (tested). With spatial tiling on
+(`vae.enable_tiling()`, which the Mochi pipeline's docs recommend; off on a loaded VAE)
+each batch is decoded tile by tile and blended as `tiled_decode` does, bit for bit too.
+A stream's batches start at latent 0 whatever its length, so they are the whole
+decode's: each is committed as soon as its 2 latents have arrived, a last lone one at
+the end.
+
+The frame-wise decode is not the whole-clip one. Mochi's decoder convs pad in time with
+`pad_mode="replicate"`, which hands back no cache (`conv_cache` stays None), so every
+batch is decoded as a clip of its own, its first frames padded from itself rather than
+continued from the batch before. (`_enable_framewise_decoding()`, which would switch the
+convs to the cached mode, drops their spatial padding too and fails in diffusers
+0.42.1.) Against the default whole-clip decode, measured on random tiny weights (the
+tests' VAE, 3 to 13 latent frames, frames clamped to [-1, 1]): PSNR 24.2 to 26.3 dB,
+max abs difference 0.56 to 0.83; the first batch's 7 frames agree to rounding (1e-6),
+every later frame is 22 to 26 dB off. Real weights were not available to measure.
+
+Latents are what `MochiPipeline` returns with `output_type="latent"` (BCTHW, the
+transformer's space), denormalized exactly as its decode step writes it:
+`latents * latents_std / scaling_factor + latents_mean` (or `latents / scaling_factor`
+where the config has no mean and std).
+
+Decodes may overlap on one VAE: the caches are values the decoder returns (and empty),
+each decode keeps its own, and the loop writes no state on the module.
+
+`MochiDecoder.from_weights` loads a local diffusers folder (the VAE's or a model's, with
+`vae/`); `MochiDecoder(vae)` wraps an `AutoencoderKLMochi` loaded some other way.
+diffusers is imported only when a model is loaded, so `import vaecast` never needs it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecast.models.base import DecodePlan, StreamPlan, check_latent_shape
+from vaecast.models.frame_batches import BatchStream, CachedBatches, FrameBatches, SpatialTiles
+from vaecast.models.streaming import StreamingDecoder
+from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+
+# What we use of diffusers beyond its public API; checked at load so that an upgrade
+# that renames them fails loudly instead of decoding wrongly.
+REQUIRED_ATTRIBUTES = (
+    "decoder",
+    "use_framewise_decoding",
+    "num_latent_frames_batch_size",
+    "drop_last_temporal_frames",
+    "temporal_compression_ratio",
+    "spatial_compression_ratio",
+    "use_tiling",
+    "tile_sample_min_height",
+    "tile_sample_min_width",
+    "tile_sample_stride_height",
+    "tile_sample_stride_width",
+    "blend_v",
+    "blend_h",
+)
+DECODER_PARAMETERS = ("hidden_states", "conv_cache")
+CONFIG_KEYS = ("latent_channels", "latents_mean", "latents_std", "scaling_factor")
+# Versions whose `AutoencoderKLMochi._decode` and `tiled_decode` loops and pipeline
+# decode step are the ones we drive (0.35.0 and 0.42.1 are identical there).
+DIFFUSERS_REQUIREMENT = "diffusers>=0.35,<0.43"
+
+
+def check_internals(vae: Any) -> None:
+    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
+    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
+    if "decoder" not in absent:
+        forward = getattr(vae.decoder, "forward", None)
+        if forward is None or list(inspect.signature(forward).parameters) != list(
+            DECODER_PARAMETERS
+        ):
+            absent.append(f"decoder.forward({', '.join(DECODER_PARAMETERS)})")
+    absent += [f"config.{key}" for key in CONFIG_KEYS if key not in vae.config]
+    if absent:
+        import diffusers
+
+        raise WeightsError(
+            f"diffusers {diffusers.__version__}'s AutoencoderKLMochi no longer has "
+            f"{', '.join(absent)}, which vaecast's mochi decoder relies on; "
+            f"install {DIFFUSERS_REQUIREMENT}"
+        )
+
+
+def load_vae(weights: str | Path) -> Any:
+    """`AutoencoderKLMochi` from a local diffusers folder (the model's or its `vae/`)."""
+    autoencoder_class = diffusers_class("mochi", "AutoencoderKLMochi", DIFFUSERS_REQUIREMENT)
+    path = Path(weights)
+    if not path.is_dir():
+        raise WeightsError(
+            f"mochi weights must be a local diffusers folder (with config.json, or a vae/ "
+            f"subfolder holding one); {str(path)!r} is not a folder"
+        )
+    return load_diffusers_folder(autoencoder_class, path)
+
+
+class MochiDecoder(StreamingDecoder):
+    """Mochi's VAE decoder under the chunk contract, frame-wise: a chunk per batch of 2
+    latent frames, 7 frames for the first and 12 for each next.
+
+    Turns `use_framewise_decoding` on for the VAE, so that `vae.decode` and the
+    pipeline decode as it streams; the batch size and `drop_last_temporal_frames` are
+    read from the VAE when the decoder is built.
+    """
+
+    name = "mochi"
+    value_range = (-1.0, 1.0)
+
+    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
+        check_internals(vae)
+        self.device = torch.device(device)
+        # Its parameters keep `requires_grad` as loaded (diffusers leaves it on): with it
+        # off, matmul folds Mochi's linear layers differently (~4e-7 in fp32 on CPU), and
+        # the pipeline decodes with it on.
+        self.vae = vae.to(self.device).eval()
+        vae.use_framewise_decoding = True
+        self.latent_channels = int(vae.config.latent_channels)
+        self.spatial_scale = int(vae.spatial_compression_ratio)
+        self.frames_per_latent = int(vae.temporal_compression_ratio)
+        # `_decode` drops these leading frames once the decode has at least
+        # `temporal_compression_ratio` frames, which every decode has.
+        self.dropped_frames = self.frames_per_latent - 1 if vae.drop_last_temporal_frames else 0
+        self.batches = FrameBatches(int(vae.num_latent_frames_batch_size), remainder_first=False)
+        self._mean, self._std = self._normalization()
+
+    @classmethod
+    def from_weights(
+        cls, weights: str | Path | None, device: str | torch.device = "cpu"
+    ) -> MochiDecoder:
+        """Load the VAE from a local diffusers folder with `load_vae`."""
+        if weights is None:
+            raise WeightsError(
+                "the mochi decoder needs --weights: a local diffusers folder of Mochi "
+                "(or its vae/ subfolder)"
+            )
+        return cls(load_vae(weights), device)
+
+    def batch_frames(self, index: int, latent_frames: int) -> int:
+        """The frames batch `index` of `latent_frames` latent frames decodes to."""
+        frames = latent_frames * self.frames_per_latent
+        return frames - self.dropped_frames if index == 0 else frames
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
+        height, width = self._output_size(h, w)
+        chunk_frames = tuple(self.batch_frames(i, n) for i, n in enumerate(self.batches.sizes(t)))
+        return DecodePlan(height=height, width=width, chunk_frames=chunk_frames)
+
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        _, _, _, h, w = check_latent_shape(first_block_shape, self.latent_channels)
+        height, width = self._output_size(h, w)
+        size = self.batches.size
+        return StreamPlan(
+            height=height,
+            width=width,
+            first_chunk_frames=self.batch_frames(0, size),
+            chunk_frames=self.batch_frames(1, size),
+            frames_per_latent=self.frames_per_latent,
+            group_opening_frames=self.frames_per_latent - self.dropped_frames,
+            latents_per_group=None,
+        )
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> BatchStream:
+        _, _, _, h, w = first_block_shape
+        batches = CachedBatches(
+            self._decode_tile, self._tiles(h, w), self.vae.blend_v, self.vae.blend_h
+        )
+        # The batches start at frame 0 whatever the length: a stream's are the whole's.
+        return BatchStream(
+            self.batches,
+            lambda latents, index: batches(self._denormalize(latents), index),
+            self.device,
+            self.vae.dtype,
+            close=batches.close,
+        )
+
+    def _normalization(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        config = self.vae.config
+        if config.latents_mean is None or config.latents_std is None:
+            return None, None
+        # pipeline_mochi.py's tensors: built in float32, then cast to the latents' dtype.
+        shape = (1, self.latent_channels, 1, 1, 1)
+        dtype = self.vae.dtype
+        mean = torch.tensor(config.latents_mean).view(shape).to(self.device, dtype)
+        std = torch.tensor(config.latents_std).view(shape).to(self.device, dtype)
+        return mean, std
+
+    def _denormalize(self, latents: torch.Tensor) -> torch.Tensor:
+        # pipeline_mochi.py's decode step, the same expression and order for bit parity.
+        scaling_factor = self.vae.config.scaling_factor
+        if self._mean is None or self._std is None:
+            return latents / scaling_factor
+        return latents * self._std / scaling_factor + self._mean
+
+    def _decode_tile(
+        self, latents: torch.Tensor, cache: Any, index: int
+    ) -> tuple[torch.Tensor, Any]:
+        frames, cache = self.vae.decoder(latents, conv_cache=cache)
+        if index == 0 and self.dropped_frames:
+            frames = frames[:, :, self.dropped_frames :]
+        return frames, cache
+
+    def _tiles(self, height: int, width: int) -> SpatialTiles | None:
+        """`tiled_decode`'s grid where `_decode` would take it for latents of this size."""
+        vae = self.vae
+        scale = self.spatial_scale
+        # _decode's and tiled_decode's arithmetic, operation for operation.
+        tile_latent_min_height = vae.tile_sample_min_height // scale
+        tile_latent_min_width = vae.tile_sample_min_width // scale
+        if not (
+            vae.use_tiling and (width > tile_latent_min_width or height > tile_latent_min_height)
+        ):
+            return None
+        return SpatialTiles(
+            tile=(tile_latent_min_height, tile_latent_min_width),
+            stride=(vae.tile_sample_stride_height // scale, vae.tile_sample_stride_width // scale),
+            blend=(
+                vae.tile_sample_min_height - vae.tile_sample_stride_height,
+                vae.tile_sample_min_width - vae.tile_sample_stride_width,
+            ),
+            keep=(vae.tile_sample_stride_height, vae.tile_sample_stride_width),
+            crop=(height * scale, width * scale),
+        )
+
+    def _output_size(self, height: int, width: int) -> tuple[int, int]:
+        tiles = self._tiles(height, width)
+        if tiles is None:
+            return height * self.spatial_scale, width * self.spatial_scale
+        return tiles.output_size(height, width, self.spatial_scale)
