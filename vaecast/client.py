@@ -5,6 +5,12 @@
         for block in generate_blocks():  # (C, t, H, W) or (1, C, t, H, W) latent frames
             session.push(block)
 
+A producer that decodes on its own pushes frames instead (`kind="frames"`): uint8
+`(T, H, W, 3)` RGB, or floats `(1, 3, T, H, W)` / `(3, T, H, W)` in `value_range`
+(default [0, 1]), torch or numpy. Float frames are quantized to uint8 where they are
+(on the GPU for a CUDA tensor) and copied to the host once per block: a quarter of the
+bytes of float32 go over the network, and the server encodes the same pixels.
+
 `AsyncPushSession` is the same over aiohttp (`async with`, `await session.push(block)`).
 Entering creates the job (`POST /v1/videos`, `{"input": "push", ...}`); each `push`
 sends one safetensors block to the job's latents URL with its push token and returns the
@@ -106,6 +112,38 @@ def encode_block(latents: Array, audio: Array | None = None) -> bytes:
     return save_safetensors(tensors)
 
 
+def encode_frames_block(
+    frames: Array, audio: Array | None = None, value_range: tuple[float, float] = (0.0, 1.0)
+) -> bytes:
+    """One frames block as the server reads it: safetensors with uint8 `frames`
+    `(T, H, W, 3)` and maybe `audio`. Floats are quantized to uint8 first, on their own
+    device (`vaecast.codecs.quantize.quantize_to_host`, the server's own rounding)."""
+    from vaecast.codecs.quantize import quantize_to_host
+
+    if isinstance(frames, np.ndarray) and frames.dtype == np.uint8:
+        pixels = frames
+    elif isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8:
+        pixels = frames.detach().cpu().numpy()
+    else:
+        tensor = frames if isinstance(frames, torch.Tensor) else _tensor(frames, "frames")
+        if not tensor.is_floating_point():
+            raise InvalidRequestError(f"frames must be uint8 or floating point, got {tensor.dtype}")
+        if tensor.ndim == 4:
+            tensor = tensor.unsqueeze(0)
+        if tensor.ndim != 5 or tensor.shape[:2] != (1, 3):
+            raise InvalidRequestError(
+                f"float frames are (1, 3, T, H, W) or (3, T, H, W), got {tuple(frames.shape)}"
+            )
+        pixels = quantize_to_host(tensor.detach(), value_range)  # one device-to-host copy
+    if pixels.ndim != 4 or pixels.shape[-1] != 3 or 0 in pixels.shape:
+        raise InvalidRequestError(f"uint8 frames are (T, H, W, 3), got {tuple(pixels.shape)}")
+    writable = pixels if pixels.flags.writeable else pixels.copy()
+    tensors = {"frames": torch.from_numpy(np.ascontiguousarray(writable))}
+    if audio is not None:
+        tensors["audio"] = _tensor(audio, "audio").to(torch.float32).contiguous()
+    return save_safetensors(tensors)
+
+
 def _tensor(value: Array, name: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()  # a block on the GPU is copied once, here
@@ -181,9 +219,19 @@ class _Session:
         audio_channels: int | None = None,
         timeout: float | None = DEFAULT_TIMEOUT_S,
         retry_s: float = DEFAULT_RETRY_S,
+        kind: str = "latents",
+        value_range: tuple[float, float] = (0.0, 1.0),
+        width: int | None = None,
+        height: int | None = None,
     ) -> None:
+        """`kind` "frames" pushes decoded frames (see the module docstring); `width` and
+        `height` crop the video to its top-left part (a decoder's padding)."""
         if urlsplit(url).scheme not in ("http", "https"):
             raise InvalidRequestError(f"the server URL must be http:// or https://, got {url!r}")
+        if kind not in ("latents", "frames"):
+            raise InvalidRequestError(f"kind is 'latents' or 'frames', got {kind!r}")
+        self.kind = kind
+        self.value_range = (float(value_range[0]), float(value_range[1]))
         self.base_url = url.rstrip("/")
         self.timeout = timeout
         self.retry_s = retry_s
@@ -191,9 +239,12 @@ class _Session:
         self._next_seq = 0  # the index the next push carries
         create: dict[str, Any] = {"input": "push", "fps": _json_fps(fps)}
         optional = {
+            "kind": "frames" if kind == "frames" else None,
             "model": model,
             "audio_sample_rate": audio_sample_rate,
             "audio_channels": audio_channels,
+            "width": width,
+            "height": height,
         }
         create.update({key: value for key, value in optional.items() if value is not None})
         self._create_body = json.dumps(create).encode()
@@ -285,6 +336,11 @@ class _Session:
         }
         return _Request("POST", self._push_path + ("?final=1" if final else ""), headers, body)
 
+    def _encode(self, block: Array, audio: Array | None) -> bytes:
+        if self.kind == "frames":
+            return encode_frames_block(block, audio, self.value_range)
+        return encode_block(block, audio)
+
     def _pushed(self, answer: dict[str, Any]) -> dict[str, Any]:
         self._next_seq += 1
         return answer
@@ -318,14 +374,15 @@ class PushSession(_Session):
         return self
 
     def push(
-        self, latents: Array, audio: Array | None = None, *, final: bool = False
+        self, block: Array, audio: Array | None = None, *, final: bool = False
     ) -> dict[str, Any]:
-        """Send one block; the server's answer once it is queued (`latent_frames`, ...).
+        """Send one block (latents, or frames in a frames session); the server's answer
+        once it is queued (`latent_frames`, ...).
 
         `final=True` marks it the last, so leaving the session sends nothing more.
         """
         self._check_pushable()  # before the work of serializing
-        answer = self._push(self._push_request(encode_block(latents, audio), final))
+        answer = self._push(self._push_request(self._encode(block, audio), final))
         self._finalized |= final
         return answer
 
@@ -437,11 +494,11 @@ class AsyncPushSession(_Session):
         return self
 
     async def push(
-        self, latents: Array, audio: Array | None = None, *, final: bool = False
+        self, block: Array, audio: Array | None = None, *, final: bool = False
     ) -> dict[str, Any]:
         """Send one block; see `PushSession.push`. Serialized in a thread, off the loop."""
         self._check_pushable()  # before the work of serializing
-        body = await asyncio.to_thread(encode_block, latents, audio)
+        body = await asyncio.to_thread(self._encode, block, audio)
         answer = await self._push(self._push_request(body, final))
         self._finalized |= final
         return answer

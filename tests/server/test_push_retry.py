@@ -123,6 +123,7 @@ class AnswerDroppingProxy:
         self.drops = drops
         self.dropped_answers: list[bytes] = []
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
@@ -131,9 +132,16 @@ class AnswerDroppingProxy:
     async def close(self) -> None:
         assert self._server is not None
         self._server.close()
+        for handler in self._handlers:
+            handler.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         await self._server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        handler.add_done_callback(self._handlers.discard)
         upstream_reader, upstream_writer = await asyncio.open_connection(
             "127.0.0.1", self.upstream_port
         )
@@ -162,6 +170,7 @@ class AnswerDroppingProxy:
                 await writer.drain()
         finally:
             forwarding.cancel()
+            await asyncio.gather(forwarding, return_exceptions=True)
             upstream_writer.close()
             writer.close()
 

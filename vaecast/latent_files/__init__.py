@@ -35,12 +35,14 @@ from __future__ import annotations
 from vaecast.errors import InvalidRequestError, UnsupportedMediaError
 from vaecast.latent_files.audio import AUDIO_KEY, AUDIO_RATE_KEY, MAX_AUDIO_CHANNELS, check_audio
 from vaecast.latent_files.latents import (
+    LATENTS,
     LATENTS_KEY,
     SAFE_HINT,
     Buffer,
     LatentFile,
     LayoutChoice,
     ShapeCheck,
+    TensorRole,
 )
 from vaecast.latent_files.npy_format import NPY_MAGIC, load_npy
 from vaecast.latent_files.safetensors_format import load_safetensors
@@ -67,7 +69,10 @@ _PICKLE_REFUSED = (
 
 
 def load_latents(
-    data: Buffer, check_shape: ShapeCheck | None = None, layout: LayoutChoice | None = None
+    data: Buffer,
+    check_shape: ShapeCheck | None = None,
+    layout: LayoutChoice | None = None,
+    role: TensorRole = LATENTS,
 ) -> LatentFile:
     """Parse and check an uploaded latent file; see the module docstring.
 
@@ -79,6 +84,9 @@ def load_latents(
     (`vaecast.models.layouts`: a pipeline's own, such as LTX's packed tokens); the
     shape checks and `check_shape` see the BCTHW it makes. Without it: CTHW or BCTHW.
 
+    `role` is what the file carries: latents (a float tensor `latents`), or frames a
+    producer decoded itself (`vaecast.latent_files.frames`).
+
     From a `bytearray` the latents may be a view of it, not a copy (an upload is then
     held once): the caller hands the buffer over and must not write to it afterwards.
     From `bytes` they are always a copy.
@@ -87,9 +95,9 @@ def load_latents(
         raise InvalidRequestError(f"the upload is empty; {SAFE_HINT}")
     header = read_header(data)
     if header is not None:
-        return load_safetensors(data, header, check_shape, layout)
+        return load_safetensors(data, header, check_shape, layout, role)
     if data.startswith(NPY_MAGIC):
-        return load_npy(data, check_shape, layout)
+        return load_npy(data, check_shape, layout, role)
     if data.startswith(_ZIP_MAGIC) or (
         data[0] == _PICKLE_PROTO and len(data) > 1 and data[1] in _PICKLE_PROTOCOLS
     ):

@@ -41,8 +41,23 @@ _FINITE_SLICE_VALUES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class TensorRole:
+    """What an upload's tensor is: latents for a decoder, or frames decoded already."""
+
+    key: str  # its name in a safetensors file, and in messages
+    takes_uint8: bool  # frames may be 8-bit RGB; latents are floats
+    dtypes_hint: str  # what to send instead of a refused dtype
+
+
+LATENTS = TensorRole(LATENTS_KEY, False, "latents must be floating point")
+FRAMES = TensorRole(
+    "frames", True, "frames must be uint8 RGB (T, H, W, 3) or floats (1, 3, T, H, W)"
+)
+
+
+@dataclass(frozen=True, slots=True)
 class LatentFile:
-    latents: torch.Tensor  # float32, BCTHW, B == 1, finite
+    latents: torch.Tensor  # float32, BCTHW, B == 1, finite (frames: or uint8 as sent)
     metadata: dict[str, str] = field(default_factory=dict)
     audio: torch.Tensor | None = None  # as uploaded; checked by `check_audio`
     dtype: torch.dtype = torch.float32  # of the latents as uploaded, before conversion
@@ -64,26 +79,35 @@ def declared_bytes(shape: Sequence[int], itemsize: int, limit: int) -> int | Non
 
 
 def check_declared(
-    shape: tuple[int, ...], dtype_name: str, floating: bool, layout: BoundLayout = BCTHW
+    shape: tuple[int, ...],
+    dtype_name: str,
+    floating: bool,
+    layout: BoundLayout = BCTHW,
+    role: TensorRole = LATENTS,
 ) -> tuple[int, ...]:
-    """The declared latents shape as the BCTHW that `layout` makes of it, or the 422 that
-    says what is wrong with it."""
-    if not floating:
-        raise InvalidRequestError(f"latents must be floating point, got {dtype_name}")
+    """The declared tensor's shape as the BCTHW that `layout` makes of it, or the 422
+    that says what is wrong with it."""
+    if not (floating or (role.takes_uint8 and dtype_name == "uint8")):
+        raise InvalidRequestError(f"{role.dtypes_hint}, got {dtype_name}")
     shape = layout.bcthw_shape(shape)
+    name = role.key
     if shape[0] != 1:
-        raise InvalidRequestError(f"latents must hold one video (batch 1), got batch {shape[0]}")
+        raise InvalidRequestError(f"{name} must hold one video (batch 1), got batch {shape[0]}")
     if shape[2] == 0:
-        raise InvalidRequestError("latents have zero frames")
+        raise InvalidRequestError(f"{name} have zero frames")
     if 0 in shape:
-        raise InvalidRequestError(f"latents are empty: shape {shape}")
+        raise InvalidRequestError(f"{name} are empty: shape {shape}")
     return shape
 
 
-def finish_latents(latents: torch.Tensor) -> torch.Tensor:
-    """Declared-shape-checked latents as float32 BCTHW, refused if any value is not finite."""
+def finish_latents(latents: torch.Tensor, role: TensorRole = LATENTS) -> torch.Tensor:
+    """Declared-shape-checked latents as float32 BCTHW, refused if any value is not
+    finite; 8-bit frames stay as they are (a view of the upload, a quarter the size)."""
     if latents.ndim == 4:
         latents = latents.unsqueeze(0)
+    if latents.dtype == torch.uint8:
+        assert role.takes_uint8
+        return latents
     latents = latents.to(torch.float32).contiguous()
     frames = latents.shape[2]
     per_frame = max(1, latents[:, :, :1].numel())
@@ -95,7 +119,7 @@ def finish_latents(latents: torch.Tensor) -> torch.Tensor:
         return latents
     for start in range(0, frames, step):
         if not torch.isfinite(latents[:, :, start : start + step]).all():
-            raise InvalidRequestError("latents contain NaN or infinite values")
+            raise InvalidRequestError(f"{role.key} contain NaN or infinite values")
     return latents
 
 

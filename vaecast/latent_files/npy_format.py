@@ -16,12 +16,14 @@ import torch
 
 from vaecast.errors import UnsupportedMediaError
 from vaecast.latent_files.latents import (
+    LATENTS,
     MAX_DIM,
     SAFE_HINT,
     Buffer,
     LatentFile,
     LayoutChoice,
     ShapeCheck,
+    TensorRole,
     bytes_text,
     check_declared,
     choose_layout,
@@ -50,7 +52,10 @@ _NAMES = {"True": True, "False": False, "None": None}
 
 
 def load_npy(
-    data: Buffer, check_shape: ShapeCheck | None, layout: LayoutChoice | None = None
+    data: Buffer,
+    check_shape: ShapeCheck | None,
+    layout: LayoutChoice | None = None,
+    role: TensorRole = LATENTS,
 ) -> LatentFile:
     descr, fortran_order, shape, offset = _read_header(data)
     dtype = _plain_dtype(descr)
@@ -63,7 +68,7 @@ def load_npy(
         )
     floating = dtype.kind == "f"
     bound = choose_layout(layout, {})  # a .npy file has no metadata
-    bcthw = check_declared(shape, dtype.name, floating, bound)
+    bcthw = check_declared(shape, dtype.name, floating, bound, role)
     if check_shape is not None:
         check_shape(bcthw)
     count = present // dtype.itemsize
@@ -76,7 +81,7 @@ def load_npy(
         with np.errstate(over="ignore", invalid="ignore"):
             native = native.astype(np.float64)
     tensor = torch.from_numpy(native)
-    return LatentFile(finish_latents(bound.to_bcthw(tensor)), dtype=tensor.dtype)
+    return LatentFile(finish_latents(bound.to_bcthw(tensor), role), dtype=tensor.dtype)
 
 
 def _read_header(data: bytes) -> tuple[object, bool, tuple[int, ...], int]:

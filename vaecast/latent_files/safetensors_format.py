@@ -26,12 +26,14 @@ import torch
 from vaecast.errors import InvalidRequestError, UnsupportedMediaError
 from vaecast.latent_files.audio import AUDIO_KEY
 from vaecast.latent_files.latents import (
+    LATENTS,
     LATENTS_KEY,
     MAX_DIM,
     Buffer,
     LatentFile,
     LayoutChoice,
     ShapeCheck,
+    TensorRole,
     bytes_text,
     check_declared,
     choose_layout,
@@ -99,35 +101,39 @@ def load_safetensors(
     header: SafetensorsHeader,
     check_shape: ShapeCheck | None,
     layout: LayoutChoice | None = None,
+    role: TensorRole = LATENTS,
 ) -> LatentFile:
-    """The latents, metadata and soundtrack of a safetensors file whose header is parsed;
-    the latents read in the layout `layout` picks from the metadata (BCTHW without it)."""
+    """The latents (or frames: `role`), metadata and soundtrack of a safetensors file
+    whose header is parsed; the tensor read in the layout `layout` picks from the
+    metadata (BCTHW without it)."""
     entries = header.entries
-    entry = entries.get(LATENTS_KEY)
+    entry = entries.get(role.key)
     if entry is None:
         names = sorted(k for k in entries if k != _METADATA_KEY)
         found = ", ".join(echo(k) for k in names[:_MAX_NAMES_LISTED]) or "none"
         if len(names) > _MAX_NAMES_LISTED:
             found += f", ... {len(names)} in all"
         raise InvalidRequestError(
-            f"the safetensors file has no tensor named {LATENTS_KEY!r} (found: {found})"
+            f"the safetensors file has no tensor named {role.key!r} (found: {found})"
         )
     data_bytes = len(data) - header.data_start
-    dtype_name, shape = _latents_entry(entry, data_bytes)
+    dtype_name, shape = _latents_entry(entry, data_bytes, role.key)
     torch_dtype = _DTYPES.get(dtype_name)
     if torch_dtype is None:
         raise InvalidRequestError(
-            f"latents dtype {echo(dtype_name)!r} is not supported; {_FLOATS_HINT}"
+            f"{role.key} dtype {echo(dtype_name)!r} is not supported; {_FLOATS_HINT}"
         )
     metadata_entry = entries.get(_METADATA_KEY)
     bound = choose_layout(layout, {} if metadata_entry is None else _metadata(metadata_entry))
-    bcthw = check_declared(shape, _torch_name(torch_dtype), torch_dtype.is_floating_point, bound)
+    bcthw = check_declared(
+        shape, _torch_name(torch_dtype), torch_dtype.is_floating_point, bound, role
+    )
     if check_shape is not None:
         check_shape(bcthw)
     metadata = _validate(entries, data_bytes)
     begin, _ = entry["data_offsets"]  # type: ignore[index]
     tensor = _tensor(data, header.data_start + begin, shape, torch_dtype)
-    latents = finish_latents(bound.to_bcthw(tensor))
+    latents = finish_latents(bound.to_bcthw(tensor), role)
     audio = None
     audio_entry = entries.get(AUDIO_KEY)
     if audio_entry is not None:
@@ -145,12 +151,12 @@ def load_safetensors(
     return LatentFile(latents, metadata, audio, dtype=torch_dtype)
 
 
-def _latents_entry(entry: object, data_bytes: int) -> tuple[str, tuple[int, ...]]:
-    """The dtype and shape of the `latents` entry, checked against the bytes it spans."""
+def _latents_entry(
+    entry: object, data_bytes: int, key: str = LATENTS_KEY
+) -> tuple[str, tuple[int, ...]]:
+    """The dtype and shape of the `key` entry, checked against the bytes it spans."""
     if not isinstance(entry, dict):
-        raise UnsupportedMediaError(
-            f"{CORRUPT}the header entry for {LATENTS_KEY!r} is not an object"
-        )
+        raise UnsupportedMediaError(f"{CORRUPT}the header entry for {key!r} is not an object")
     dtype_name = entry.get("dtype")
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
@@ -163,13 +169,13 @@ def _latents_entry(entry: object, data_bytes: int) -> tuple[str, tuple[int, ...]
         and all(type(o) is int for o in offsets)
     ):
         raise UnsupportedMediaError(
-            f"{CORRUPT}the header entry for {LATENTS_KEY!r} needs a dtype, "
+            f"{CORRUPT}the header entry for {key!r} needs a dtype, "
             "a shape of sizes and two data_offsets"
         )
     begin, end = offsets
     if not 0 <= begin <= end <= data_bytes:
         raise UnsupportedMediaError(
-            f"{CORRUPT}{LATENTS_KEY!r} spans bytes {echo(begin)} to {echo(end)} of a "
+            f"{CORRUPT}{key!r} spans bytes {echo(begin)} to {echo(end)} of a "
             f"data section of {data_bytes} bytes (is the file truncated?)"
         )
     torch_dtype = _DTYPES.get(dtype_name)
@@ -178,7 +184,7 @@ def _latents_entry(entry: object, data_bytes: int) -> tuple[str, tuple[int, ...]
         declared = declared_bytes(shape, torch_dtype.itemsize, spanned)
         if declared != spanned:
             raise UnsupportedMediaError(
-                f"{CORRUPT}{LATENTS_KEY!r} of shape {shape_text(shape)} and dtype "
+                f"{CORRUPT}{key!r} of shape {shape_text(shape)} and dtype "
                 f"{dtype_name} needs {bytes_text(declared, spanned)} but spans {spanned}"
             )
     return dtype_name, tuple(shape)

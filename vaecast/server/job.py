@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import secrets
 import time
@@ -65,6 +66,13 @@ class JobStatus(StrEnum):
 FINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
+class PushKind(enum.Enum):
+    """What a push session's blocks are."""
+
+    LATENTS = "latents"
+    FRAMES = "frames"
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeRequest:
     """A whole video's latents, uploaded or rendered."""
@@ -73,15 +81,20 @@ class DecodeRequest:
     model: str
     fps: Fraction
     soundtrack: Soundtrack | None = None
+    crop: tuple[int, int] | None = None  # (width, height): the decoded frames' top-left
 
 
 @dataclass(frozen=True, slots=True)
 class PushRequest:
-    """A push session: latents will arrive in blocks, with audio of this format if any."""
+    """A push session: latents (or, `kind` "frames", frames a producer decoded) will
+    arrive in blocks, with audio of this format if any."""
 
     model: str
     fps: Fraction
     audio_format: AudioFormat | None = None
+    kind: PushKind = PushKind.LATENTS
+    value_range: tuple[float, float] = (0.0, 1.0)  # of float frames
+    crop: tuple[int, int] | None = None
 
 
 class Job:
@@ -121,6 +134,7 @@ class Job:
                 else {"sample_rate": audio.sample_rate, "channels": audio.channels}
             )
         else:
+            self.push_kind = request.kind
             self.feed = self._source = LatentFeed(
                 asyncio.get_running_loop(), config.push_queue_blocks
             )
@@ -149,6 +163,7 @@ class Job:
         """What every job has, whatever runs it (a mirror of a job in a Ray cluster too)."""
         self.id = job_id
         self.decoder = decoder
+        self.push_kind: PushKind | None = None  # what a push session's blocks are
         self.plan = plan
         self.config = config
         self.metrics = metrics

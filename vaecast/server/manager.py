@@ -27,11 +27,13 @@ from vaecast.errors import (
     VaecastError,
 )
 from vaecast.models.base import ChunkedDecoder, DecodePlan
+from vaecast.models.crop import CroppedDecoder
+from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.fanout_sender import FanoutSender
-from vaecast.server.job import DecodeRequest, Job, PushRequest
+from vaecast.server.job import DecodeRequest, Job, PushKind, PushRequest
 from vaecast.server.metrics import Metrics
 from vaecast.server.retention import EvictionReason, Retention
 
@@ -200,7 +202,8 @@ class JobManager:
         """The limits on a push session that would hold `latent_frames` latent frames in
         all, of `block_shape`'s size (413 past them)."""
         shape = (1, block_shape[1], latent_frames, *block_shape[3:])
-        self._plan_within_limits(job.model, shape)
+        what = "the session's frames are" if job.push_kind is PushKind.FRAMES else None
+        self._within_limits(job.decoder.plan(shape), what or "the latents decode to")
 
     def check_latent_shape(self, model: str | None, latent_shape: tuple[int, ...]) -> None:
         """The size limits on a latent shape as declared, before the tensor is converted.
@@ -226,16 +229,17 @@ class JobManager:
 
     def _plan_within_limits(self, model: str | None, latent_shape: tuple[int, ...]) -> DecodePlan:
         _, decoder = self.decoder_for(model)
-        plan = decoder.plan(latent_shape)
+        return self._within_limits(decoder.plan(latent_shape))
+
+    def _within_limits(self, plan: DecodePlan, what: str = "the latents decode to") -> DecodePlan:
         limits = self.config.limits
         if plan.frames > limits.max_frames:
             raise PayloadTooLargeError(
-                f"the latents decode to {plan.frames} frames; "
-                f"this server allows {limits.max_frames}"
+                f"{what} {plan.frames} frames; this server allows {limits.max_frames}"
             )
         if plan.width * plan.height > limits.max_pixels_per_frame:
             raise PayloadTooLargeError(
-                f"the latents decode to {plan.width}x{plan.height} frames; this server allows "
+                f"{what} {plan.width}x{plan.height} frames; this server allows "
                 f"{limits.max_pixels_per_frame} pixels per frame"
             )
         return plan
@@ -250,7 +254,15 @@ class JobManager:
             plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
         if self.draining:
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
-        _, decoder = self.decoder_for(request.model)
+        decoder: ChunkedDecoder
+        if isinstance(request, PushRequest) and request.kind is PushKind.FRAMES:
+            decoder = FramesDecoder(request.value_range, self.config.device)
+        else:
+            _, decoder = self.decoder_for(request.model)
+        if request.crop is not None:
+            decoder = CroppedDecoder(decoder, *request.crop)
+            if isinstance(request, DecodeRequest):  # refused now if larger than the video
+                plan = decoder.plan(tuple(request.latents.shape))
         return plan, decoder
 
     def _start_job(self, request: DecodeRequest | PushRequest) -> Job:

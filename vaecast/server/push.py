@@ -35,10 +35,11 @@ from vaecast.errors import (
     UnauthorizedError,
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
+from vaecast.latent_files.frames import load_frames
 from vaecast.models.layouts import layout_of
 from vaecast.pipeline import TimedAudio
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import Job
+from vaecast.server.job import Job, PushKind
 from vaecast.server.manager import JobManager
 from vaecast.server.push_ledger import SEQ_HEADER, PushLedger, parse_seq
 from vaecast.server.uploads import read_upload
@@ -155,25 +156,31 @@ class PushSession:
     ) -> tuple[torch.Tensor, TimedAudio | None, bool]:
         """Runs in a thread: the block's tensor checked against the session, its audio."""
 
+        frames = self.job.push_kind is PushKind.FRAMES
+        noun = "frames" if frames else "latents"
+
         def check_shape(shape: tuple[int, ...]) -> None:
             first = self._block_shape
             if first is not None and (shape[1], *shape[3:]) != (first[1], *first[3:]):
                 raise InvalidRequestError(
-                    f"this block's latents are {shape[1]}x{shape[3]}x{shape[4]} (C x H x W); "
+                    f"this block's {noun} are {shape[1]}x{shape[3]}x{shape[4]} (C x H x W); "
                     f"the session's first block fixed {first[1]}x{first[3]}x{first[4]}"
                 )
+            self._manager.check_stream_shape(self.job, self.feed.latent_frames + shape[2], shape)
             if first is None:
                 self.job.decoder.plan_stream(shape)  # channels and size the decoder takes
-            self._manager.check_stream_shape(self.job, self.feed.latent_frames + shape[2], shape)
 
-        layout = layout_of(self.job.decoder)
-        latent_file = load_latents(
-            data, check_shape, layout=lambda metadata: layout.bind({**metadata, **params})
-        )
+        if frames:
+            latent_file = load_frames(data, check_shape)
+        else:
+            layout = layout_of(self.job.decoder)
+            latent_file = load_latents(
+                data, check_shape, layout=lambda metadata: layout.bind({**metadata, **params})
+            )
         latents = latent_file.latents
         if self._dtype is not None and latent_file.dtype != self._dtype:
             raise InvalidRequestError(
-                f"this block's latents are {dtype_name(latent_file.dtype)}; "
+                f"this block's {noun} are {dtype_name(latent_file.dtype)}; "
                 f"the session's first block was {dtype_name(self._dtype)}"
             )
         merged = {**latent_file.metadata, **params}

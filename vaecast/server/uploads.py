@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,12 +41,15 @@ from vaecast.errors import (
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.latent_files.audio import MAX_AUDIO_CHANNELS
-from vaecast.models.layouts import BCTHW, BoundLayout, LatentLayout
+from vaecast.latent_files.latents import echo
+from vaecast.models.crop import check_crop_size
+from vaecast.models.frames import FramesDecoder
+from vaecast.models.layouts import BCTHW, MAX_GEOMETRY_VALUE, BoundLayout, LatentLayout
 from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline import AudioFormat
 from vaecast.server.body_buffer import BodyBuffer
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import DecodeRequest, PushRequest
+from vaecast.server.job import DecodeRequest, PushKind, PushRequest
 from vaecast.server.live_demo import LiveDemoRequest
 from vaecast.server.multipart import boundary_of, parse_form
 
@@ -55,7 +59,22 @@ MAX_FIELD_BYTES = 1024
 MAX_FORM_PARTS = 32
 MAX_JSON_BYTES = 64 * 1024
 DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound", "live"}
-PUSH_FIELDS = frozenset({"input", "fps", "model", "audio_sample_rate", "audio_channels"})
+PUSH_FIELDS = frozenset(
+    {
+        "input",
+        "kind",
+        "fps",
+        "model",
+        "audio_sample_rate",
+        "audio_channels",
+        "value_range",
+        "width",
+        "height",
+    }
+)
+# The largest magnitude of a frames session's value_range ends.
+MAX_VALUE_RANGE = 1e6
+FRAMES_MODEL = FramesDecoder.name  # a frames session's "model": its pass-through
 # Demo latents are in the embedded model's latent space: decode them with it.
 DEMO_MODEL = "tiny"
 # A demo scene is rendered whole as float32 RGB before it is encoded: bound that to
@@ -117,6 +136,7 @@ async def read_decode_request(
         model=params.get("model") or config.default_model,
         fps=parse_fps(params.get("fps"), config.default_fps),
         soundtrack=soundtrack,
+        crop=_crop(params),
     )
 
 
@@ -132,7 +152,10 @@ async def _read_json_object(request: web.Request, config: ServerConfig) -> dict[
 
 
 def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
-    """`{"input": "push", "fps", "model", "audio_sample_rate", "audio_channels"}`."""
+    """`{"input": "push", "kind", "fps", "model", "audio_sample_rate", "audio_channels",
+    "value_range", "width", "height"}`: `kind` "latents" (the default) or "frames";
+    `value_range` (frames only) the [low, high] of float frames, default [0, 1];
+    `width` and `height` crop the video to its top-left part."""
     unknown = sorted(set(body) - PUSH_FIELDS)
     if unknown:
         raise InvalidRequestError(
@@ -149,8 +172,59 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
             parse_int(rate_text, "audio_sample_rate", MIN_SAMPLE_RATE_HZ, MAX_SAMPLE_RATE_HZ),
             parse_int(channels_text, "audio_channels", 1, MAX_AUDIO_CHANNELS),
         )
-    model = _text_field(body, "model") or config.default_model
-    return PushRequest(model=model, fps=fps, audio_format=audio_format)
+    kind_text = _text_field(body, "kind") or PushKind.LATENTS.value
+    try:
+        kind = PushKind(kind_text)
+    except ValueError:
+        kinds = ", ".join(k.value for k in PushKind)
+        raise InvalidRequestError(f"kind must be one of {kinds}, got {echo(kind_text)!r}") from None
+    model = _text_field(body, "model")
+    value_range = body.get("value_range")
+    if kind is PushKind.FRAMES:
+        if model is not None:
+            raise InvalidRequestError("a frames session decodes nothing: it takes no model")
+        model = FRAMES_MODEL
+    elif value_range is not None:
+        raise InvalidRequestError('value_range is for frames sessions ("kind": "frames")')
+    return PushRequest(
+        model=model or config.default_model,
+        fps=fps,
+        audio_format=audio_format,
+        kind=kind,
+        value_range=(0.0, 1.0) if value_range is None else _value_range(value_range),
+        crop=_crop({key: _text_field(body, key, numbers=True) for key in ("width", "height")}),
+    )
+
+
+def _value_range(value: Any) -> tuple[float, float]:
+    """A JSON [low, high] of finite numbers, low < high."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        and all(math.isfinite(v) and abs(v) <= MAX_VALUE_RANGE for v in value)
+        and value[0] < value[1]
+    ):
+        return float(value[0]), float(value[1])
+    raise InvalidRequestError(
+        f"value_range must be [low, high], two numbers with low < high and |each| <= "
+        f"{MAX_VALUE_RANGE:g}, got {echo(value)}"
+    )
+
+
+def _crop(params: Mapping[str, str | None]) -> tuple[int, int] | None:
+    """The (width, height) a request crops its video to; None unless both are given."""
+    width, height = params.get("width"), params.get("height")
+    if not width and not height:
+        return None
+    if not (width and height):
+        raise InvalidRequestError("a crop needs both width and height")
+    size = (
+        parse_int(width, "width", 1, MAX_GEOMETRY_VALUE),
+        parse_int(height, "height", 1, MAX_GEOMETRY_VALUE),
+    )
+    check_crop_size(*size)
+    return size
 
 
 async def _demo_request(
