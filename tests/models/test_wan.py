@@ -66,6 +66,15 @@ def pipeline_decode(vae: AutoencoderKLWan, latents: torch.Tensor) -> torch.Tenso
         return vae.decode(latents, return_dict=False)[0]
 
 
+def same_as_diffusers(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Within float rounding of `vae.decode`: bit for bit where the CPU's kernel for the
+    1x1x1 `post_quant_conv` over one latent frame is the one it picks over all of them
+    (the Intel CPUs this was first measured on); on others (AMD EPYC: 2.4e-7 apart even
+    on one thread, 1.5e-6 for Wan 2.2) within rounding. A stream's split never changes the output
+    (tests/models/test_streaming.py holds that bit for bit)."""
+    return torch.allclose(ours, theirs, rtol=0, atol=1e-5)
+
+
 def collect(decoder: WanDecoder, z: torch.Tensor) -> list[DecodedChunk]:
     chunks: list[DecodedChunk] = []
     decoder.decode_chunks(
@@ -75,13 +84,13 @@ def collect(decoder: WanDecoder, z: torch.Tensor) -> list[DecodedChunk]:
 
 
 @pytest.mark.parametrize("frames", [1, 2, 4])
-def test_chunks_are_diffusers_decode_bit_for_bit(
+def test_chunks_are_diffusers_decode(
     vae: AutoencoderKLWan, decoder: WanDecoder, frames: int
 ) -> None:
     z = latents(frames, seed=frames)
     chunks = collect(decoder, z)
     expected = pipeline_decode(vae, z)
-    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), expected)
+    assert same_as_diffusers(torch.cat([c.frames for c in chunks], dim=2), expected)
     assert [c.frame_count for c in chunks] == [1] + [4] * (frames - 1)
     assert [c.index for c in chunks] == list(range(frames))
     assert {c.total for c in chunks} == {frames}
@@ -133,14 +142,14 @@ def test_loads_from_a_local_diffusers_folder(
     vae.save_pretrained(tmp_path / "vae" if layout == "model folder" else tmp_path)
     loaded = get_decoder("wan2.1", device="cpu", weights=tmp_path)
     z = latents(2)
-    assert torch.equal(loaded.decode(z), pipeline_decode(vae, z))
+    assert same_as_diffusers(loaded.decode(z), pipeline_decode(vae, z))
 
 
 def test_loads_a_single_file_with_its_config(vae: AutoencoderKLWan, tmp_path: Path) -> None:
     path = tmp_path / "wan_vae.safetensors"
     save_file(vae.state_dict(), path)
     z = latents(2)
-    assert torch.equal(
+    assert same_as_diffusers(
         WanDecoder.from_weights(path, config=TINY_CONFIG).decode(z), pipeline_decode(vae, z)
     )
     # Built as Wan 2.1's full VAE (the default), the tiny file does not fit: say where.
@@ -242,10 +251,10 @@ def test_a_callback_error_leaves_the_vae_usable(vae: AutoencoderKLWan, decoder: 
     with pytest.raises(RuntimeError, match="cancelled"):
         decoder.decode_chunks(latents(2), fail)
     z = latents(2)
-    assert torch.equal(decoder.decode(z), pipeline_decode(vae, z))
+    assert same_as_diffusers(decoder.decode(z), pipeline_decode(vae, z))
 
 
-def test_wan2_2_geometry_decodes_bit_for_bit_too() -> None:
+def test_wan2_2_geometry_decodes_the_same_too() -> None:
     """Wan 2.2's VAE (residual blocks, 2x2 output patch, 16x in space) runs the same loop."""
     torch.manual_seed(2)
     config = dict(TINY_CONFIG, base_dim=4, z_dim=8, is_residual=True, patch_size=2)
@@ -256,7 +265,7 @@ def test_wan2_2_geometry_decodes_bit_for_bit_too() -> None:
     expected = pipeline_decode(vae, z)
     assert expected.shape == (1, 3, 9, 32, 32)
     assert decoder.plan(z.shape).chunk_frames == (1, 4, 4)
-    assert torch.equal(decoder.decode(z), expected)
+    assert same_as_diffusers(decoder.decode(z), expected)
 
 
 def test_vaecast_imports_without_diffusers(monkeypatch: pytest.MonkeyPatch) -> None:

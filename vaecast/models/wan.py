@@ -6,18 +6,19 @@ through `decoder(x[:, :, i:i+1], feat_cache=..., feat_idx=[0], first_chunk=(i ==
 which carries the temporal convs' state in `feat_cache`, after `post_quant_conv`, and
 clamps to [-1, 1]. Latent frame 0 gives 1 frame, each later one 4. We drive that same
 loop from outside and publish each frame's output as a chunk, so the chunks
-concatenate bit for bit to `vae.decode` (tested).
+concatenate to `vae.decode` (tested; bit for bit where the CPU allows, see below).
 
 The loop runs on a cache list of our own (`[None] * _cached_conv_counts["decoder"]`),
 so it keeps no state on the module, and a stream keeps it between latent blocks.
 `post_quant_conv` (a 1x1x1 conv, cheap at latent size) runs on one latent frame at a
 time, in a whole decode as in a stream: `vae.decode` runs it once over all frames,
-and over T frames at once the conv may pick another kernel than over one (on CPU it
-does for 1x1 latents, and for larger ones with more than one thread; ~1e-6), which
-would make a stream's output depend on how its blocks were split. Where the kernel
-does not change (one thread on CPU, tested) the chunks concatenate bit for bit to
-`vae.decode`. Latents come in pipeline space and are denormalized exactly as the Wan
-pipelines write it (`latents / (1.0 / std) + mean`, for bit parity).
+and over T frames at once the conv may pick another kernel than over one, which would
+make a stream's output depend on how its blocks were split. So a stream equals a whole
+decode bit for bit, however it was split; against `vae.decode` the chunks are equal
+bit for bit where the CPU picks the same kernel for one frame as for all (one thread
+on the Intel CPUs first measured), and within float rounding elsewhere (2.4e-7 on an
+AMD EPYC, even on one thread). Latents come in pipeline space and are denormalized
+exactly as the Wan pipelines write it (`latents / (1.0 / std) + mean`, for bit parity).
 
 One decode per VAE instance at a time: concurrent decodes are *serialized* on a lock
 held for the whole decode (including the callbacks; for a stream, from its first
