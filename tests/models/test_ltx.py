@@ -1,0 +1,336 @@
+"""The `ltx-video` and `ltx-2` decoders: chunks bit-identical to their pipelines' decode through
+the VAE's temporal tiling, the real pipelines' frames from their own latents, streams of any
+split, the PSNR of the tiling against the untiled decode, timestep conditioning and noise
+injection, loading without the hub, and the diffusers internals they drive."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderKLLTX2Video, AutoencoderKLLTXVideo, LTXPipeline
+
+from tests.helpers import one_torch_thread
+from tests.helpers.tiny_pipelines import run_case
+from tests.helpers.tiny_pipelines.ltx import CASES, LTX2_CHANNELS, LTX_CHANNELS, ltx2_vae, ltx_vae
+from vaecast.errors import InvalidRequestError
+from vaecast.models.base import ChunkedDecoder, DecodedChunk
+from vaecast.models.layouts import BCTHW, PackedTokens, layout_of
+from vaecast.models.ltx import LTX2VideoDecoder, LTXVideoDecoder
+from vaecast.models.registry import diffusers_model, get_decoder
+from vaecast.models.weights_io import WeightsError
+
+Decoder = LTXVideoDecoder | LTX2VideoDecoder
+MODELS = ["ltx-video", "ltx-2"]
+DECODERS: dict[str, type[Decoder]] = {"ltx-video": LTXVideoDecoder, "ltx-2": LTX2VideoDecoder}
+VAES: dict[str, Callable[[], Any]] = {"ltx-video": ltx_vae, "ltx-2": ltx2_vae}
+CHANNELS = {"ltx-video": LTX_CHANNELS, "ltx-2": LTX2_CHANNELS}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def vae(model: str) -> Any:
+    return VAES[model]().eval()
+
+
+@pytest.fixture(scope="module")
+def decoder(model: str, vae: Any) -> Decoder:
+    return DECODERS[model](vae)
+
+
+def latents(
+    model: str, frames: int, height: int = 2, width: int = 3, seed: int = 0
+) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(1, CHANNELS[model], frames, height, width, generator=generator)
+
+
+def pipeline_decode(vae: Any, latents: torch.Tensor, decode_timestep: float = 0.0) -> torch.Tensor:
+    """The pipeline's decode step from BCTHW latents as it returns them (pipeline_ltx.py after
+    `_unpack_latents`; pipeline_ltx2.py after its denormalization), at `decode_timestep`."""
+    if isinstance(vae, AutoencoderKLLTXVideo):
+        latents = LTXPipeline._denormalize_latents(
+            latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+        )
+    timestep = None
+    if vae.config.timestep_conditioning:
+        noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(5))
+        timestep = torch.tensor([decode_timestep], dtype=latents.dtype)
+        scale = torch.tensor([decode_timestep], dtype=latents.dtype)[:, None, None, None, None]
+        latents = (1 - scale) * latents + scale * noise
+    with torch.no_grad():
+        return vae.decode(latents.to(vae.dtype), timestep, return_dict=False)[0]
+
+
+def untiled_decode(decoder: Decoder, latents: torch.Tensor) -> torch.Tensor:
+    vae = decoder.vae
+    vae.use_framewise_decoding = False
+    try:
+        return pipeline_decode(vae, latents)
+    finally:
+        vae.use_framewise_decoding = True
+
+
+def collect(decoder: Decoder, z: torch.Tensor) -> list[DecodedChunk]:
+    chunks: list[DecodedChunk] = []
+    decoder.decode_chunks(
+        z, lambda c: chunks.append(DecodedChunk(c.frames.clone(), c.index, c.total, c.frame_start))
+    )
+    return chunks
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Over the [-1, 1] range (peak to peak 2)."""
+    mse = float(((a.double() - b.double()) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(4 / mse)
+
+
+@pytest.mark.parametrize(
+    ("frames", "chunk_frames"),
+    [
+        (1, (1,)),
+        (2, (9,)),  # the longest one plain decode takes
+        (3, (9, 8)),  # tiles of 3 latents every 1: two tiles
+        (4, (9, 8, 8)),
+        (7, (9, 8, 8, 8, 8, 8)),  # the last tile (one latent) keeps nothing and is skipped
+    ],
+)
+def test_chunks_are_the_pipelines_decode_bit_for_bit(
+    model: str, vae: Any, decoder: Decoder, frames: int, chunk_frames: tuple[int, ...]
+) -> None:
+    z = latents(model, frames, seed=frames)
+    chunks = collect(decoder, z)
+    expected = pipeline_decode(vae, z)
+    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), expected)
+    plan = decoder.plan(z.shape)
+    assert (plan.chunk_frames, plan.height, plan.width) == (chunk_frames, 16, 24)
+    assert tuple(c.frame_count for c in chunks) == chunk_frames
+    assert [c.index for c in chunks] == list(range(len(chunk_frames)))
+    assert {c.total for c in chunks} == {len(chunk_frames)}
+    assert [c.frame_start for c in chunks] == list(plan.chunk_starts)
+    assert chunks[-1].is_final and not any(c.is_final for c in chunks[:-1])
+    assert expected.shape[2] == (frames - 1) * 8 + 1 and expected.std() > 0.01
+
+
+@pytest.mark.parametrize(
+    "sizes", [[1] * 5, [3, 2], [4, 1], [1, 4]], ids=["1s", "3+2", "4+1", "1+4"]
+)
+def test_streams_of_any_split_are_the_whole_decode(
+    model: str, vae: Any, decoder: Decoder, sizes: list[int]
+) -> None:
+    z = latents(model, 5, seed=3)
+    chunks: list[DecodedChunk] = []
+    published_at: list[int] = []
+    received = 0
+
+    def blocks() -> Iterator[torch.Tensor]:
+        nonlocal received
+        for block in z.split(sizes, dim=2):
+            received += block.shape[2]
+            yield block
+
+    def on_chunk(chunk: DecodedChunk) -> None:
+        chunks.append(DecodedChunk(chunk.frames.clone(), chunk.index, chunk.total, 0))
+        published_at.append(received)
+
+    plan = decoder.decode_stream(blocks(), on_chunk)
+    assert plan == decoder.plan(z.shape)
+    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), pipeline_decode(vae, z))
+    # Tile i needs latents [i, i + 3): out as soon as a block brings the last of them.
+    needed = [min(index + 3, 5) for index in range(plan.chunks)]
+    assert published_at == [next(n for n in np.cumsum(sizes) if n >= k) for k in needed]
+    stream_plan = decoder.plan_stream(z[:, :, :1].shape)
+    assert (stream_plan.first_chunk_frames, stream_plan.chunk_frames) == (9, 8)
+    assert stream_plan.frames_for(5) == plan.frames == 33
+
+
+def test_temporal_tiling_against_the_untiled_decode(model: str, decoder: Decoder) -> None:
+    """The PSNR the module docstring states: the pipelines decode whole clips by default."""
+    measured = []
+    for frames in (4, 7, 13):
+        z = latents(model, frames, height=4, width=4, seed=frames)
+        measured.append(psnr(decoder.decode(z), untiled_decode(decoder, z)))
+    low, high = {"ltx-video": (17.0, 19.5), "ltx-2": (15.5, 17.5)}[model]
+    assert all(low < value < high for value in measured), measured
+    z = latents(model, 2, seed=2)  # one plain decode: no tiling at all
+    assert torch.equal(decoder.decode(z), untiled_decode(decoder, z))
+
+
+def test_spatial_tiling_is_the_models_own(model: str) -> None:
+    """With spatial tiles smaller than the frame, each temporal tile is decoded tiled."""
+    vae = VAES[model]().eval()
+    decoder = DECODERS[model](vae)
+    # Tiles of 3x3 latents every 2, none narrower than 2 (LTX-2 pads them by reflection).
+    z = latents(model, 4, height=4, width=6, seed=2)
+    untiled = pipeline_decode(vae, z)
+    vae.enable_tiling(
+        tile_sample_min_height=24,
+        tile_sample_min_width=24,
+        tile_sample_stride_height=16,
+        tile_sample_stride_width=16,
+    )
+    decoded = decoder.decode(z)
+    assert decoded.shape == (1, 3, 25, 32, 48)
+    assert torch.equal(decoded, pipeline_decode(vae, z))
+    assert not torch.equal(decoded, untiled)  # the tiles really were there
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.model for case in CASES])
+def test_the_pipelines_frames_from_its_own_latents(case: Any) -> None:
+    """Real `LTXPipeline` and `LTX2Pipeline`s of tiny random parts: their np frames, from the
+    latents they return (packed tokens for LTX-Video, BCTHW for LTX-2)."""
+    run = run_case(case)
+    decoder = DECODERS[case.model](run.pipeline.vae)
+    assert run.latents.ndim == (3 if case.model == "ltx-video" else 5)
+    z = layout_of(decoder).bind(case.params).to_bcthw(run.latents)
+    chunks: list[torch.Tensor] = []
+    decoder.decode_chunks(z, lambda c: chunks.append(c.frames.clone()))
+    assert [c.shape[2] for c in chunks] == [9, 8, 8]
+    video = torch.cat(chunks, dim=2)
+    frames = run.pipeline.video_processor.postprocess_video(video, output_type="np")[0]
+    assert frames.shape == run.frames.shape == (25, 32, 32, 3)
+    np.testing.assert_array_equal(frames, run.frames)  # exact: the same decode, tile by tile
+
+
+def test_ltx_video_latents_are_packed_tokens() -> None:
+    decoder = LTXVideoDecoder(ltx_vae())
+    assert decoder.latent_layout == PackedTokens(spatial_scale=8, temporal_scale=8)
+    packed = torch.randn(1, 4 * 2 * 3, LTX_CHANNELS)
+    bound = layout_of(decoder).bind({"num_frames": "25", "height": "16", "width": "24"})
+    unpacked = LTXPipeline._unpack_latents(packed, 4, 2, 3, 1, 1)
+    assert torch.equal(bound.to_bcthw(packed), unpacked)
+    assert layout_of(LTX2VideoDecoder(ltx2_vae())) is BCTHW
+
+
+def test_a_decode_timestep_conditions_the_decoder() -> None:
+    """At the pipelines' default 0 it is their decode; at another, the VAE's decode at that
+    timestep, without the pipeline's random noise."""
+    vae = ltx_vae().eval()
+    z = latents("ltx-video", 4, seed=4)
+    at_zero = LTXVideoDecoder(vae).decode(z)
+    assert torch.equal(at_zero, pipeline_decode(vae, z, decode_timestep=0.0))
+    later = LTXVideoDecoder(vae, decode_timestep=0.05).decode(z)
+    denormalized = LTXPipeline._denormalize_latents(
+        z, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+    )
+    with torch.no_grad():
+        expected = vae.decode(denormalized, torch.tensor([0.05]), return_dict=False)[0]
+    assert torch.equal(later, expected)
+    assert not torch.equal(later, at_zero)
+
+
+def test_injected_noise_is_seeded_per_tile() -> None:
+    """Deterministic, the same in a stream, and the caller's generator left as it was."""
+    vae = ltx_vae(decoder_inject_noise=(True, True, False, False, False)).eval()
+    with torch.no_grad():
+        for name, parameter in vae.decoder.named_parameters():
+            if "per_channel_scale" in name:
+                parameter.fill_(0.5)
+    decoder = LTXVideoDecoder(vae)
+    z = latents("ltx-video", 5, seed=5)
+    state = torch.get_rng_state()
+    whole = decoder.decode(z)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(decoder.decode(z), whole)
+    streamed: list[torch.Tensor] = []
+    decoder.decode_stream(list(z.split(1, dim=2)), lambda c: streamed.append(c.frames.clone()))
+    assert torch.equal(torch.cat(streamed, dim=2), whole)
+    quiet = LTXVideoDecoder(ltx_vae().eval()).decode(z)
+    assert not torch.allclose(whole, quiet, atol=1e-3)  # the noise is really there
+
+
+def test_is_a_chunked_decoder(model: str, decoder: Decoder) -> None:
+    assert isinstance(decoder, ChunkedDecoder)
+    assert (decoder.name, decoder.latent_channels, decoder.value_range) == (
+        model,
+        CHANNELS[model],
+        (-1, 1),
+    )
+    assert (decoder.spatial_scale, decoder.tiles.temporal_scale) == (8, 8)
+    assert decoder.vae.use_framewise_decoding  # turned on: `vae.decode` is what it streams
+
+
+def test_bad_latents_are_refused(model: str, decoder: Decoder) -> None:
+    channels = CHANNELS[model]
+    with pytest.raises(
+        InvalidRequestError, match=f"this model takes {channels} latent channels, got 128"
+    ):
+        decoder.plan((1, 128, 5, 2, 2))
+    with pytest.raises(InvalidRequestError, match="at least 1 frame"):
+        decoder.plan((1, channels, 0, 2, 2))
+
+
+def test_missing_or_changed_internals_fail_at_load(model: str) -> None:
+    import diffusers
+
+    decoder_class = DECODERS[model]
+    class_name = decoder_class.class_name
+    stale = SimpleNamespace(config={"latent_channels": 4}, decoder=None)
+    with pytest.raises(WeightsError) as error:
+        decoder_class.check_internals(stale)
+    assert str(error.value).startswith(
+        f"diffusers {diffusers.__version__}'s {class_name} no longer has _temporal_tiled_decode, "
+    )
+    assert str(error.value).endswith(
+        f"config.decoder_inject_noise, which vaecast's {model} decoder relies on; "
+        "install diffusers>=0.42,<0.43"
+    )
+    base = AutoencoderKLLTXVideo if model == "ltx-video" else AutoencoderKLLTX2Video
+
+    class DropsFirst(base):  # type: ignore[misc, valid-type]
+        def _temporal_tiled_decode(self, z: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            decoded = z
+            decoded = decoded[:, :, 1:, :, :]
+            return decoded
+
+    vae = VAES[model]()
+    vae.__class__ = DropsFirst
+    with pytest.raises(WeightsError, match=r"`decoded = decoded\[:, :, :-1, :, :\]` in _temporal"):
+        decoder_class(vae)
+
+
+@pytest.mark.parametrize("layout", ["vae folder", "pipeline folder"])
+def test_loads_from_a_local_diffusers_folder(model: str, tmp_path: Path, layout: str) -> None:
+    if layout == "pipeline folder":
+        pipeline = next(case for case in CASES if case.model == model).build()
+        pipeline.save_pretrained(tmp_path)
+        vae = pipeline.vae
+    else:
+        vae = VAES[model]()
+        vae.save_pretrained(tmp_path)
+    assert diffusers_model(tmp_path) == model
+    loaded = get_decoder(model, device="cpu", weights=tmp_path)
+    assert isinstance(loaded, DECODERS[model])
+    z = latents(model, 4)
+    decoded = loaded.decode(z)
+    assert torch.equal(decoded, pipeline_decode(loaded.vae, z))
+    # The same weights, but read into unaligned (memory-mapped) storage, where a linear
+    # kernel may round differently (the timestep embedder does, by ~1e-7).
+    vae.use_framewise_decoding = True
+    torch.testing.assert_close(decoded, pipeline_decode(vae.eval(), z), rtol=0, atol=1e-5)
+
+
+def test_weights_must_be_a_local_folder(model: str, tmp_path: Path) -> None:
+    decoder_class = DECODERS[model]
+    with pytest.raises(WeightsError, match=f"the {model} decoder needs --weights"):
+        decoder_class.from_weights(None)
+    with pytest.raises(WeightsError, match="is not a folder"):
+        decoder_class.from_weights(tmp_path / "vae.safetensors")
+    with pytest.raises(WeightsError, match=r"has neither config\.json nor vae/config\.json"):
+        decoder_class.from_weights(tmp_path)

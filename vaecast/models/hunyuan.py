@@ -1,0 +1,147 @@
+"""`hunyuan-video`: HunyuanVideo's video VAE decoder, streamed through its own temporal tiles.
+
+The model is diffusers' `AutoencoderKLHunyuanVideo` (Apache-2.0; architecture by
+Tencent Hunyuan), the VAE of `HunyuanVideoPipeline`, whose latents and decode step
+this takes (HunyuanVideo Framepack and Kandinsky 5 use the same VAE, but decode in
+sections or return channels-last latents: their own steps). Its decoder is causal
+but keeps no cache between calls, and its `use_framewise_decoding` is on by default,
+so `vae.decode` of more than 4 latent frames is its `_temporal_tiled_decode`: tiles
+of 5 latents every 3, each decoded on its own (its first frame dropped after tile 0),
+blended over 4 frames with the tile before by `blend_t`, 12 frames kept per tile (13
+for the first). `TileStream` (`vaecast/models/temporal_tiles.py`) runs that scheme
+tile by tile and publishes each tile's frames as soon as it is decoded: latent
+T = 13 gives chunks of 13, 12, 12, 12 frames (49 in all), and a stream decodes tile
+i once latents up to 3i + 5 have arrived. Each tile goes through the VAE's own
+per-tile path (`tiled_decode` where its `use_tiling` applies to the tile, else
+`post_quant_conv` and `decoder`), so the chunks concatenate to `vae.decode` bit for
+bit (tested, one thread on CPU). The decoder turns `use_framewise_decoding` on should
+a VAE come with it off, so that `vae.decode` is always the decode it streams; the
+tile sizes are read from the VAE when the decoder is built.
+
+Latents come in pipeline space (`output_type="latent"`: BCTHW, 16 channels, 8x in
+space, 4x in time) and are scaled exactly as `pipeline_hunyuan_video.py` writes it,
+`latents.to(vae.dtype) / vae.config.scaling_factor`; frames come out in [-1, 1],
+unclamped, as `vae.decode` gives them.
+
+A tile decode keeps no state on the module (no cache, no hooks of ours), so decodes
+may share one VAE: each holds only its own pending latents and last tile's tail.
+
+`HunyuanVideoDecoder.from_weights` loads a local diffusers folder;
+`HunyuanVideoDecoder(vae)` wraps an `AutoencoderKLHunyuanVideo` loaded some other way.
+diffusers is imported only when a model is loaded, so `import vaecast` never needs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vaecast.models.temporal_tiles import TemporalTileDecoder, TemporalTiles, missing_internals
+from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+
+# Versions whose `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1).
+DIFFUSERS_REQUIREMENT = "diffusers>=0.42,<0.43"
+# What we use of the model beyond its public API; checked at load so that a
+# diffusers upgrade that renames them fails loudly instead of decoding wrongly.
+REQUIRED_ATTRIBUTES = (
+    "_temporal_tiled_decode",
+    "tiled_decode",
+    "blend_t",
+    "post_quant_conv",
+    "decoder",
+    "use_tiling",
+    "use_framewise_decoding",
+    "tile_sample_min_height",
+    "tile_sample_min_width",
+    "tile_sample_min_num_frames",
+    "tile_sample_stride_num_frames",
+    "spatial_compression_ratio",
+    "temporal_compression_ratio",
+)
+CONFIG_KEYS = ("latent_channels", "scaling_factor")
+SIGNATURES = {
+    "tiled_decode": ("z", "return_dict"),
+    "blend_t": ("a", "b", "blend_extent"),
+    "decoder.forward": ("hidden_states",),
+}
+# The lines of `_temporal_tiled_decode` that fix the scheme: which frame a later tile
+# drops, and that it is blended with the previous tile as diffusers stores it.
+SCHEME_LINES = (
+    "decoded = decoded[:, :, 1:, :, :]",
+    "tile = self.blend_t(row[i - 1], tile, blend_num_frames)",
+)
+
+
+def check_internals(vae: Any) -> None:
+    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
+    absent = missing_internals(vae, REQUIRED_ATTRIBUTES, CONFIG_KEYS, SIGNATURES, SCHEME_LINES)
+    if absent:
+        import diffusers
+
+        raise WeightsError(
+            f"diffusers {diffusers.__version__}'s AutoencoderKLHunyuanVideo no longer has "
+            f"{', '.join(absent)}, which vaecast's hunyuan-video decoder relies on; "
+            f"install {DIFFUSERS_REQUIREMENT}"
+        )
+
+
+def load_vae(weights: str | Path) -> Any:
+    """`AutoencoderKLHunyuanVideo` from a local diffusers folder (the model's or its `vae/`)."""
+    autoencoder_class = diffusers_class(
+        "hunyuan-video", "AutoencoderKLHunyuanVideo", DIFFUSERS_REQUIREMENT
+    )
+    path = Path(weights)
+    if not path.is_dir():
+        raise WeightsError(
+            f"hunyuan-video weights must be a local diffusers folder (with config.json, or a "
+            f"vae/ subfolder holding one); {str(path)!r} is not a folder"
+        )
+    return load_diffusers_folder(autoencoder_class, path)
+
+
+class HunyuanVideoDecoder(TemporalTileDecoder):
+    """HunyuanVideo's VAE decoder under the chunk contract: a chunk per temporal tile."""
+
+    name = "hunyuan-video"
+    value_range = (-1.0, 1.0)
+
+    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
+        check_internals(vae)
+        self.device = torch.device(device)
+        self.vae = vae.to(self.device).eval().requires_grad_(False)
+        vae.use_framewise_decoding = True
+        self.tiles = TemporalTiles.of(vae, drop="first", model=self.name)
+        self.latent_channels = int(vae.config.latent_channels)
+        self.spatial_scale = int(vae.spatial_compression_ratio)
+        self._scaling_factor = vae.config.scaling_factor
+
+    @classmethod
+    def from_weights(
+        cls, weights: str | Path | None, device: str | torch.device = "cpu"
+    ) -> HunyuanVideoDecoder:
+        """Load the VAE from a local diffusers folder with `load_vae`."""
+        if weights is None:
+            raise WeightsError(
+                "the hunyuan-video decoder needs --weights: a local diffusers folder of "
+                "HunyuanVideo (or its vae/ subfolder)"
+            )
+        return cls(load_vae(weights), device)
+
+    def prepare(self, latents: torch.Tensor) -> torch.Tensor:
+        # pipeline_hunyuan_video.py's expression, for bit parity with its decode.
+        return latents.to(self.device).to(self.vae.dtype) / self._scaling_factor
+
+    def decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
+        # The per-tile branch of `_temporal_tiled_decode` (and `_decode`'s below the
+        # tile length).
+        vae = self.vae
+        min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
+        min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
+        if vae.use_tiling and (latents.shape[-1] > min_width or latents.shape[-2] > min_height):
+            return vae.tiled_decode(latents, return_dict=True).sample
+        return vae.decoder(vae.post_quant_conv(latents))
+
+    def blend(self, a: torch.Tensor, b: torch.Tensor, blend_extent: int) -> torch.Tensor:
+        return self.vae.blend_t(a, b, blend_extent)
