@@ -1,0 +1,340 @@
+"""`hunyuan-video-1.5`: HunyuanVideo 1.5's video VAE decoder, a chunk per latent frame.
+
+The model is diffusers' `AutoencoderKLHunyuanVideo15` (Apache-2.0; architecture by the
+Hunyuan team, Tencent). Both of its pipelines (`HunyuanVideo15Pipeline`,
+`HunyuanVideo15ImageToVideoPipeline`) decode with
+`vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor)`, and `vae.decode` is one
+whole-clip `decoder(z)` (spatially tiled by `tiled_decode` only when the VAE's tiling
+is enabled and the latents are larger than a tile). Its decoder is causal in time
+(causal 3-D convs, channel-only RMS norms, a mid-block attention masked to earlier
+frames, temporal upsamplers that treat the first frame apart), so
+`vaecast/models/hunyuan15_stream.py` runs it a latent frame at a time, carrying each
+causal conv's last input frames and the attention's earlier keys and values between
+steps, and each latent frame's frames are published as soon as they are decoded:
+latent frame 0 gives 1 frame, each later one 4 (the real model: 4x in time, 16x in
+space, 32 latent channels; all read from the VAE). The work is one decode's: each
+step's attention scores only the keys its queries may see, where `decoder(z)` builds
+a full (T*h*w)^2 mask. (On a CPU, PyTorch runs a conv over few frames of a *small*
+tensor with its slow reference kernel rather than oneDNN, so a tiny model streams 2-3x
+slower than `vae.decode`; at the real model's widths it picks oneDNN either way.)
+
+Not bit-identical to `vae.decode`, but within its rounding: over a latent frame at a
+time the kernels may round differently than over the whole clip (a conv's algorithm,
+an attention's reduction, are chosen by shape): measured max abs difference up to 6e-6
+in fp32 (outputs up to ~4; often 0), tested with `torch.allclose(atol=1e-5)`. Every
+decode runs the same steps, so a stream's chunks are bit-identical to `decode` however
+its blocks were split.
+
+Spatial tiling, when the wrapped VAE has it enabled (`vae.enable_tiling()`, as the
+pipelines' examples do; the state is read when the decoder is built), runs the same way
+per tile: each tile of `tiled_decode`'s grid has its own carried state, and each step's
+tiles are blended with the VAE's own `blend_v`/`blend_h` and cropped as
+`tiled_decode` does (those act on each frame alone). A VAE loaded from a folder starts
+untiled, as the pipelines' default (`from_weights(..., spatial_tiling=True)` tiles it).
+
+Latents come in pipeline space (what the pipeline returns with `output_type="latent"`,
+BCTHW) and are scaled exactly as the pipelines write it, for bit parity. Frames are
+`vae.decode`'s, unclamped: nominally in [-1, 1], which the pipeline's video processor
+then maps to [0, 1] with a clamp, as the quantizer here clamps to `value_range`.
+
+One decode per VAE instance at a time: concurrent decodes are *serialized* on a lock
+held for the whole decode (including the callbacks; for a stream, from its first block
+to its end, waits for the next block included). The carried state is the decode's own
+(nothing is kept on the module), so overlapping decodes would be correct, but each
+holds a full set of activations and the attention's keys on the device; serializing
+behaves like one decode slot for this model rather than failing a job.
+
+`HunyuanVideo15Decoder.from_weights` loads a local diffusers folder;
+`HunyuanVideo15Decoder(vae)` wraps an `AutoencoderKLHunyuanVideo15` loaded some other
+way. diffusers is imported only when a model is loaded, so `import vaecast` never needs
+it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from vaecast.models.base import DecodePlan, StreamPlan, causal_plan, causal_stream_plan
+from vaecast.models.hunyuan15_stream import DecoderState, check_decoder, decode_step
+from vaecast.models.streaming import CausalStream, StreamingDecoder
+from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+
+# The class arrived in diffusers 0.36; the stream pass repeats its 0.42.1 forwards, and
+# `check_internals` checks the structure they rely on.
+DIFFUSERS_REQUIREMENT = "diffusers>=0.36,<0.43"
+# What we use of the model beyond its public API; checked at load so that a diffusers
+# upgrade that renames them fails loudly instead of decoding wrongly.
+REQUIRED_ATTRIBUTES = (
+    "decoder",
+    "use_tiling",
+    "tile_latent_min_height",
+    "tile_latent_min_width",
+    "tile_sample_min_height",
+    "tile_sample_min_width",
+    "tile_overlap_factor",
+    "blend_v",
+    "blend_h",
+    "tiled_decode",
+    "enable_tiling",
+    "spatial_compression_ratio",
+    "temporal_compression_ratio",
+)
+CONFIG_KEYS = ("latent_channels", "scaling_factor")
+
+_Plan = TypeVar("_Plan", DecodePlan, StreamPlan)
+
+# One lock per VAE module, shared by every decoder wrapping it.
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_for(vae: Any) -> threading.Lock:
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(vae)
+        if lock is None:
+            lock = _LOCKS[vae] = threading.Lock()
+        return lock
+
+
+def check_internals(vae: Any) -> None:
+    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
+    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
+    absent += [f"config.{key}" for key in CONFIG_KEYS if key not in vae.config]
+    if hasattr(vae, "decoder"):
+        absent += check_decoder(vae.decoder)
+    if absent:
+        import diffusers
+
+        raise WeightsError(
+            f"diffusers {diffusers.__version__}'s AutoencoderKLHunyuanVideo15 no longer has "
+            f"{', '.join(absent)}, which vaecast's hunyuan-video-1.5 decoder relies on; "
+            f"install {DIFFUSERS_REQUIREMENT}"
+        )
+
+
+def load_vae(weights: str | Path) -> Any:
+    """`AutoencoderKLHunyuanVideo15` from a local diffusers folder (the model's or its `vae/`)."""
+    autoencoder_class = diffusers_class(
+        "hunyuan-video-1.5", "AutoencoderKLHunyuanVideo15", DIFFUSERS_REQUIREMENT
+    )
+    path = Path(weights)
+    if not path.is_dir():
+        raise WeightsError(
+            f"hunyuan-video-1.5 weights must be a local diffusers folder (with config.json, "
+            f"or a vae/ subfolder holding one); {str(path)!r} is not a folder"
+        )
+    return load_diffusers_folder(autoencoder_class, path)
+
+
+@dataclass(frozen=True, slots=True)
+class SpatialTiling:
+    """`tiled_decode`'s grid, as the VAE's tiling settings were when the decoder was built."""
+
+    latent_height: int  # tile_latent_min_height
+    latent_width: int
+    sample_height: int  # tile_sample_min_height
+    sample_width: int
+    overlap_factor: float
+
+    @classmethod
+    def of(cls, vae: Any) -> SpatialTiling | None:
+        if not vae.use_tiling:
+            return None
+        return cls(
+            int(vae.tile_latent_min_height),
+            int(vae.tile_latent_min_width),
+            int(vae.tile_sample_min_height),
+            int(vae.tile_sample_min_width),
+            float(vae.tile_overlap_factor),
+        )
+
+    def applies(self, height: int, width: int) -> bool:
+        """Whether `_decode` tiles latents of this size (it does past one tile)."""
+        return width > self.latent_width or height > self.latent_height
+
+    # The arithmetic below is `tiled_decode`'s, expression for expression.
+    @property
+    def latent_strides(self) -> tuple[int, int]:
+        return (
+            int(self.latent_height * (1 - self.overlap_factor)),
+            int(self.latent_width * (1 - self.overlap_factor)),
+        )
+
+    @property
+    def blend_extents(self) -> tuple[int, int]:
+        return (
+            int(self.sample_height * self.overlap_factor),
+            int(self.sample_width * self.overlap_factor),
+        )
+
+    @property
+    def row_limits(self) -> tuple[int, int]:
+        blend_height, blend_width = self.blend_extents
+        return self.sample_height - blend_height, self.sample_width - blend_width
+
+    def output_size(self, height: int, width: int, scale: int) -> tuple[int, int]:
+        """The frame size `tiled_decode` gives latents of this size."""
+        stride_h, stride_w = self.latent_strides
+        limit_h, limit_w = self.row_limits
+        rows = sum(
+            min(min(self.latent_height, height - i) * scale, limit_h)
+            for i in range(0, height, stride_h)
+        )
+        columns = sum(
+            min(min(self.latent_width, width - j) * scale, limit_w)
+            for j in range(0, width, stride_w)
+        )
+        return rows, columns
+
+
+class HunyuanVideo15Decoder(StreamingDecoder):
+    """HunyuanVideo 1.5's VAE decoder under the chunk contract: 1 frame for latent 0, then
+    4 per latent."""
+
+    name = "hunyuan-video-1.5"
+    value_range = (-1.0, 1.0)
+
+    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
+        check_internals(vae)
+        self.device = torch.device(device)
+        self.vae = vae.to(self.device).eval().requires_grad_(False)
+        self.latent_channels = int(vae.config.latent_channels)
+        # Geometry from the architecture: 2x in space per upsampler, 2x in time per
+        # temporal one; refuse a config that says otherwise.
+        upsamplers = [
+            upsampler
+            for block in vae.decoder.up_blocks
+            if block.upsamplers is not None
+            for upsampler in block.upsamplers
+        ]
+        self.spatial_scale = 2 ** len(upsamplers)
+        self.temporal_scale = 2 ** sum(bool(u.add_temporal_upsample) for u in upsamplers)
+        ratios = (int(vae.spatial_compression_ratio), int(vae.temporal_compression_ratio))
+        if ratios != (self.spatial_scale, self.temporal_scale):
+            raise WeightsError(
+                f"unsupported HunyuanVideo 1.5 geometry: its decoder upsamples "
+                f"{self.spatial_scale}x in space and {self.temporal_scale}x in time, its "
+                f"config says {ratios[0]}x and {ratios[1]}x"
+            )
+        self.tiling = SpatialTiling.of(vae)
+        self._lock = _lock_for(vae)
+
+    @classmethod
+    def from_weights(
+        cls,
+        weights: str | Path | None,
+        device: str | torch.device = "cpu",
+        spatial_tiling: bool = False,
+    ) -> HunyuanVideo15Decoder:
+        """Load the VAE from a local diffusers folder with `load_vae`; `spatial_tiling`
+        decodes as a pipeline does after `vae.enable_tiling()` (diffusers' default tiles)."""
+        if weights is None:
+            raise WeightsError(
+                "the hunyuan-video-1.5 decoder needs --weights: a local diffusers folder of "
+                "a HunyuanVideo 1.5 model (or its vae/ subfolder)"
+            )
+        vae = load_vae(weights)
+        if spatial_tiling:
+            vae.enable_tiling()
+        return cls(vae, device)
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        plan = causal_plan(
+            latent_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
+        )
+        return self._tiled_size(plan, latent_shape)
+
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        plan = causal_stream_plan(
+            first_block_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
+        )
+        return self._tiled_size(plan, first_block_shape)
+
+    def _tiled_size(self, plan: _Plan, latent_shape: Sequence[int]) -> _Plan:
+        """`plan` with `tiled_decode`'s frame size where the VAE tiles these latents."""
+        height, width = int(latent_shape[3]), int(latent_shape[4])
+        if self.tiling is None or not self.tiling.applies(height, width):
+            return plan
+        size = self.tiling.output_size(height, width, self.spatial_scale)
+        return replace(plan, height=size[0], width=size[1])
+
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> _HunyuanVideo15Stream:
+        height, width = first_block_shape[3], first_block_shape[4]
+        tiled = self.tiling is not None and self.tiling.applies(height, width)
+        return _HunyuanVideo15Stream(self, self.tiling if tiled else None)
+
+    def latents_in(self, latent: torch.Tensor) -> torch.Tensor:
+        """Pipeline-space latents as the decoder takes them."""
+        # Exactly the pipelines' expression (the cast to the VAE's dtype came first, in
+        # `CausalStream`), for bit parity with a pipeline's decode.
+        return latent / self.vae.config.scaling_factor
+
+    def step(self, z: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """One untiled step: `decoder(z)`'s frames for the latent frames in `z`."""
+        return decode_step(self.vae.decoder, z, state)
+
+    def tiled_step(
+        self, z: torch.Tensor, tiling: SpatialTiling, states: dict[tuple[int, int], DecoderState]
+    ) -> torch.Tensor:
+        """One step of `tiled_decode`: each tile's frames, blended and cropped."""
+        vae = self.vae
+        _, _, _, height, width = z.shape
+        stride_h, stride_w = tiling.latent_strides
+        blend_height, blend_width = tiling.blend_extents
+        row_limit_height, row_limit_width = tiling.row_limits
+        rows = []
+        for i in range(0, height, stride_h):
+            row = []
+            for j in range(0, width, stride_w):
+                tile = z[:, :, :, i : i + tiling.latent_height, j : j + tiling.latent_width]
+                state = states.setdefault((i, j), DecoderState())
+                row.append(self.step(tile, state))
+            rows.append(row)
+        result_rows = []
+        for i, row in enumerate(rows):
+            result_row = []
+            for j, tile in enumerate(row):
+                if i > 0:
+                    tile = vae.blend_v(rows[i - 1][j], tile, blend_height)
+                if j > 0:
+                    tile = vae.blend_h(row[j - 1], tile, blend_width)
+                result_row.append(tile[:, :, :, :row_limit_height, :row_limit_width])
+            result_rows.append(torch.cat(result_row, dim=-1))
+        return torch.cat(result_rows, dim=-2)
+
+
+class _HunyuanVideo15Stream(CausalStream):
+    """Its state: each tile's carried conv frames and attention keys (one tile when
+    untiled); it holds the VAE's lock throughout."""
+
+    def __init__(self, decoder: HunyuanVideo15Decoder, tiling: SpatialTiling | None) -> None:
+        super().__init__(decoder.device, decoder.vae.dtype)
+        self._decoder = decoder
+        self._tiling = tiling
+        self._state = DecoderState()
+        self._tiles: dict[tuple[int, int], DecoderState] = {}
+        self._lock: threading.Lock | None = decoder._lock
+        self._lock.acquire()
+
+    def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
+        z = self._decoder.latents_in(latent)
+        if self._tiling is None:
+            return self._decoder.step(z, self._state)
+        return self._decoder.tiled_step(z, self._tiling, self._tiles)
+
+    def close(self) -> None:
+        super().close()
+        self._state.clear()
+        for state in self._tiles.values():
+            state.clear()
+        self._tiles = {}
+        if self._lock is not None:
+            self._lock, lock = None, self._lock
+            lock.release()
