@@ -76,12 +76,12 @@ CASES = [
         "latents must be CTHW or BCTHW, got 3 dimensions (16, 2, 4)",
     ),
     (
-        "batch-of-two",
-        safetensors_bytes(latents=torch.zeros(2, 16, 2, 4, 4)),
+        "batch-past-the-servers-places",  # a batch of B makes B jobs: 9 places here
+        safetensors_bytes(latents=torch.zeros(10, 16, 1, 1, 1)),
         "",
-        422,
-        "invalid_request",
-        "latents must hold one video (batch 1), got batch 2",
+        413,
+        "payload_too_large",
+        "a batch of 10 videos is more than this server takes at once (9)",
     ),
     (
         "integer-dtype",

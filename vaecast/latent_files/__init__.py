@@ -73,6 +73,7 @@ def load_latents(
     check_shape: ShapeCheck | None = None,
     layout: LayoutChoice | None = None,
     role: TensorRole = LATENTS,
+    max_batch: int = 1,
 ) -> LatentFile:
     """Parse and check an uploaded latent file; see the module docstring.
 
@@ -85,7 +86,9 @@ def load_latents(
     shape checks and `check_shape` see the BCTHW it makes. Without it: CTHW or BCTHW.
 
     `role` is what the file carries: latents (a float tensor `latents`), or frames a
-    producer decoded itself (`vaecast.latent_files.frames`).
+    producer decoded itself (`vaecast.latent_files.frames`). `max_batch` above 1 takes
+    a batch of that many videos at most (B jobs, one per entry); `check_shape` then
+    sees one entry's shape.
 
     From a `bytearray` the latents may be a view of it, not a copy (an upload is then
     held once): the caller hands the buffer over and must not write to it afterwards.
@@ -95,9 +98,9 @@ def load_latents(
         raise InvalidRequestError(f"the upload is empty; {SAFE_HINT}")
     header = read_header(data)
     if header is not None:
-        return load_safetensors(data, header, check_shape, layout, role)
+        return load_safetensors(data, header, check_shape, layout, role, max_batch)
     if data.startswith(NPY_MAGIC):
-        return load_npy(data, check_shape, layout, role)
+        return load_npy(data, check_shape, layout, role, max_batch)
     if data.startswith(_ZIP_MAGIC) or (
         data[0] == _PICKLE_PROTO and len(data) > 1 and data[1] in _PICKLE_PROTOCOLS
     ):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vaecast.errors import InvalidRequestError
+from vaecast.errors import InvalidRequestError, PayloadTooLargeError
 from vaecast.models.layouts import BCTHW, BoundLayout, Params
 
 LATENTS_KEY = "latents"
@@ -57,7 +57,8 @@ FRAMES = TensorRole(
 
 @dataclass(frozen=True, slots=True)
 class LatentFile:
-    latents: torch.Tensor  # float32, BCTHW, B == 1, finite (frames: or uint8 as sent)
+    latents: torch.Tensor  # float32, BCTHW, finite (frames: or uint8 as sent); B == 1
+    # unless the reader was given a larger max_batch
     metadata: dict[str, str] = field(default_factory=dict)
     audio: torch.Tensor | None = None  # as uploaded; checked by `check_audio`
     dtype: torch.dtype = torch.float32  # of the latents as uploaded, before conversion
@@ -84,15 +85,22 @@ def check_declared(
     floating: bool,
     layout: BoundLayout = BCTHW,
     role: TensorRole = LATENTS,
+    max_batch: int = 1,
 ) -> tuple[int, ...]:
     """The declared tensor's shape as the BCTHW that `layout` makes of it, or the 422
-    that says what is wrong with it."""
+    (413 for a batch past `max_batch`) that says what is wrong with it."""
     if not (floating or (role.takes_uint8 and dtype_name == "uint8")):
         raise InvalidRequestError(f"{role.dtypes_hint}, got {dtype_name}")
     shape = layout.bcthw_shape(shape)
     name = role.key
-    if shape[0] != 1:
+    if max_batch == 1 and shape[0] != 1:
         raise InvalidRequestError(f"{name} must hold one video (batch 1), got batch {shape[0]}")
+    if shape[0] < 1:
+        raise InvalidRequestError(f"{name} hold no video: batch 0")
+    if shape[0] > max_batch:
+        raise PayloadTooLargeError(
+            f"a batch of {shape[0]} videos is more than this server takes at once ({max_batch})"
+        )
     if shape[2] == 0:
         raise InvalidRequestError(f"{name} have zero frames")
     if 0 in shape:

@@ -56,6 +56,7 @@ def load_npy(
     check_shape: ShapeCheck | None,
     layout: LayoutChoice | None = None,
     role: TensorRole = LATENTS,
+    max_batch: int = 1,
 ) -> LatentFile:
     descr, fortran_order, shape, offset = _read_header(data)
     dtype = _plain_dtype(descr)
@@ -68,9 +69,9 @@ def load_npy(
         )
     floating = dtype.kind == "f"
     bound = choose_layout(layout, {})  # a .npy file has no metadata
-    bcthw = check_declared(shape, dtype.name, floating, bound, role)
+    bcthw = check_declared(shape, dtype.name, floating, bound, role, max_batch)
     if check_shape is not None:
-        check_shape(bcthw)
+        check_shape((1, *bcthw[1:]))  # one video's
     count = present // dtype.itemsize
     array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     array = array.reshape(shape, order="F" if fortran_order else "C")

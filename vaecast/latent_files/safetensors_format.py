@@ -102,6 +102,7 @@ def load_safetensors(
     check_shape: ShapeCheck | None,
     layout: LayoutChoice | None = None,
     role: TensorRole = LATENTS,
+    max_batch: int = 1,
 ) -> LatentFile:
     """The latents (or frames: `role`), metadata and soundtrack of a safetensors file
     whose header is parsed; the tensor read in the layout `layout` picks from the
@@ -126,10 +127,10 @@ def load_safetensors(
     metadata_entry = entries.get(_METADATA_KEY)
     bound = choose_layout(layout, {} if metadata_entry is None else _metadata(metadata_entry))
     bcthw = check_declared(
-        shape, _torch_name(torch_dtype), torch_dtype.is_floating_point, bound, role
+        shape, _torch_name(torch_dtype), torch_dtype.is_floating_point, bound, role, max_batch
     )
     if check_shape is not None:
-        check_shape(bcthw)
+        check_shape((1, *bcthw[1:]))  # one video's
     metadata = _validate(entries, data_bytes)
     begin, _ = entry["data_offsets"]  # type: ignore[index]
     tensor = _tensor(data, header.data_start + begin, shape, torch_dtype)

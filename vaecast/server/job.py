@@ -85,6 +85,13 @@ class DecodeRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """An upload of B > 1 videos (a pipeline's `num_videos_per_prompt`): a job each."""
+
+    videos: tuple[DecodeRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PushRequest:
     """A push session: latents (or, `kind` "frames", frames a producer decoded) will
     arrive in blocks, with audio of this format if any."""

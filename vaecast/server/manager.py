@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from vaecast.encoder_spares import SpareEncoders
@@ -63,6 +63,29 @@ class Admission:
         job = manager._start_job(request)
         self._give_back()
         return job
+
+    def submit_batch(self, requests: Sequence[DecodeRequest]) -> list[Job]:
+        """One job per request, all or none: the places for all are taken first (429
+        when the server has fewer left), and each plan checked before any job starts."""
+        manager = self._manager
+        if manager is None:
+            raise RuntimeError("an admission is used once")
+        extra = len(requests) - 1
+        if manager.capacity_left < extra:
+            manager.metrics.jobs_rejected.labels("busy").inc()
+            raise ServerBusyError(
+                f"a batch of {len(requests)} videos needs {len(requests)} job places; "
+                f"this server has {manager.capacity_left + 1} free now; try again later",
+                retry_after_s=manager._retry_after_s(),
+            )
+        manager._reserved += extra
+        try:
+            for request in requests:  # refused here, before any of them runs
+                manager._checked_start(request)
+            return [manager._start_job(request) for request in requests]
+        finally:
+            manager._reserved -= extra
+            self._give_back()
 
     def _give_back(self) -> None:
         if self._manager is not None:

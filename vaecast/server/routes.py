@@ -15,7 +15,7 @@ from vaecast.errors import InvalidRequestError, NotFoundError
 from vaecast.params import leading_int, parse_int
 from vaecast.server.content import end_response, send_content, send_stream
 from vaecast.server.hls_routes import add_hls_routes
-from vaecast.server.job import DecodeRequest, Job, PushRequest
+from vaecast.server.job import BatchRequest, DecodeRequest, Job, PushRequest
 from vaecast.server.live_demo import (
     DEMO_WARM_UP,
     LiveDemoRequest,
@@ -92,6 +92,10 @@ async def create_video(request: web.Request) -> web.Response:
         decode_request = await read_decode_request(
             request, manager.config, manager.check_latent_shape, manager.layout_for
         )
+        if isinstance(decode_request, BatchRequest):  # a job per video, in order
+            jobs = admission.submit_batch(decode_request.videos)
+            data = [job_json(job, manager) for job in jobs]
+            return web.json_response({"object": "list", "data": data}, status=201)
         job = _submit(admission, decode_request)
     body = job_json(job, manager)
     if isinstance(decode_request, PushRequest):  # where to push, and the secret to do it
@@ -167,6 +171,11 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
         if isinstance(decode_request, PushRequest):
             raise InvalidRequestError(
                 "a push session is created with POST /v1/videos; its viewers use /content"
+            )
+        if isinstance(decode_request, BatchRequest):
+            raise InvalidRequestError(
+                f"one response streams one video; these latents hold "
+                f"{len(decode_request.videos)}: POST them to /v1/videos for a job each"
             )
         job = _submit(admission, decode_request)
     try:

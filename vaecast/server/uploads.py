@@ -49,7 +49,7 @@ from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline import AudioFormat
 from vaecast.server.body_buffer import BodyBuffer
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import DecodeRequest, PushKind, PushRequest
+from vaecast.server.job import BatchRequest, DecodeRequest, PushKind, PushRequest
 from vaecast.server.live_demo import LiveDemoRequest
 from vaecast.server.multipart import boundary_of, parse_form
 
@@ -103,9 +103,10 @@ async def read_decode_request(
     config: ServerConfig,
     check_shape: ShapeCheck,
     layout_for: Callable[[str], LatentLayout] = lambda model: BCTHW,
-) -> DecodeRequest | PushRequest | LiveDemoRequest:
+) -> DecodeRequest | BatchRequest | PushRequest | LiveDemoRequest:
     """The request a POST makes: a push session, a demo, or an upload of latents read in
-    the layout of the model they are for (`layout_for`, by name)."""
+    the layout of the model they are for (`layout_for`, by name); a batch of several
+    videos makes a `BatchRequest`."""
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
         if body.get("input") == "push":
@@ -118,26 +119,47 @@ async def read_decode_request(
         params = {**metadata, **request.query, **upload.fields}
         return layout_for(params.get("model") or config.default_model).bind(params)
 
-    def load_and_check() -> tuple[Any, dict[str, str], Soundtrack | None]:
+    def load_and_check() -> tuple[Any, dict[str, str], list[Soundtrack | None]]:
         latent_file = load_latents(
-            upload.data, check_shape=lambda shape: check_shape(named_model, shape), layout=layout
+            upload.data,
+            check_shape=lambda shape: check_shape(named_model, shape),
+            layout=layout,
+            max_batch=config.decode_slots + config.max_queued_jobs,
         )
         params = {**latent_file.metadata, **request.query, **upload.fields}
-        soundtrack = None
+        batch = int(latent_file.latents.shape[0])
+        soundtracks: list[Soundtrack | None] = [None] * batch
         if latent_file.audio is not None:
-            waveform, sample_rate = check_audio(latent_file.audio, params.get(AUDIO_RATE_KEY))
-            soundtrack = Soundtrack(waveform, sample_rate)
-        return latent_file.latents, params, soundtrack
+            soundtracks = _soundtracks(latent_file.audio, batch, params.get(AUDIO_RATE_KEY))
+        return latent_file.latents, params, soundtracks
 
     # Parsing and checking (a full pass for NaN/Inf) take seconds on a large upload.
-    latents, params, soundtrack = await asyncio.to_thread(load_and_check)
-    return DecodeRequest(
-        latents=latents,
-        model=params.get("model") or config.default_model,
-        fps=parse_fps(params.get("fps"), config.default_fps),
-        soundtrack=soundtrack,
-        crop=_crop(params),
+    latents, params, soundtracks = await asyncio.to_thread(load_and_check)
+    videos = tuple(
+        DecodeRequest(
+            latents=latents[entry : entry + 1],
+            model=params.get("model") or config.default_model,
+            fps=parse_fps(params.get("fps"), config.default_fps),
+            soundtrack=soundtrack,
+            crop=_crop(params),
+        )
+        for entry, soundtrack in enumerate(soundtracks)
     )
+    return videos[0] if len(videos) == 1 else BatchRequest(videos)
+
+
+def _soundtracks(audio: Any, batch: int, rate: str | None) -> list[Soundtrack | None]:
+    """A batch's soundtracks: (B, channels, samples), one per video, or one for all."""
+    if batch > 1 and audio.ndim == 3:
+        if audio.shape[0] != batch:
+            raise InvalidRequestError(
+                f"audio of shape {tuple(audio.shape)} is for {audio.shape[0]} videos; the "
+                f"latents hold {batch}: send (B, channels, samples) or one (channels, samples)"
+            )
+        entries = [check_audio(audio[entry], rate) for entry in range(batch)]
+    else:
+        entries = [check_audio(audio, rate)] * batch
+    return [Soundtrack(waveform, sample_rate) for waveform, sample_rate in entries]
 
 
 async def _read_json_object(request: web.Request, config: ServerConfig) -> dict[str, Any]:
