@@ -78,3 +78,88 @@ async def test_a_batch_takes_a_place_per_video_or_none(start_server: StartServer
         )
     assert len(server.manager.jobs) == 2  # none of the batch was started
     decoder.gate.set()
+
+
+async def push_alone(server: Server, blocks: list[torch.Tensor]) -> str:
+    async with server.client.post("/v1/videos", json={"input": "push"}) as response:
+        job = await response.json()
+    headers = {"X-Push-Token": job["push"]["token"]}
+    for block in blocks:
+        async with server.client.post(
+            job["push"]["url"], data=safetensors_bytes(latents=block.contiguous()), headers=headers
+        ) as response:
+            assert response.status == 202
+    async with server.client.post(job["push"]["url"] + "?final=1", headers=headers) as r:
+        assert r.status == 202
+    return job["id"]
+
+
+async def test_a_batch_push_session_splits_each_block_into_its_videos(start_server: StartServer):
+    server = await start_server()
+    entries = [smooth_latents(frames=3, seed=seed) for seed in (1, 2)]
+    async with server.client.post("/v1/videos", json={"input": "push", "batch": 2}) as response:
+        assert response.status == 201
+        answer = await response.json()
+    jobs, push = answer["data"], answer["push"]
+    assert len(jobs) == 2 and push["url"] == f"/v1/videos/{jobs[0]['id']}/latents"
+    headers = {"X-Push-Token": push["token"]}
+    for seq, cut in enumerate(((0, 2), (2, 3))):
+        block = torch.cat([entry[:, :, cut[0] : cut[1]] for entry in entries])
+        async with server.client.post(
+            push["url"],
+            data=safetensors_bytes(latents=block),
+            headers={**headers, "X-Push-Seq": str(seq)},
+        ) as response:
+            assert response.status == 202, await response.text()
+    # A block of another batch size is refused with the reason.
+    async with server.client.post(
+        push["url"],
+        data=safetensors_bytes(latents=entries[0][:, :, :1].contiguous()),
+        headers=headers,
+    ) as response:
+        assert response.status == 428  # numbered: and without an index
+    async with server.client.post(
+        push["url"],
+        data=safetensors_bytes(latents=entries[0][:, :, :1].contiguous()),
+        headers={**headers, "X-Push-Seq": "2"},
+    ) as response:
+        assert response.status == 422
+        assert (await response.json())["error"]["message"] == (
+            "this session is a batch of 2 videos; the block holds 1"
+        )
+    async with server.client.post(
+        push["url"] + "?final=1", headers={**headers, "X-Push-Seq": "2"}
+    ) as response:
+        assert response.status == 202
+    for job, entry in zip(jobs, entries, strict=True):
+        alone = await push_alone(server, [entry[:, :, :2], entry[:, :, 2:]])
+        assert await content(server, job["id"]) == await content(server, alone)
+
+
+async def test_a_cancelled_video_of_a_batch_push_lets_the_others_go_on(
+    start_server: StartServer,
+):
+    server = await start_server()
+    async with server.client.post("/v1/videos", json={"input": "push", "batch": 3}) as response:
+        answer = await response.json()
+    jobs, push = answer["data"], answer["push"]
+    headers = {"X-Push-Token": push["token"]}
+    block = torch.cat([smooth_latents(frames=1, seed=s) for s in (1, 2, 3)])
+    async with server.client.delete(f"/v1/videos/{jobs[1]['id']}") as response:
+        assert response.status == 200
+    for _ in range(2):
+        async with server.client.post(
+            f"/v1/videos/{jobs[2]['id']}/latents",  # any video's URL takes the batch
+            data=safetensors_bytes(latents=block),
+            headers=headers,
+        ) as response:
+            assert response.status == 202, await response.text()
+    async with server.client.post(push["url"] + "?final=1", headers=headers) as response:
+        assert response.status == 202
+    statuses = []
+    for job in jobs:
+        async with server.client.get(f"/v1/videos/{job['id']}/content") as response:
+            await response.read()
+        async with server.client.get(f"/v1/videos/{job['id']}") as response:
+            statuses.append(((await response.json())["status"], (await response.json())["frames"]))
+    assert statuses == [("completed", 5), ("cancelled", None), ("completed", 5)]

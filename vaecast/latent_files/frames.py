@@ -52,7 +52,12 @@ class _FramesLayout:
 FRAMES_LAYOUT = _FramesLayout()
 
 
-def load_frames(data: Buffer, check_shape: ShapeCheck | None = None) -> LatentFile:
+def load_frames(
+    data: Buffer, check_shape: ShapeCheck | None = None, max_batch: int = 1
+) -> LatentFile:
     """The frames of an upload as BCTHW (uint8 as sent, or float32), its metadata and
-    audio; `check_shape` sees the BCTHW shape before any data is read."""
-    return load_latents(data, check_shape, layout=lambda metadata: FRAMES_LAYOUT, role=FRAMES)
+    audio; `check_shape` sees one video's BCTHW shape before any data is read. A batch
+    of videos is (B, 3, T, H, W)."""
+    return load_latents(
+        data, check_shape, layout=lambda metadata: FRAMES_LAYOUT, role=FRAMES, max_batch=max_batch
+    )

@@ -102,6 +102,7 @@ class PushRequest:
     kind: PushKind = PushKind.LATENTS
     value_range: tuple[float, float] = (0.0, 1.0)  # of float frames
     crop: tuple[int, int] | None = None
+    batch: int = 1  # videos pushed together (a job each)
 
 
 class Job:

@@ -64,7 +64,7 @@ class Admission:
         self._give_back()
         return job
 
-    def submit_batch(self, requests: Sequence[DecodeRequest]) -> list[Job]:
+    def submit_batch(self, requests: Sequence[DecodeRequest | PushRequest]) -> list[Job]:
         """One job per request, all or none: the places for all are taken first (429
         when the server has fewer left), and each plan checked before any job starts."""
         manager = self._manager

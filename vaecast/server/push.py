@@ -19,7 +19,8 @@ import hmac
 import math
 import secrets
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ from vaecast.errors import (
     SessionTimeoutError,
     UnauthorizedError,
 )
-from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
+from vaecast.latent_files import AUDIO_RATE_KEY, LatentFile, check_audio, load_latents
 from vaecast.latent_files.frames import load_frames
 from vaecast.models.layouts import layout_of
 from vaecast.pipeline import TimedAudio
@@ -128,6 +129,20 @@ class PushSession:
             self._last_push = time.perf_counter()
             return {**answer, "frames_done": self.job.frames_done}
 
+    async def take(self, latents: torch.Tensor, audio: TimedAudio | None) -> None:
+        """Queue a block another owner read and `accept`ed (a batch's entry)."""
+        async with self._pushing:  # the idle watchdog waits while a push waits
+            self.check_open()
+            self._last_push = time.perf_counter()
+            await self.feed.put(latents, audio)
+            self._last_push = time.perf_counter()
+
+    async def end(self) -> None:
+        """The final mark for a session whose blocks another owner pushes."""
+        async with self._pushing:
+            if not (self.feed.ended or self.job.finished):
+                await self._end()
+
     async def close(self) -> None:
         tasks = [*self._in_flight, *([self._watchdog] if self._watchdog else [])]
         for task in tasks:
@@ -155,32 +170,43 @@ class PushSession:
         self, data: bytes, params: dict[str, str]
     ) -> tuple[torch.Tensor, TimedAudio | None, bool]:
         """Runs in a thread: the block's tensor checked against the session, its audio."""
+        return self.accept(self.read(data, params), params)
 
+    def read(self, data: bytes, params: dict[str, str], batch: int = 1) -> LatentFile:
+        """Runs in a thread: a block as read, its shape (one video's, of a `batch`)
+        checked against the session before any data is touched."""
         frames = self.job.push_kind is PushKind.FRAMES
-        noun = "frames" if frames else "latents"
 
         def check_shape(shape: tuple[int, ...]) -> None:
             first = self._block_shape
             if first is not None and (shape[1], *shape[3:]) != (first[1], *first[3:]):
                 raise InvalidRequestError(
-                    f"this block's {noun} are {shape[1]}x{shape[3]}x{shape[4]} (C x H x W); "
-                    f"the session's first block fixed {first[1]}x{first[3]}x{first[4]}"
+                    f"this block's {self._noun} are {shape[1]}x{shape[3]}x{shape[4]} (C x H x "
+                    f"W); the session's first block fixed {first[1]}x{first[3]}x{first[4]}"
                 )
             self._manager.check_stream_shape(self.job, self.feed.latent_frames + shape[2], shape)
             if first is None:
                 self.job.decoder.plan_stream(shape)  # channels and size the decoder takes
 
         if frames:
-            latent_file = load_frames(data, check_shape)
-        else:
-            layout = layout_of(self.job.decoder)
-            latent_file = load_latents(
-                data, check_shape, layout=lambda metadata: layout.bind({**metadata, **params})
-            )
+            return load_frames(data, check_shape, max_batch=batch)
+        layout = layout_of(self.job.decoder)
+        return load_latents(
+            data,
+            check_shape,
+            layout=lambda metadata: layout.bind({**metadata, **params}),
+            max_batch=batch,
+        )
+
+    def accept(
+        self, latent_file: LatentFile, params: dict[str, str]
+    ) -> tuple[torch.Tensor, TimedAudio | None, bool]:
+        """Runs in a thread: one video's block, read, checked against what the session
+        took before (dtype), with its audio placed on the video's timeline."""
         latents = latent_file.latents
         if self._dtype is not None and latent_file.dtype != self._dtype:
             raise InvalidRequestError(
-                f"this block's {noun} are {dtype_name(latent_file.dtype)}; "
+                f"this block's {self._noun} are {dtype_name(latent_file.dtype)}; "
                 f"the session's first block was {dtype_name(self._dtype)}"
             )
         merged = {**latent_file.metadata, **params}
@@ -189,9 +215,14 @@ class PushSession:
             waveform = self._check_audio(latent_file.audio, merged.get(AUDIO_RATE_KEY))
             audio = self._place_audio(waveform, tuple(latents.shape))
         if self._block_shape is None:
+            self.job.decoder.plan_stream(tuple(latents.shape))  # fixes a frames chunk size
             self._block_shape, self._dtype = tuple(latents.shape), latent_file.dtype
         final = str(latent_file.metadata.get("final", "")).lower() in FINAL_VALUES
         return latents, audio, final
+
+    @property
+    def _noun(self) -> str:
+        return "frames" if self.job.push_kind is PushKind.FRAMES else "latents"
 
     def _check_audio(self, audio: torch.Tensor, rate_text: str | None) -> np.ndarray:
         expected = self.job.audio
@@ -245,7 +276,7 @@ class PushSessions:
     def __init__(self, manager: JobManager) -> None:
         self._manager = manager
         self.config = manager.config
-        self._sessions: dict[str, PushSession] = {}
+        self._sessions: dict[str, Pushes] = {}
 
     def open(self, job: Job) -> PushSession:
         # Forget sessions whose job is gone (evicted or deleted): their ids answer 410.
@@ -254,7 +285,12 @@ class PushSessions:
         session = self._sessions[job.id] = PushSession(job, self._manager)
         return session
 
-    def get(self, job_id: str) -> PushSession:
+    def add(self, session: Pushes, job_ids: Sequence[str]) -> None:
+        """Route the pushes to each of `job_ids` to `session` (a batch's)."""
+        for job_id in job_ids:
+            self._sessions[job_id] = session
+
+    def get(self, job_id: str) -> Pushes:
         job = self._manager.get(job_id)  # 404 or 410 first
         session = self._sessions.get(job.id)
         if session is None:
@@ -262,10 +298,26 @@ class PushSessions:
         return session
 
     async def close(self) -> None:
-        await asyncio.gather(*(s.close() for s in self._sessions.values()))
+        unique = {id(s): s for s in self._sessions.values()}.values()
+        await asyncio.gather(*(s.close() for s in unique))
 
 
-def push_json(session: PushSession) -> dict[str, str]:
+class Pushes(Protocol):
+    """What takes a job's pushes: its `PushSession`, or its batch's."""
+
+    token: str
+    job: Job
+
+    def authorize(self, presented: str | None) -> None: ...
+    def replayed(self, seq: int | None) -> bool: ...
+    def check_open(self) -> None: ...
+    async def push(
+        self, data: bytes, final: bool, params: dict[str, str], seq: int | None = None
+    ) -> dict[str, Any]: ...
+    async def close(self) -> None: ...
+
+
+def push_json(session: Pushes) -> dict[str, str]:
     return {"url": f"/v1/videos/{session.job.id}/latents", "token": session.token}
 
 

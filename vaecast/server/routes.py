@@ -25,6 +25,7 @@ from vaecast.server.live_demo import (
 from vaecast.server.manager import Admission, JobManager
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vaecast.server.push import PushSessions, push_json, push_latents
+from vaecast.server.push_batch import open_batch
 from vaecast.server.uploads import read_decode_request
 
 log = logging.getLogger("vaecast.http")
@@ -96,6 +97,12 @@ async def create_video(request: web.Request) -> web.Response:
             jobs = admission.submit_batch(decode_request.videos)
             data = [job_json(job, manager) for job in jobs]
             return web.json_response({"object": "list", "data": data}, status=201)
+        if isinstance(decode_request, PushRequest) and decode_request.batch > 1:
+            jobs = admission.submit_batch([decode_request] * decode_request.batch)
+            batch = open_batch(request.app[PUSH_SESSIONS], jobs)
+            data = [job_json(job, manager) for job in jobs]
+            body = {"object": "list", "data": data, "push": push_json(batch)}
+            return web.json_response(body, status=201)
         job = _submit(admission, decode_request)
     body = job_json(job, manager)
     if isinstance(decode_request, PushRequest):  # where to push, and the secret to do it

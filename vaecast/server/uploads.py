@@ -62,6 +62,7 @@ DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound", "live"}
 PUSH_FIELDS = frozenset(
     {
         "input",
+        "batch",
         "kind",
         "fps",
         "model",
@@ -215,6 +216,12 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
         kind=kind,
         value_range=(0.0, 1.0) if value_range is None else _value_range(value_range),
         crop=_crop({key: _text_field(body, key, numbers=True) for key in ("width", "height")}),
+        batch=parse_int(
+            _text_field(body, "batch", numbers=True) or "1",
+            "batch",
+            1,
+            config.decode_slots + config.max_queued_jobs,
+        ),
     )
 
 
