@@ -324,9 +324,12 @@ def test_blocks_are_serialized_as_given_and_checked_cheaply():
     assert torch.equal(
         load_safetensors(encode_block(read_only))["latents"], torch.from_numpy(read_only.copy())
     )
-    for bad in (torch.zeros(2, 3, 4), torch.zeros(2, 4, 1, 2, 2), torch.zeros(4, 1, 2, 2).int()):
+    for bad in (torch.zeros(2, 3, 4), torch.zeros(4, 1, 2, 2).int(), torch.zeros(0, 4, 1, 2, 2)):
         with pytest.raises(InvalidRequestError):
             encode_block(bad)
+    # A batch's block (B, C, t, H, W) goes as it is: the server knows the session's B.
+    batch = torch.zeros(2, 4, 1, 2, 2)
+    assert torch.equal(load_safetensors(encode_block(batch))["latents"], batch)
 
 
 def test_push_cuts_a_file_into_blocks_with_their_audio_and_pacing():

@@ -100,9 +100,9 @@ def encode_block(latents: Array, audio: Array | None = None) -> bytes:
     tensor = _tensor(latents, "latents")
     if not tensor.is_floating_point():
         raise InvalidRequestError(f"latents must be floating point, got {tensor.dtype}")
-    if tensor.ndim not in (4, 5) or (tensor.ndim == 5 and tensor.shape[0] != 1):
+    if tensor.ndim not in (4, 5):
         raise InvalidRequestError(
-            f"a block is (C, t, H, W) or (1, C, t, H, W), got shape {tuple(tensor.shape)}"
+            f"a block is (C, t, H, W) or (B, C, t, H, W), got shape {tuple(tensor.shape)}"
         )
     if tensor.numel() == 0:
         raise InvalidRequestError(f"the block is empty: shape {tuple(tensor.shape)}")
@@ -115,30 +115,39 @@ def encode_block(latents: Array, audio: Array | None = None) -> bytes:
 def encode_frames_block(
     frames: Array, audio: Array | None = None, value_range: tuple[float, float] = (0.0, 1.0)
 ) -> bytes:
-    """One frames block as the server reads it: safetensors with uint8 `frames`
-    `(T, H, W, 3)` and maybe `audio`. Floats are quantized to uint8 first, on their own
-    device (`vaecast.codecs.quantize.quantize_to_host`, the server's own rounding)."""
+    """One frames block as the server reads it: safetensors with uint8 `frames`, `(T, H, W,
+    3)` for one video or `(B, 3, T, H, W)` for a batch, and maybe `audio`. Floats are
+    quantized to uint8 first, on their own device (`vaecast.codecs.quantize.quantize_to_host`,
+    the server's own rounding), and copied to the host once per video."""
     from vaecast.codecs.quantize import quantize_to_host
 
     if isinstance(frames, np.ndarray) and frames.dtype == np.uint8:
-        pixels = frames
+        pixels = torch.from_numpy(frames if frames.flags.writeable else frames.copy())
     elif isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8:
-        pixels = frames.detach().cpu().numpy()
+        pixels = frames.detach().cpu()
     else:
         tensor = frames if isinstance(frames, torch.Tensor) else _tensor(frames, "frames")
         if not tensor.is_floating_point():
             raise InvalidRequestError(f"frames must be uint8 or floating point, got {tensor.dtype}")
         if tensor.ndim == 4:
             tensor = tensor.unsqueeze(0)
-        if tensor.ndim != 5 or tensor.shape[:2] != (1, 3):
+        if tensor.ndim != 5 or tensor.shape[1] != 3:
             raise InvalidRequestError(
-                f"float frames are (1, 3, T, H, W) or (3, T, H, W), got {tuple(frames.shape)}"
+                f"float frames are (B, 3, T, H, W) or (3, T, H, W), got {tuple(frames.shape)}"
             )
-        pixels = quantize_to_host(tensor.detach(), value_range)  # one device-to-host copy
-    if pixels.ndim != 4 or pixels.shape[-1] != 3 or 0 in pixels.shape:
-        raise InvalidRequestError(f"uint8 frames are (T, H, W, 3), got {tuple(pixels.shape)}")
-    writable = pixels if pixels.flags.writeable else pixels.copy()
-    tensors = {"frames": torch.from_numpy(np.ascontiguousarray(writable))}
+        videos = [
+            torch.from_numpy(quantize_to_host(tensor[b : b + 1].detach(), value_range))
+            for b in range(tensor.shape[0])
+        ]
+        # One video as (T, H, W, 3); a batch as (B, 3, T, H, W), the server's batched form.
+        pixels = videos[0] if len(videos) == 1 else torch.stack(videos).permute(0, 4, 1, 2, 3)
+    one_video = pixels.ndim == 4 and pixels.shape[-1] == 3
+    batched = pixels.ndim == 5 and pixels.shape[1] == 3
+    if not (one_video or batched) or pixels.numel() == 0:
+        raise InvalidRequestError(
+            f"uint8 frames are (T, H, W, 3) or (B, 3, T, H, W), got {tuple(pixels.shape)}"
+        )
+    tensors = {"frames": pixels.contiguous()}
     if audio is not None:
         tensors["audio"] = _tensor(audio, "audio").to(torch.float32).contiguous()
     return save_safetensors(tensors)
@@ -223,9 +232,12 @@ class _Session:
         value_range: tuple[float, float] = (0.0, 1.0),
         width: int | None = None,
         height: int | None = None,
+        batch: int = 1,
     ) -> None:
         """`kind` "frames" pushes decoded frames (see the module docstring); `width` and
-        `height` crop the video to its top-left part (a decoder's padding)."""
+        `height` crop the video to its top-left part (a decoder's padding); `batch` > 1
+        pushes blocks of that many videos at once, `(B, C, t, H, W)`, watched as one
+        job each (`content_urls`)."""
         if urlsplit(url).scheme not in ("http", "https"):
             raise InvalidRequestError(f"the server URL must be http:// or https://, got {url!r}")
         if kind not in ("latents", "frames"):
@@ -245,10 +257,12 @@ class _Session:
             "audio_channels": audio_channels,
             "width": width,
             "height": height,
+            "batch": batch if batch != 1 else None,
         }
         create.update({key: value for key, value in optional.items() if value is not None})
         self._create_body = json.dumps(create).encode()
         self._job: dict[str, Any] | None = None
+        self._batch_jobs: list[dict[str, Any]] = []
         self._push_path = ""
         self._token = ""  # shown once, at creation; kept out of `job` so it is not logged
         self._finalized = False  # the final mark went out: the job will complete on its own
@@ -273,6 +287,12 @@ class _Session:
     @property
     def watch_url(self) -> str:
         return self.content_url
+
+    @property
+    def content_urls(self) -> list[str]:
+        """Each video's MP4: one for a session, B for a batch (in its order)."""
+        jobs = self._batch_jobs or [self._opened()]
+        return [self._url(job["urls"]["content"]) for job in jobs]
 
     @property
     def events_url(self) -> str:
@@ -310,7 +330,11 @@ class _Session:
         return _Request("POST", "/v1/videos", self._headers("application/json"), self._create_body)
 
     def _created(self, answer: dict[str, Any]) -> None:
-        push, urls = answer.pop("push", None), answer.get("urls")
+        push = answer.pop("push", None)
+        if isinstance(answer.get("data"), list) and answer["data"]:  # a batch: a job each
+            self._batch_jobs = [dict(job) for job in answer["data"]]
+            answer = dict(answer["data"][0])
+        urls = answer.get("urls")
         if not (
             "id" in answer
             and isinstance(urls, dict)

@@ -3,10 +3,13 @@ each video equal to its entry uploaded alone; admission counts all B."""
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
-from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents
+from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents
 from tests.helpers.server import Server, StartServer
+from vaecast.client import PushSession
 
 
 async def content(server: Server, job_id: str) -> bytes:
@@ -163,3 +166,26 @@ async def test_a_cancelled_video_of_a_batch_push_lets_the_others_go_on(
         async with server.client.get(f"/v1/videos/{job['id']}") as response:
             statuses.append(((await response.json())["status"], (await response.json())["frames"]))
     assert statuses == [("completed", 5), ("cancelled", None), ("completed", 5)]
+
+
+async def test_the_client_pushes_a_batch_of_latents_and_of_frames(start_server: StartServer):
+    server = await start_server()
+    latents = torch.cat([smooth_latents(frames=3, seed=s) for s in (1, 2)])
+    frames = torch.rand(2, 3, 6, 16, 16)
+
+    def produce() -> tuple[list[str], list[str]]:
+        with PushSession(server.url, batch=2) as session:
+            session.push(latents[:, :, :2])
+            session.push(latents[:, :, 2:])
+            latent_urls = session.content_urls
+        with PushSession(server.url, batch=2, kind="frames") as session:
+            session.push(frames[:, :, :3])
+            session.push(frames[:, :, 3:])
+            frame_urls = session.content_urls
+        return latent_urls, frame_urls
+
+    latent_urls, frame_urls = await asyncio.to_thread(produce)
+    assert len(latent_urls) == len(frame_urls) == 2
+    for url, expected in [*((u, 9) for u in latent_urls), *((u, 6) for u in frame_urls)]:
+        async with server.client.get(url.removeprefix(server.url)) as response:
+            assert len(decode_mp4(await response.read())) == expected
