@@ -3,6 +3,9 @@
 A generator of 16 fps video makes 4 latent frames a second. This benchmark plays one:
 it creates a push session on a benchmark server (a subprocess, `benchmarks.server`),
 pushes one latent frame every 1/4 s over HTTP, and watches `/content` from the start.
+The `frames` arm is a producer that decodes on its own: the same video, decoded here
+beforehand, pushed as uint8 RGB in blocks of 4 frames every 1/4 s (`kind: frames`); its
+latency is the encode and the delivery alone, next to the latents' decode as well.
 It reports, per chunk, the block-to-viewer latency (from the push of the block that
 completes the chunk to the chunk's fragment at the viewer) against that chunk's own
 decode + encode time measured alone, and whether playback that starts at the first
@@ -29,7 +32,7 @@ from safetensors.torch import save as save_safetensors
 
 from benchmarks.client import client_session, make_latents, receive, server_process
 from vaecast.bridge import chunk_to_host
-from vaecast.codecs.quantize import quantize_yuv420_to_host
+from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.base import DecodedChunk
 from vaecast.models.tiny import TinyDecoder
@@ -37,6 +40,7 @@ from vaecast.models.tiny import TinyDecoder
 RESULTS = Path(__file__).resolve().parent / "results"
 FPS = 16
 LATENT_FPS = 4.0  # 16 fps video: latent frame 0 is 1 frame, each later one 4
+BLOCK_FRAMES = 4  # the frames producer's block: a quarter second of video
 
 
 def reference_chunk_seconds(latents: torch.Tensor) -> list[float]:
@@ -61,21 +65,38 @@ def reference_chunk_seconds(latents: torch.Tensor) -> list[float]:
     return seconds
 
 
-async def one_run(url: str, latents: torch.Tensor) -> dict[str, Any]:
+def decoded_blocks(latents: torch.Tensor) -> list[torch.Tensor]:
+    """The video as the frames producer has it: uint8 (T, H, W, 3) blocks of 4 frames
+    (the first latent frame's 1 frame joins the next block: chunks of one size)."""
+    frames = quantize_to_host(TinyDecoder().decode(latents), TinyDecoder.value_range)
+    video = torch.from_numpy(frames)
+    return [video[start : start + BLOCK_FRAMES] for start in range(0, len(video), BLOCK_FRAMES)]
+
+
+async def one_run(url: str, latents: torch.Tensor, kind: str = "latents") -> dict[str, Any]:
+    create = {"input": "push", "fps": FPS, **({"kind": "frames"} if kind == "frames" else {})}
+    if kind == "frames":
+        blocks_in = decoded_blocks(latents)
+        bodies = [save_safetensors({"frames": block.contiguous()}) for block in blocks_in]
+    else:
+        bodies = [
+            save_safetensors({"latents": latents[:, :, index : index + 1].contiguous()})
+            for index in range(latents.shape[2])
+        ]
     async with client_session() as session:
-        async with session.post(f"{url}/v1/videos", json={"input": "push", "fps": FPS}) as r:
+        async with session.post(f"{url}/v1/videos", json=create) as r:
             job = await r.json()
         push_url, token = job["push"]["url"], job["push"]["token"]
         started = time.monotonic()
         viewer = asyncio.create_task(
             receive(session, "GET", f"{url}{job['urls']['content']}", started=started)
         )
+        events = asyncio.create_task(chunk_latencies(session, f"{url}{job['urls']['events']}"))
         pushed_at: list[float] = []
-        blocks = latents.shape[2]
-        for index in range(blocks):
+        blocks = len(bodies)
+        for index, body in enumerate(bodies):
             due = started + index / LATENT_FPS
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            body = save_safetensors({"latents": latents[:, :, index : index + 1].contiguous()})
             pushed_at.append(time.monotonic())
             params = {"final": "1"} if index == blocks - 1 else {}
             async with session.post(
@@ -83,13 +104,14 @@ async def one_run(url: str, latents: torch.Tensor) -> dict[str, Any]:
             ) as r:
                 assert r.status == 202, await r.text()
         received = await viewer
-    # Causal `tiny`: chunk i is latent frame i, completed by block i.
+        server_latency = await events
+    # Causal `tiny`, and frames in blocks of one size: chunk i is completed by block i.
     latency = [at - pushed for at, pushed in zip(received.fragment_at, pushed_at, strict=True)]
     # A real-time generator whose first block is one frame long (the rest 4) makes any
     # viewer wait: the second block comes a block period after the first, which covers
     # only 1/FPS. Playback that starts that much after the first fragment is what the
     # producer allows; a stall past that would be ours.
-    producer_wait_s = 1 / LATENT_FPS - 1 / FPS
+    producer_wait_s = 1 / LATENT_FPS - 1 / FPS if kind == "latents" else 0.0
     play_from = received.fragment_at[0] + producer_wait_s
     late = [
         at - (play_from + media)
@@ -97,7 +119,9 @@ async def one_run(url: str, latents: torch.Tensor) -> dict[str, Any]:
     ]
     first = received.fragment_at[0]
     return {
+        "kind": kind,
         "latency_s": latency,
+        "server_latency_s": server_latency,
         "producer_wait_s": producer_wait_s,
         "stalls": sum(1 for lateness in late if lateness > 0),
         "worst_lateness_s": max(late),
@@ -108,6 +132,23 @@ async def one_run(url: str, latents: torch.Tensor) -> dict[str, Any]:
     }
 
 
+async def chunk_latencies(session: Any, events_url: str) -> list[float]:
+    """Each `chunk` event's `latency_s` (the server's block-to-fragment time), read from
+    the job's creation on: a finished job's events no longer list its chunks."""
+    latencies: list[float] = []
+    async with session.get(events_url) as response:
+        event = ""
+        async for line in response.content:
+            text = line.decode().rstrip("\n")
+            if text.startswith("event: "):
+                event = text.removeprefix("event: ")
+            elif text.startswith("data: ") and event == "chunk":
+                latencies.append(float(json.loads(text.removeprefix("data: "))["latency_s"]))
+            elif text.startswith("data: ") and event in ("done", "error"):
+                break
+    return latencies
+
+
 def _p99(values: Sequence[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -116,17 +157,32 @@ def _p99(values: Sequence[float]) -> float:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     latents = make_latents(args.frames, args.width, args.height, RESULTS / "tmp")
     reference = reference_chunk_seconds(latents)
-    runs = []
+    runs, frames_runs = [], []
     with server_process("tiny", "cpu", RESULTS / "tmp" / "push_server.log", "yuv420") as server:
-        for _ in range(args.repeats):
+        for _ in range(args.repeats):  # the two producers alternate
             runs.append(await one_run(server.url, latents))
+            frames_runs.append(await one_run(server.url, latents, kind="frames"))
     ratios = [
         latency / ref
         for run in runs
         for latency, ref in zip(run["latency_s"], reference, strict=True)
     ]
     latencies = [latency for run in runs for latency in run["latency_s"]]
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"median": statistics.median(values), "p99": _p99(values)}
+
+    arms = {
+        name: {
+            "viewer_latency_s": spread([v for run in arm for v in run["latency_s"]]),
+            "server_latency_s": spread([v for run in arm for v in run["server_latency_s"]]),
+            "stalls": [run["stalls"] for run in arm],
+        }
+        for name, arm in (("latents", runs), ("frames", frames_runs))
+    }
     return {
+        "arms": arms,
+        "frames_runs": frames_runs,
         "frames": args.frames,
         "size": f"{args.width}x{args.height}",
         "latent_fps": LATENT_FPS,
@@ -160,6 +216,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"| {ref['median'] * 1000:.0f} / {ref['p99'] * 1000:.0f} ms "
         f"| {ratio['median']:.2f}x / {ratio['p99']:.2f}x | {result['stalls']} |"
     )
+    for name, arm in result["arms"].items():
+        viewer, server_side = arm["viewer_latency_s"], arm["server_latency_s"]
+        print(
+            f"| {name} push, 16 frames/s | latency_s {server_side['median'] * 1000:.0f} / "
+            f"{server_side['p99'] * 1000:.0f} ms | at the viewer {viewer['median'] * 1000:.0f}"
+            f" / {viewer['p99'] * 1000:.0f} ms | stalls {arm['stalls']} |"
+        )
     print(f"written: {args.out}")
 
 
