@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         action="append",
-        help=f"model to serve (repeatable; the first is the default; default {DEFAULT_MODEL})",
+        help="model to serve (repeatable; the first is the default; default "
+        f"{DEFAULT_MODEL}): a built-in name, 'diffusers' (the model of the --weights "
+        "folder's config.json), or a plugin as package.module:factory",
     )
     serve.add_argument("--max-upload-mb", type=int, default=DEFAULTS.limits.max_upload_bytes // MIB)
     serve.add_argument("--max-frames", type=int, default=DEFAULTS.limits.max_frames)
@@ -271,8 +273,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="[MODEL=]PATH",
-        help="weights of a model that needs them (taehv: taew2_1.safetensors; wan2.1, "
-        "minimax-h3: a local diffusers folder); PATH alone is for the first --model",
+        help="weights of a model that needs them (taehv: taew2_1.safetensors; the diffusers "
+        "models: a local diffusers folder); PATH alone is for the first --model",
     )
     parser.add_argument(
         "--fps", default=None, help=f"frames per second (default {DEFAULTS.default_fps})"
