@@ -8,12 +8,21 @@ pipeline runs unchanged: this is just a latent source that blocks.
 
 The thread side never hangs: while it waits it looks at the cancel flag and at the
 loop every `GET_POLL_S`, as the bridge does for its puts.
+
+A block's audio (`TimedAudio`, from the block's first video frame on) is handed to
+the encoder with the next chunk it encodes. With audio, the pipeline holds each
+chunk's fragment until the audio that ends it with its video is in (see
+`vaecast.pipeline`): it reads where the blocks stand (`feed_state`: latent frames put,
+whose audio is all here by then; the end; a producer held back by the full queue; a
+cancel) and waits on the loop for the next change (`feed_changed`), which every put,
+the end, a held-back put and a cancel (from any thread) signal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +32,7 @@ import torch
 
 from vaecast.errors import DecodeCancelled, VaecastError
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
-from vaecast.pipeline import TimedAudio
+from vaecast.pipeline import FeedState, TimedAudio
 
 GET_POLL_S = 0.05
 
@@ -55,26 +64,43 @@ class LatentFeed:
         self._taken_arrival: float | None = None
         self.chunk_arrivals: dict[int, float] = {}
         self.latent_frames = 0
+        self._puts_held = 0  # puts waiting for room in the queue
+        self._version = 0  # of `feed_state`
+        self._changed = asyncio.Event()  # pulsed at each change
 
     # The event loop's side.
 
     async def put(self, latents: torch.Tensor, audio: TimedAudio | None = None) -> None:
         """Queue a block (waits while the queue is full); its audio goes to the encoder
-        with the next chunk it encodes."""
+        with the next chunk it encodes. `audio` starts at the block's first frame."""
         if self._ended:
             raise RuntimeError("put after the end of the feed")
+        # Counted with its audio before any wait: a fragment waiting for this audio
+        # has it even while the put waits for room.
         self.latent_frames += int(latents.shape[2])
         if not self._first.done():
             self._first.set_result(tuple(latents.shape))
         if audio is not None:
             self._audio.append(audio)
-        await self._queue.put(_Block(latents, time.perf_counter()))
+        block = _Block(latents, time.perf_counter())
+        if not self._queue.full():
+            self._queue.put_nowait(block)
+            self._changed_now()
+            return
+        self._puts_held += 1
+        self._changed_now()
+        try:
+            await self._queue.put(block)
+        finally:
+            self._puts_held -= 1
+            self._changed_now()
 
     async def end(self) -> None:
         """No more blocks: the decoder finishes what it has (waits while the queue is full)."""
         if self._ended:
             return
         self._ended = True
+        self._changed_now()
         if not self._first.done():
             self._set_first_error(DecodeCancelled("the session ended before any block"))
         await self._queue.put(_End())
@@ -96,11 +122,35 @@ class LatentFeed:
         audio, self._audio = self._audio, []
         return audio
 
+    def feed_state(self) -> FeedState:
+        return FeedState(
+            latent_frames=self.latent_frames,
+            ended=self._ended,
+            held_back=self._puts_held > 0,
+            stopped=self._cancelled.is_set(),
+            version=self._version,
+        )
+
+    async def feed_changed(self, version: int) -> None:
+        """Return once `feed_state()` has changed from `version` (a put, the end, a put
+        held back or let through, a cancel); cancelling the caller stops the wait."""
+        while self._version == version:
+            await self._changed.wait()
+
+    def _changed_now(self) -> None:
+        """On the loop: a new `feed_state`; wake whoever waits for one."""
+        self._version += 1
+        self._changed.set()  # wakes every waiter now; the next waits for the next set
+        self._changed.clear()
+
     # The decode thread's side.
 
     def cancel(self) -> None:
-        """Callable from any thread: the decoder's next wait for a block raises."""
+        """Callable from any thread: the decoder's next wait for a block raises, and a
+        fragment waiting for audio stops waiting."""
         self._cancelled.set()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(self._changed_now)
         if not self._first.done():
             self._loop.call_soon_threadsafe(self._cancel_first)
 

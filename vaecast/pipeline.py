@@ -20,18 +20,53 @@ However it ends (done, decoder error, encoder error, cancel), `run_pipeline` ret
 or raises only after the decode thread has returned and the encoder is closed, so no
 thread, codec or queued chunk outlives it. Cancelling the task that awaits it stops
 the decoder at its next chunk.
+
+Audio that arrives with the latents (a push session with audio; `LiveSource`). Each
+fragment carries the audio of its own video span, as an upload's do: a fragment is
+written once the audio that ends it within one AAC frame of its video's end is in,
+and the last chunk's fragment carries the rest, fitted to end with the video, so no
+fragment is audio-only. AAC hands a frame's packet out two frames after it (see
+`codecs.live_audio`), so a chunk's fragment needs two to three AAC frames (43-64 ms
+at 48 kHz, 128-192 ms at 16 kHz) of audio past its video's end: in practice the
+next block's, which comes with the next block's latents. So the encoder, holding a chunk,
+waits on the event loop (`LiveSource.feed_changed`; the decode thread goes on
+meanwhile) until one of:
+- a later block is in, and with it that audio (`live_audio_needed`), or the blocks
+  that came reach past it: a block brings only audio from its own first frame on
+  (`TimedAudio`), so there is no more to wait for, and the gaps before it are
+  silence at once. Audio sent ahead does not spare the wait for the next block:
+  only a later block (or the end) tells whether the chunk ends the video;
+- the last block came (the session ended): then the chunk that ends the video is
+  encoded as the last, with the rest of the audio;
+- a block waits for room in the feed's queue: its producer is held back, and the
+  decode may be waiting for this very encoder (the bounded chunk queue), so waiting
+  on could only stall all three;
+- the source stopped (cancelled, failed, timed out), or the task was cancelled;
+- `audio_wait_s` passed: a producer slower than that, or one that waits for a
+  fragment before it sends the next block, gets the fragment with the audio it has
+  (ending up to three AAC frames short of the video; the next fragments catch up).
+So the wait never blocks the loop or a thread, never outlives the session, and
+holds nothing but what the feed's bounded queue already bounds: the audio of the
+blocks put and not yet encoded, taken into the encoder (as AAC packets) as it
+comes. What it costs: each fragment waits for the next block's arrival, so a
+fragment's block-to-viewer latency (`latency_s`) grows by the producer's interval
+between blocks, up to `audio_wait_s` (the live demo renders its next block as soon
+as the queue has room, so its wait is a block's rendering). Sessions without audio,
+and sources that are no `LiveSource`, never wait: each chunk is encoded the moment
+it is decoded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -46,6 +81,9 @@ from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodePlan, Strea
 from vaecast.thread_priority import lowered_pool
 
 DEFAULT_QUEUE_CHUNKS = 2
+# The longest a chunk of a push session with audio waits for the audio that ends its
+# fragment with its video (module docstring).
+DEFAULT_AUDIO_WAIT_S = 5.0
 
 # What builds the encoder: VideoStreamEncoder's signature.
 EncoderFactory = Callable[..., VideoStreamEncoder]
@@ -88,10 +126,34 @@ class WholeLatents:
 @dataclass(frozen=True, slots=True)
 class TimedAudio:
     """Audio that came with a latent block: (channels, n) float32 from the block's
-    first video frame on."""
+    first video frame on. A block brings no audio for frames before its own (the
+    pipeline gives up a gap, as silence, once a later block is in)."""
 
     samples: np.ndarray
     first_frame: int
+
+
+@dataclass(frozen=True, slots=True)
+class FeedState:
+    """Where a live source's blocks stand, for the audio of the fragments."""
+
+    latent_frames: int  # in the blocks put so far, whose audio is all in `take_audio`
+    ended: bool  # the last block is in
+    held_back: bool  # a block waits for room in the queue: its producer is held back
+    stopped: bool  # cancelled or failed: the decode is ending
+    version: int  # changes whenever any of the above does
+
+
+@runtime_checkable
+class LiveSource(LatentSource, Protocol):
+    """A latent source whose blocks, and the audio with them, arrive over time (a push
+    session): with audio, each fragment waits for its audio (module docstring)."""
+
+    def feed_state(self) -> FeedState:
+        """Now; on the event loop."""
+
+    async def feed_changed(self, version: int) -> None:
+        """Return once `feed_state().version` is no longer `version`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +236,7 @@ class FragmentDone:
     bytes: int
     encode_s: float
     decode_wait_s: float  # how long the encoder side waited for this chunk
+    audio_wait_s: float = 0.0  # how long it then waited for the audio that ends it
 
 
 class PipelineObserver(Protocol):
@@ -195,11 +258,14 @@ async def run_pipeline(
     stages: Stages = Stages(),
     observer: PipelineObserver | None = None,
     queue_chunks: int = DEFAULT_QUEUE_CHUNKS,
+    audio_wait_s: float = DEFAULT_AUDIO_WAIT_S,
 ) -> None:
     """Decode `source` with `decoder`, encode each chunk, append each fragment to `sink`.
 
     `plan` is the decoder's plan of a whole video, or its stream plan (frame size and
     chunk sizes, not the length) for one whose length is known when its source ends.
+    `audio_wait_s` bounds each chunk's wait for its audio (audio arriving with the
+    latents of a `LiveSource` only; see the module docstring).
     Raises DecodeFailedError when the decoder, the encoder or the sink fails, or the
     decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
     """
@@ -223,13 +289,25 @@ async def run_pipeline(
         ),
     )
     encoder: VideoStreamEncoder | None = None
-    encoding: asyncio.Future[bytes] | None = None
+    encoding: asyncio.Future[Any] | None = None
+
+    async def encode_call(pool: Executor, function: Callable[..., Any], *args: Any) -> Any:
+        """`function(encoder, *args)` on `pool`: the encoder's one call in flight."""
+        nonlocal encoding
+        encoding = loop.run_in_executor(pool, function, encoder, *args)
+        try:
+            return await encoding
+        except Exception as error:
+            raise DecodeFailedError(f"the encoder failed: {error}") from error
+
+    live = source if output.audio_format is not None and isinstance(source, LiveSource) else None
     try:
         encoder = await _join(opening)  # an error opening it is the caller's, as it was
         if observer is not None:
             observer.started(encoder.content_type)
         await _append(sink, encoder.init_segment)
         chunks_done = frames_done = 0
+        ended_video = False  # a chunk was encoded as the video's last
         while True:
             waited_from = time.perf_counter()
             item = await bridge.get()
@@ -238,24 +316,31 @@ async def run_pipeline(
                 break
             if isinstance(item, DecodeRaised):
                 raise DecodeFailedError(f"the decoder failed: {item.error}") from item.error
+            if ended_video:
+                raise DecodeFailedError(
+                    f"the decoder broke its plan: chunk {item.index} came after the "
+                    f"{frames_done} frames its latents decode to"
+                )
             _check_against_plan(plan, chunks_done, frames_done, item)
-            encode_from = time.perf_counter()
             # At the lower priority only while the encoder keeps up. Anything already
             # waiting behind this chunk means it does not: the decode outruns it, or
             # other work (another process) holds the cores; at normal priority it then
             # gets its fair share. (The decode's end waiting: nothing is left to yield to.)
             caught_up = chunks_done > 0 and bridge.backlog == 0
-            encoding = loop.run_in_executor(
-                workers.after_first() if caught_up else workers.encode,
-                _encode,
-                encoder,
-                item.pixels,
-                source.take_audio(),
-            )
-            try:
-                fragment = await encoding
-            except Exception as error:
-                raise DecodeFailedError(f"the encoder failed: {error}") from error
+            pool = workers.after_first() if caught_up else workers.encode
+            audio_waited_s = 0.0
+            if live is None:
+                encode_from = time.perf_counter()
+                fragment = await encode_call(pool, _encode, item.pixels, source.take_audio())
+            else:
+                fragment, ended_video, audio_waited_s, encode_from = await _encode_aligned(
+                    live,
+                    plan,
+                    encoder,
+                    item,
+                    functools.partial(encode_call, pool),
+                    audio_wait_s,
+                )
             encode_s = time.perf_counter() - encode_from
             await _append(sink, fragment)
             chunks_done += 1
@@ -270,18 +355,16 @@ async def run_pipeline(
                         len(fragment),
                         encode_s,
                         decode_wait_s,
+                        audio_waited_s,
                     )
                 )
         if isinstance(plan, DecodePlan) and chunks_done != plan.chunks:
             raise DecodeFailedError(
                 f"the decoder published {chunks_done} chunks, its plan said {plan.chunks}"
             )
-        # A stream's length is known only now: the rest of its audio, cut to the video.
-        encoding = loop.run_in_executor(workers.encode, _finish, encoder, source.take_audio())
-        try:
-            tail = await encoding
-        except Exception as error:
-            raise DecodeFailedError(f"the encoder failed: {error}") from error
+        # A stream's length is known only now: the rest of its audio, cut to the video
+        # (nothing, where the last chunk's fragment carried it).
+        tail = await encode_call(workers.encode, _finish, source.take_audio())
         if tail:
             await _append(sink, tail)
     finally:
@@ -326,8 +409,78 @@ def _encode(encoder: VideoStreamEncoder, pixels: Any, audio: list[TimedAudio]) -
     return encoder.encode_chunk(pixels)
 
 
-def _finish(encoder: VideoStreamEncoder, audio: list[TimedAudio]) -> bytes:
+async def _encode_aligned(
+    live: LiveSource,
+    plan: DecodePlan | StreamPlan,
+    encoder: VideoStreamEncoder,
+    chunk: HostChunk,
+    call: Callable[..., Awaitable[Any]],
+    max_wait_s: float,
+) -> tuple[bytes, bool, float, float]:
+    """Encode `chunk` once the audio that ends its fragment with its video is in, or
+    there is no more to wait for (module docstring). Returns the fragment, whether it
+    ended the video, how long the chunk waited for audio, and when its encode began.
+
+    Once a later block (or the end) is in, each try takes in the audio that came (the
+    encoder then holds it as AAC packets, not the feed as PCM) and encodes only if
+    enough is in; between tries the wait is on the event loop, for the feed's next
+    change, never past `max_wait_s` (0: no wait)."""
+    loop = asyncio.get_running_loop()
+    frame_end = chunk.frame_start + chunk.frame_count
+    taken = time.perf_counter()
+    deadline = loop.time() + max_wait_s
+    while True:
+        state = live.feed_state()
+        if isinstance(plan, StreamPlan):
+            video_in = plan.frames_for(state.latent_frames)  # of the blocks put
+            more_follows = video_in > frame_end
+        else:  # a push whose length was known before its decode began: ended
+            video_in = plan.frames if state.ended else frame_end
+            more_follows = frame_end < plan.frames
+        last = state.ended and not more_follows
+        settled = encoder.audio_sample_at(video_in)  # no more audio comes before this
+        need = encoder.live_audio_needed(frame_end, more_follows)
+        # Whether this chunk ends the video is known only once a later block, or the
+        # end, is in: until then it waits, whatever audio came ahead.
+        stop_waiting = state.ended or state.held_back or state.stopped or loop.time() >= deadline
+        if stop_waiting or more_follows:
+            encode_from = time.perf_counter()
+            fragment = await call(
+                _encode_live,
+                chunk.pixels,
+                live.take_audio(),
+                settled,
+                None if stop_waiting or settled >= need else need,
+                True if last else (False if more_follows else None),
+            )
+            if fragment is not None:
+                return fragment, last, encode_from - taken, encode_from
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await live.feed_changed(state.version)
+
+
+def _encode_live(
+    encoder: VideoStreamEncoder,
+    pixels: Any,
+    audio: list[TimedAudio],
+    settled: int,
+    need: int | None,
+    last: bool | None,
+) -> bytes | None:
+    """On the encode thread: take in the audio that came and settle the gaps before
+    `settled`; then the chunk's fragment, or None while fewer than `need` samples are
+    in (the audio stays in the encoder for the next try)."""
     _append_audio(encoder, audio)
+    encoder.settle_audio(settled)
+    if need is not None and encoder.audio_received < need:
+        return None
+    return encoder.encode_chunk(pixels, last=last)
+
+
+def _finish(encoder: VideoStreamEncoder, audio: list[TimedAudio]) -> bytes:
+    if not encoder.last_chunk_encoded:  # else the feed had ended: no audio came since
+        _append_audio(encoder, audio)
     return encoder.finish()
 
 

@@ -137,9 +137,9 @@ async def test_the_page_plays_a_decode_while_it_is_held_then_to_the_end(
     assert ended["duration"] == DEMO.frames / DEMO_FPS
     assert ended["buffered"] == [[0, DEMO.frames / DEMO_FPS]]
     assert (ended["videoWidth"], ended["videoHeight"]) == (DEMO.width, DEMO.height)
-    # One fragment per chunk, and a last one with the audio that ends the soundtrack
-    # (a live stream's length, and so its audio's end, is known only after its last chunk).
-    assert state["fragmentsAppended"] == DEMO_CHUNKS + 1
+    # One fragment per chunk, each with its own span of the soundtrack: the last chunk's
+    # carries the rest of the audio, so no audio-only fragment follows it.
+    assert state["fragmentsAppended"] == DEMO_CHUNKS
     assert state["bytesReceived"] == job.log.size
     assert state["streamEnded"]
     assert (state["chunksDone"], state["framesDone"]) == (DEMO_CHUNKS, DEMO.frames)

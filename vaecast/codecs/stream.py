@@ -13,10 +13,17 @@ Two ways to open a stream with sound:
   encoder's lookahead holds nothing back); the last chunk's fragment flushes the
   rest, and the audio track is exactly as long as the video (see `aac`).
 - Live (`audio=AudioSettings(...)`): the soundtrack arrives over time through
-  `append_audio`, between chunks, and the length is known only at `finish`. Each
-  fragment carries the audio received so far that ends within its video (see
-  `live_audio` for how far that is); `finish` returns a last, audio-only fragment
-  with the rest, the track fitted to end exactly with the video.
+  `append_audio`, between chunks, and the length is known only at the end. Each
+  fragment carries the audio received so far that ends within its video, or, with
+  `encode_chunk(last=False)` (more video follows), that reaches just past its video's
+  end (see `live_audio` for how far each is). A caller that can tell the last chunk
+  says so (`last=True`): its fragment carries the rest of the audio, the track fitted
+  to end exactly with the video. Otherwise `finish` returns a last, audio-only
+  fragment with the rest, fitted the same way. A caller that first waits until
+  `live_audio_needed` samples are in (`audio_received`) gets each fragment's audio
+  ending within one AAC frame of its video (`vaecast.pipeline` does, for a push
+  session); `settle_audio` tells the track where no more audio will come, so that
+  gaps there are silence at once rather than when the video reaches them.
 
 Either way `finish()` ends the stream: the bytes it returns (possibly b"") are the
 stream's last fragment.
@@ -41,7 +48,7 @@ from vaecast.codecs.aac import CODEC_STRING as AAC_CODEC_STRING
 from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.fmp4 import Sample
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
-from vaecast.codecs.live_audio import LiveAudioTrack
+from vaecast.codecs.live_audio import LiveAudioTrack, audio_needed, reach_past
 
 VIDEO_TRACK_ID = 1
 AUDIO_TRACK_ID = 2
@@ -72,7 +79,8 @@ class VideoStreamEncoder:
     refused with ValueError changes nothing.
 
     Call order: `init_segment`, then `encode_chunk` per chunk (live audio: any number of
-    `append_audio` calls between them), then `finish` once; `close` always.
+    `append_audio` and `settle_audio` calls between them), then `finish` once (after
+    a chunk encoded with `last=True` too); `close` always.
     """
 
     def __init__(
@@ -145,6 +153,7 @@ class VideoStreamEncoder:
         self._failed = False
         self._closed = False
         self.finished = False
+        self.last_chunk_encoded = False  # `encode_chunk(last=True)` ended the video
 
     @property
     def sample_rate(self) -> int | None:
@@ -160,10 +169,24 @@ class VideoStreamEncoder:
 
     def audio_sample_at(self, frame_index: int) -> int:
         """The audio sample where video frame `frame_index` starts: `append_audio`'s
-        `at_sample` for a block that starts there (the rounding `finish` uses)."""
+        `at_sample` for a block that starts there (the rounding `finish` uses). Pure:
+        callable from any thread, while another encodes."""
         if self.sample_rate is None:
             raise RuntimeError("this stream has no audio track")
         return samples_for_duration(Fraction(frame_index) / self.fps, self.sample_rate)
+
+    def live_audio_needed(self, frame_end: int, more_follows: bool) -> int:
+        """Live audio: the samples `audio_received` must reach for the fragment of a chunk
+        ending at video frame `frame_end` to carry every packet its `encode_chunk` may
+        (`last=False` when `more_follows`, else `last=None`): audio within one AAC frame
+        of the video's end. Pure: callable from any thread, while another encodes."""
+        return audio_needed(self._live_audio_end(frame_end, more_follows))
+
+    def _live_audio_end(self, frame_end: int, more_follows: bool) -> int:
+        video_end = self.audio_sample_at(frame_end)
+        if not more_follows:
+            return video_end
+        return reach_past(video_end, self.audio_sample_at(frame_end + 1))
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -173,9 +196,17 @@ class VideoStreamEncoder:
         if self.finished:
             raise RuntimeError("stream is finished")
 
-    def encode_chunk(self, frames: Yuv420Frames) -> bytes:
-        """`Yuv420Frames` of T >= 1 frames -> exactly one moof + mdat for these frames."""
+    def encode_chunk(self, frames: Yuv420Frames, last: bool | None = None) -> bytes:
+        """`Yuv420Frames` of T >= 1 frames -> exactly one moof + mdat for these frames.
+
+        `last` matters to live audio only: True, these are the video's last frames (the
+        fragment carries the rest of the audio, fitted to end with them; `finish` then
+        adds nothing); False, more frames will follow (the audio may reach just past
+        these frames, see `live_audio.reach_past`); None, not known (the audio ends
+        within these frames). A False that turns out wrong can leave `finish` unable
+        to end the audio with the video: it raises ValueError then."""
         self._check_usable()
+        self._check_video_open()
         # Bad input is refused before any frame reaches the codec; only a failure
         # inside the codec leaves it holding part of a chunk.
         self._encoder.check_frames(frames)
@@ -194,11 +225,22 @@ class VideoStreamEncoder:
             if audio_run is not None:
                 runs.append(audio_run)
         elif self._live is not None:
-            end = self.audio_sample_at(self.frames_encoded)
-            audio_run = self._audio_run(self._live.release_until(end))
+            audio_run = self._audio_run(self._live_chunk_audio(last))
             if audio_run is not None:
                 runs.append(audio_run)
+        self.last_chunk_encoded = bool(last)
         return self._fragment(runs)
+
+    def _live_chunk_audio(self, last: bool | None) -> list[Sample]:
+        assert self._live is not None
+        try:
+            if last:
+                return self._live.finish(self.audio_sample_at(self.frames_encoded))
+            end = self._live_audio_end(self.frames_encoded, more_follows=last is False)
+            return self._live.release_until(end)
+        except Exception:
+            self._failed = True
+            raise
 
     def append_audio(self, samples: np.ndarray, at_sample: int | None = None) -> int:
         """Add (channels, n) float32 audio to a live stream, between chunks: where the
@@ -207,6 +249,7 @@ class VideoStreamEncoder:
         `finish`) the gap is silence. Returns the samples taken: not those at positions
         already filled or given up."""
         self._check_usable()
+        self._check_video_open()
         if self._live is None:
             raise RuntimeError("append_audio needs a stream opened with audio=AudioSettings")
         # Bad input is refused before the codec sees any of it.
@@ -217,13 +260,28 @@ class VideoStreamEncoder:
             self._failed = True
             raise
 
+    def settle_audio(self, until_sample: int) -> None:
+        """Live audio: no more will come for positions before `until_sample` (a caller
+        that knows its audio arrives in order of position, block by block): the gaps
+        there are silence now, so the chunks' fragments need not wait for them."""
+        self._check_usable()
+        self._check_video_open()
+        if self._live is None:
+            raise RuntimeError("settle_audio needs a stream opened with audio=AudioSettings")
+        try:
+            self._live.give_up_before(until_sample)
+        except Exception:
+            self._failed = True
+            raise
+
     def finish(self) -> bytes:
         """End the stream after its last chunk: a last fragment with the audio left (live
-        audio only, fitted to end with the video; audio-only), or b"" when none is."""
+        audio only, fitted to end with the video; audio-only), or b"" when none is (no
+        live audio, or the last chunk was encoded with `last=True`)."""
         self._check_usable()
         self.finished = True
-        if self._live is None:
-            return b""  # a whole soundtrack was flushed with the last chunk
+        if self._live is None or self.last_chunk_encoded:
+            return b""  # flushed with the last chunk
         try:
             samples = self._live.finish(self.audio_sample_at(self.frames_encoded))
         except Exception:
@@ -231,6 +289,10 @@ class VideoStreamEncoder:
             raise
         audio_run = self._audio_run(samples)
         return b"" if audio_run is None else self._fragment([audio_run])
+
+    def _check_video_open(self) -> None:
+        if self.last_chunk_encoded:
+            raise RuntimeError("the stream's last chunk was encoded: only finish() is left")
 
     def _fragment(self, runs: list[fmp4.TrackRun]) -> bytes:
         data = fmp4.fragment(self.fragments_written + 1, runs)
