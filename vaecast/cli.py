@@ -331,6 +331,7 @@ def _serve(args: argparse.Namespace) -> int:
         runner_settings,
         serve_until_signalled,
     )
+    from vaecast.server.manager import JobManager
     from vaecast.server.routes import MANAGER
 
     models = args.model or [DEFAULT_MODEL]
@@ -379,7 +380,12 @@ def _serve(args: argparse.Namespace) -> int:
             name: await asyncio.to_thread(_load_decoder, name, args.device, weights.get(name))
             for name in models
         }
-        app = create_app(config, decoders, cluster=replicas, warm_demo=True)
+        manager = None
+        if replicas is not None:  # jobs run in the Ray cluster, mirrored here
+            from vaecast.cluster.runners import ClusterRunners
+
+            manager = JobManager(config, decoders, runners=ClusterRunners(replicas))
+        app = create_app(config, decoders, manager=manager, warm_demo=True)
 
         def announce(host: str, port: int) -> None:
             print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)

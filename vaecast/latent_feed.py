@@ -70,9 +70,12 @@ class LatentFeed:
 
     # The event loop's side.
 
-    async def put(self, latents: torch.Tensor, audio: TimedAudio | None = None) -> None:
+    async def put(
+        self, latents: torch.Tensor, audio: TimedAudio | None = None, *, dtype: str | None = None
+    ) -> None:
         """Queue a block (waits while the queue is full); its audio goes to the encoder
-        with the next chunk it encodes. `audio` starts at the block's first frame."""
+        with the next chunk it encodes. `audio` starts at the block's first frame.
+        `dtype` (the block's as pushed) matters to feeds that keep it elsewhere."""
         if self._ended:
             raise RuntimeError("put after the end of the feed")
         # Counted with its audio before any wait: a fragment waiting for this audio
@@ -121,6 +124,10 @@ class LatentFeed:
     def take_audio(self) -> list[TimedAudio]:
         audio, self._audio = self._audio, []
         return audio
+
+    async def shared_state(self) -> None:
+        """What this feed keeps elsewhere for its session (nothing: it is all here)."""
+        return None
 
     def feed_state(self) -> FeedState:
         return FeedState(

@@ -359,7 +359,7 @@ async def test_a_finished_job_lets_go_of_its_latents(start_server: StartServer):
     async with server.client.post("/v1/videos", data=body) as response:
         job = server.manager.get((await response.json())["id"])
     await asyncio.to_thread(decoder.holding.wait, 30)
-    latents = weakref.ref(job._source.latents)  # what the upload became
+    latents = weakref.ref(job.runner._source.latents)  # what the upload became
     decoder.gate.set()
     await asyncio.wait_for(job.wait(), 30)
     gc.collect()

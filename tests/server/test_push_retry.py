@@ -15,7 +15,7 @@ from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
 from tests.helpers.server import Server, StartServer
 from vaecast.client import AsyncPushSession, PushError, PushSession, retry_delay
 from vaecast.errors import PreconditionRequiredError
-from vaecast.server.push_ledger import PushGapError, PushLedger, parse_seq
+from vaecast.push_ledger import PushGapError, PushLedger, parse_seq
 
 
 def test_the_ledger_replays_taken_blocks_and_refuses_gaps_and_missing_indices() -> None:

@@ -1,22 +1,24 @@
 """Jobs' shared state in Ray mode: `SharedJob`, kept by named, detached `JobHost` actors.
 
-A SharedJob is the job, as far as the cluster is concerned: its status, error and
-progress events, its fragments (each put in Ray's object store, the refs kept in
-order), which replica decodes it, and a push session's block queue. It drives the
-decode itself: it calls the decoder replicas' streaming `decode` and takes each
-record as it comes, so the job does not depend on the front end that created it.
+A SharedJob is the job, as far as the cluster is concerned: its `JobRecord` (status,
+counters, timings, events: the record the server's jobs keep), its fragments (each
+put in Ray's object store, the refs kept in order), and a push session's block
+queue. It drives the decode itself: it calls the decoder replicas' streaming
+`decode` and takes each record as it comes, so the job does not depend on the front
+end that created it.
 
-Front ends follow it by long polls (`follow`: what is new since the fragment and the
-event they have, and the job's state) and copy what they stream into a local Job
-mirror; a push goes from any front end into the block queue (`push_block` waits while
-it is full), and the replica pulls blocks from it (`next_block`).
+Front ends follow it by long polls (`follow`: the record's transitions and the
+fragments since those they have, and the job's state) and apply them to a local Job
+mirror (`vaecast.cluster.mirror`), whose record then reads as this one; a push goes
+from any front end into the block queue (`push_block` waits while it is full), and
+the replica pulls blocks from it (`next_block`).
 
 After the job ends it keeps its fragments for `retention_s`, or until DELETE, then
 tells its followers why they are gone, and its host forgets it.
 
 Why hosts, and not an actor per job: an actor is a process, which on a loaded node
-took 2 to 6 s to start and import Ray Serve (measured here), all of it added to the
-job's time to first fragment, and some 150 MB each. `JOB_HOSTS` async actors, started
+takes seconds to start and import Ray Serve, all of it added to the job's time to
+first fragment, and some 150 MB each. `JOB_HOSTS` async actors, started
 with the first front end, keep any number of jobs; a job's id names its host
 (`records.host_name`), so any front end finds any job. The price: a host that dies
 takes its share of the jobs with it (Ray restarts it, empty; their viewers are cut
@@ -49,7 +51,6 @@ from vaecast.cluster.records import (
     JobRef,
     JobSpec,
     PushState,
-    ReplicaInfo,
     Segment,
     Snapshot,
     Started,
@@ -60,17 +61,23 @@ from vaecast.errors import (
     DecodeFailedError,
     JobStateError,
     ReplicaFailedError,
-    SessionTimeoutError,
     VaecastError,
 )
-from vaecast.server.job_timings import (
-    chunk_event,
-    job_timings,
-    progress_percent,
-    realtime_factor,
+from vaecast.job_record import (
+    ChunkEncoded,
+    Completed,
+    Encoding,
+    Ended,
+    Geometry,
+    JobRecord,
+    JobStatus,
+    LengthKnown,
+    PlanFacts,
+    SegmentAdded,
 )
+from vaecast.job_record import Started as RecordStarted
+from vaecast.push_ledger import idle_error, idle_left
 
-FINAL = frozenset({"completed", "failed", "cancelled"})
 # Fragments and events per `follow` answer: a late follower catches up in batches.
 FOLLOW_BATCH = 64
 # A deleted or expired job is kept this much longer, so that followers waiting on
@@ -103,22 +110,22 @@ class SharedJob:
         self._forget = forget
         self._call = call  # its latents are dropped once the replica has them
         self._settings = settings
-        self.status = "queued"
-        self.error: VaecastError | None = None
-        self.events: list[dict[str, Any]] = []
+        # Moments on the wall clock, from the job's creation at its front end: a
+        # mirror on another machine reads the same timings.
+        self.record = JobRecord(
+            spec.job_id,
+            spec.input,
+            spec.model,
+            spec.fps,
+            spec.audio,
+            plan_facts(spec.plan),
+            created_at=spec.created_at,
+            clock=time.time,
+            created=spec.created_at,
+        )
         self.fragments: list[Any] = []  # ObjectRefs, in order
-        self.fragment_sizes: list[int] = []
-        self.bytes_kept = 0  # sum(fragment_sizes), kept as they come: read per chunk
-        self.replica: ReplicaInfo | None = None
-        self.content_type = "video/mp4"
         self.plan = spec.plan
         self.stream_plan: dict[str, Any] | None = None
-        self.chunks_done = self.frames_done = 0
-        self.encode_s = self.decode_wait_s = 0.0
-        self._created = time.perf_counter()
-        self._started: float | None = None
-        self._first_fragment: float | None = None
-        self._finished: float | None = None
         self._gone: str | None = None
         self._stop_error: VaecastError | None = None
         self._stop_failed = False
@@ -133,7 +140,10 @@ class SharedJob:
         self._push = PushState(0, None, None, False) if spec.input == "push" else None
         self._last_push = time.perf_counter()
         self._pushes_in_flight = 0
-        self._emit("queued")
+
+    @property
+    def finished(self) -> bool:
+        return self.record.is_final
 
     # Lifetime.
 
@@ -154,8 +164,10 @@ class SharedJob:
 
     async def delete(self) -> VaecastError | None:
         """DELETE of a finished job: its fragments go now, then the job itself."""
-        if self.status not in FINAL:
-            return JobStateError(f"video {self.spec.job_id} is {self.status}: cancel it first")
+        if not self.finished:
+            return JobStateError(
+                f"video {self.spec.job_id} is {self.record.status.value}: cancel it first"
+            )
         self._go(GONE_DELETED)
         return None
 
@@ -164,18 +176,13 @@ class SharedJob:
         self._decoded_chunks = decoded_chunks
         self._replica_stop.set()
 
-    async def replica_info(self) -> ReplicaInfo | None:
-        return self.replica
-
-    async def follow(self, fragments_seen: int, events_seen: int, wait_s: float) -> Update:
-        """What is new after `fragments_seen` fragments and `events_seen` events, once
-        there is something (or the job is gone, or `wait_s` passed)."""
+    async def follow(self, fragments_seen: int, transitions_seen: int, wait_s: float) -> Update:
+        """The record's transitions after the first `transitions_seen`, and the fragments
+        of their `SegmentAdded`s (after `fragments_seen`), once there are any (or the job
+        is gone, or `wait_s` passed)."""
         deadline = time.perf_counter() + wait_s
-        while (
-            self._gone is None
-            and fragments_seen >= len(self.fragments)
-            and events_seen >= len(self.events)
-        ):
+        transitions = self.record.transitions
+        while self._gone is None and transitions_seen >= len(transitions):
             changed = self._changed
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -186,15 +193,11 @@ class SharedJob:
                 break
         if self._gone is not None:
             return Update([], [], self._snapshot(), True, deleted=self._gone)
-        fragments = self.fragments[fragments_seen : fragments_seen + FOLLOW_BATCH]
-        events = self.events[events_seen : events_seen + FOLLOW_BATCH]
-        final = (
-            self.status in FINAL
-            and fragments_seen + len(fragments) == len(self.fragments)
-            and events_seen + len(events) == len(self.events)
-        )
-        sizes = self.fragment_sizes[fragments_seen : fragments_seen + len(fragments)]
-        return Update(fragments, events, self._snapshot(), final, fragment_sizes=sizes)
+        batch = transitions[transitions_seen : transitions_seen + FOLLOW_BATCH]
+        segments = sum(isinstance(t, SegmentAdded) for t in batch)
+        fragments = self.fragments[fragments_seen : fragments_seen + segments]
+        final = self.finished and transitions_seen + len(batch) == len(transitions)
+        return Update(fragments, batch, self._snapshot(), final)
 
     # A push session.
 
@@ -231,6 +234,7 @@ class SharedJob:
         )
         if self.stream_plan is None and stream_plan is not None:
             self.stream_plan = stream_plan
+            self.record.apply(Geometry(stream_plan["width"], stream_plan["height"]))
         self._first_block.set()
         self._last_push = time.perf_counter()
         self._pushes_in_flight += 1
@@ -258,7 +262,7 @@ class SharedJob:
             return self._push
         if plan is not None:
             self.plan = plan
-            self._emit("length", frames=sum(plan["chunk_frames"]), chunks=len(plan["chunk_frames"]))
+            self._apply(LengthKnown(plan_facts(plan)))  # type: ignore[arg-type]
         await self._until_job_ends(self._blocks.put(None))
         return self._push
 
@@ -282,27 +286,26 @@ class SharedJob:
             async for record in stream:
                 await self._take(record)
             ended = True
-            if self.plan is not None and self.chunks_done != len(self.plan["chunk_frames"]):
+            plan = self.record.plan
+            if plan is not None and self.record.chunks_done != plan.chunks:
                 raise DecodeFailedError(
-                    f"the replica ended after {self.chunks_done} chunks, "
-                    f"the plan has {len(self.plan['chunk_frames'])}"
+                    f"the replica ended after {self.record.chunks_done} chunks, "
+                    f"the plan has {plan.chunks}"
                 )
-            self.status = "completed"
-            self._finished = time.perf_counter()
-            self._emit("done", job=self._job_object())
+            self._apply(Completed())
         except asyncio.CancelledError:
             if stream is not None and not ended:
                 stream.cancel()
-                if self.replica is not None:  # the replica decodes it: until it has stopped
+                if self.record.replica is not None:  # its replica decodes it: until it stopped
                     await self._until_replica_stopped()
             self._end(
-                "failed" if self._stop_failed else "cancelled",
+                JobStatus.FAILED if self._stop_failed else JobStatus.CANCELLED,
                 self._stop_error or DecodeCancelled("cancelled"),
             )
         except VaecastError as error:
-            self._end("failed", error)
+            self._end(JobStatus.FAILED, error)
         except Exception as error:
-            self._end("failed", self._replica_lost(error))
+            self._end(JobStatus.FAILED, self._replica_lost(error))
         finally:
             if stream is not None and not ended:
                 stream.cancel()  # a no-op once it ended; stops the replica's decode otherwise
@@ -313,48 +316,32 @@ class SharedJob:
     async def _take(self, record: Started | Segment | Chunk | VaecastError) -> None:
         if isinstance(record, Segment):
             self.fragments.append(ray.put(record.data))
-            self.fragment_sizes.append(len(record.data))
-            self.bytes_kept += len(record.data)
+            self._apply(SegmentAdded(len(record.data)))
         elif isinstance(record, Chunk):
-            self._chunk(record)
+            latency = None if record.block_arrived is None else time.time() - record.block_arrived
+            self._apply(
+                ChunkEncoded(
+                    index=record.index,
+                    total=record.total,
+                    frame_start=record.frame_start,
+                    frames=record.frames,
+                    bytes=record.bytes,
+                    encode_s=record.encode_s,
+                    decode_wait_s=record.decode_wait_s,
+                    latency_s=latency,
+                )
+            )
         elif isinstance(record, Started):
-            self.replica, self.content_type = record.replica, record.content_type
-            self.status = "in_progress"
-            self._started = time.perf_counter()
-            self._emit("started", replica=asdict(record.replica))
+            self._apply(RecordStarted(replica=asdict(record.replica)))
+            self._apply(Encoding(record.content_type))
         elif isinstance(record, VaecastError):
             raise record
-        self._changed_now()
-
-    def _chunk(self, chunk: Chunk) -> None:
-        self.chunks_done += 1
-        self.frames_done += chunk.frames
-        self.encode_s += chunk.encode_s
-        self.decode_wait_s += chunk.decode_wait_s
-        if self._first_fragment is None:
-            self._first_fragment = time.perf_counter()
-        self._emit(
-            "chunk",
-            **chunk_event(
-                index=chunk.index,
-                total=chunk.total,
-                frame_start=chunk.frame_start,
-                frames=chunk.frames,
-                chunk_bytes=chunk.bytes,
-                frames_done=self.frames_done,
-                total_bytes=self.bytes_kept,
-                progress=self._progress(),
-                latency_s=(
-                    None if chunk.block_arrived is None else time.time() - chunk.block_arrived
-                ),
-            ),
-        )
 
     async def _stop(self, error: VaecastError, failed: bool = False) -> None:
-        if self.status in FINAL:
+        if self.finished:
             return
         if self._task is None:  # never started
-            self._end("failed" if failed else "cancelled", error)
+            self._end(JobStatus.FAILED if failed else JobStatus.CANCELLED, error)
             return
         self._stop_error, self._stop_failed = error, failed
         self._task.cancel()
@@ -365,15 +352,16 @@ class SharedJob:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._replica_stop.wait(), REPLICA_STOP_WAIT_S)
 
-    def _end(self, status: str, error: VaecastError) -> None:
-        self.status = status
-        self.error = error.detached()
-        self._finished = time.perf_counter()
-        stopped = {} if self._decoded_chunks is None else {"decoded_chunks": self._decoded_chunks}
-        self._emit("error", error={"type": error.type, "message": error.message}, **stopped)
+    def _end(self, status: JobStatus, error: VaecastError) -> None:
+        self._apply(Ended(status, error.detached(), self._decoded_chunks))
+
+    def _apply(self, transition: Any) -> None:
+        self.record.apply(transition)
+        self._changed_now()
 
     def _replica_lost(self, error: Exception) -> VaecastError:
-        where = "" if self.replica is None else f" {self.replica.id}"
+        replica = self.record.replica
+        where = "" if replica is None else f" {replica['id']}"
         first_line = (str(error).strip().splitlines() or [""])[0][:200]
         return ReplicaFailedError(
             f"the decoder replica{where} failed: {type(error).__name__}: {first_line}"
@@ -382,8 +370,8 @@ class SharedJob:
     def _refuse_push(self) -> VaecastError | None:
         if self._push is not None and self._push.ended:
             return JobStateError(f"video {self.spec.job_id} has had its final block")
-        if self.status in FINAL:
-            return JobStateError(f"video {self.spec.job_id} has ended: {self.status}")
+        if self.finished:
+            return JobStateError(f"video {self.spec.job_id} has ended: {self.record.status.value}")
         return None
 
     async def _until_job_ends(self, waiting: Any) -> bool:
@@ -391,7 +379,7 @@ class SharedJob:
         put = asyncio.ensure_future(waiting)
         try:
             while not put.done():
-                if self.status in FINAL:
+                if self.finished:
                     return False
                 woken = asyncio.ensure_future(self._changed.wait())
                 try:
@@ -405,15 +393,13 @@ class SharedJob:
 
     async def _watch_idle(self) -> None:
         timeout_s = self._settings.push_idle_timeout_s
-        while self.status not in FINAL and self._push is not None and not self._push.ended:
-            idle_s = time.perf_counter() - self._last_push
-            if idle_s >= timeout_s and self._pushes_in_flight == 0:
-                await self._stop(
-                    SessionTimeoutError(f"the push session received nothing for {timeout_s:g} s"),
-                    failed=True,
-                )
+        while not self.finished and self._push is not None and not self._push.ended:
+            pushing = self._pushes_in_flight > 0
+            left = idle_left(time.perf_counter(), self._last_push, pushing, timeout_s)
+            if left is None:
+                await self._stop(idle_error(timeout_s), failed=True)
                 return
-            await asyncio.sleep(max(0.01, timeout_s - idle_s))
+            await asyncio.sleep(max(0.01, left))
 
     async def _expire(self) -> None:
         await asyncio.sleep(self._settings.retention_s)
@@ -428,75 +414,8 @@ class SharedJob:
         self._changed_now()
         asyncio.get_running_loop().call_later(GONE_GRACE_S, self._forget)
 
-    # State.
-
-    def _progress(self) -> int | None:
-        chunks = None if self.plan is None else len(self.plan["chunk_frames"])
-        return progress_percent(self.chunks_done, chunks)
-
     def _snapshot(self) -> Snapshot:
-        return Snapshot(
-            self.status,
-            self._job_object(),
-            self.error,
-            self.content_type,
-            self.plan,
-            self.stream_plan,
-            self._push,
-        )
-
-    def _job_object(self) -> dict[str, Any]:
-        """The job as the API shows it: the fields of `vaecast.server.job.Job.to_json`."""
-        spec, plan = self.spec, self.plan
-        geometry = plan or self.stream_plan
-        frames = None if plan is None else sum(plan["chunk_frames"])
-        return {
-            "id": spec.job_id,
-            "object": "video",
-            "input": spec.input,
-            "model": spec.model,
-            "status": self.status,
-            "progress": self._progress(),
-            "created_at": int(spec.created_at),
-            "frames": frames,
-            "width": None if geometry is None else geometry["width"],
-            "height": None if geometry is None else geometry["height"],
-            "fps": float(spec.fps),
-            "audio": spec.audio,
-            "seconds": None if frames is None else round(float(frames / spec.fps), 3),
-            "chunks": {
-                "done": self.chunks_done,
-                "total": None if plan is None else len(plan["chunk_frames"]),
-            },
-            "frames_done": self.frames_done,
-            "bytes": self.bytes_kept,
-            "content_type": self.content_type,
-            "timings": self._timings(),
-            "realtime_factor": self._realtime_factor(),
-            "error": (
-                {"type": self.error.type, "message": self.error.message}
-                if self.error is not None and self.status != "completed"
-                else None
-            ),
-            "replica": None if self.replica is None else self.replica.id,
-        }
-
-    def _timings(self) -> dict[str, float | None]:
-        return job_timings(
-            self._created,
-            self._started,
-            self._first_fragment,
-            self._finished,
-            self.decode_wait_s,
-            self.encode_s,
-        )
-
-    def _realtime_factor(self) -> float | None:
-        return realtime_factor(self.frames_done, self.spec.fps, self._started, self._finished)
-
-    def _emit(self, event: str, **fields: Any) -> None:
-        self.events.append({"event": event, "status": self.status, **fields})
-        self._changed_now()
+        return Snapshot(self.plan, self.stream_plan, self._push)
 
     def _changed_now(self) -> None:
         self._changed.set()
@@ -506,6 +425,14 @@ class SharedJob:
         task = asyncio.ensure_future(coroutine)
         self._side.add(task)
         task.add_done_callback(self._side.discard)
+
+
+def plan_facts(plan: dict[str, Any] | None) -> PlanFacts | None:
+    """A DecodePlan's fields (as they cross the cluster) as the record shows them."""
+    if plan is None:
+        return None
+    frames = plan["chunk_frames"]
+    return PlanFacts(sum(frames), len(frames), plan["width"], plan["height"])
 
 
 class JobHost:

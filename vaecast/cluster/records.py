@@ -8,7 +8,7 @@ needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -129,27 +129,23 @@ class PushState:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A job's state at its actor: `follow` returns it with what is new."""
+    """What a job's host keeps beside its record: `follow` returns it with what is new."""
 
-    status: str
-    job: dict[str, Any]  # the job object (Job.to_json's fields, with "replica")
-    error: VaecastError | None
-    content_type: str
-    plan: dict[str, Any] | None
-    stream_plan: dict[str, Any] | None
+    plan: dict[str, Any] | None  # DecodePlan's fields
+    stream_plan: dict[str, Any] | None  # StreamPlan's fields
     push: PushState | None
 
 
 @dataclass(frozen=True, slots=True)
 class Update:
-    """`follow`'s answer: fragments and events from where the caller was, and the state."""
+    """`follow`'s answer: the record's transitions from where the caller was, the
+    fragments of their `SegmentAdded`s, and the state."""
 
     fragments: list[Any]  # ObjectRefs of the segments, in order
-    events: list[dict[str, Any]]
+    transitions: list[Any]  # vaecast.job_record transitions, in order
     snapshot: Snapshot
-    final: bool  # the job has ended and every fragment and event is in this update
+    final: bool  # the job has ended and every transition is in this update
     deleted: str | None = None  # why the job's shared state is gone: GONE_*
-    fragment_sizes: list[int] = field(default_factory=list)
 
 
 # Where things are found in the cluster.
@@ -175,8 +171,8 @@ class JobRef:
     host: Any  # the JobHost's ActorHandle
     job_id: str
 
-    def follow(self, fragments_seen: int, events_seen: int, wait_s: float) -> Any:
-        return self.host.follow.remote(self.job_id, fragments_seen, events_seen, wait_s)
+    def follow(self, fragments_seen: int, transitions_seen: int, wait_s: float) -> Any:
+        return self.host.follow.remote(self.job_id, fragments_seen, transitions_seen, wait_s)
 
     def spec(self) -> Any:
         return self.host.spec.remote(self.job_id)

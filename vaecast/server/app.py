@@ -12,7 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.cluster.records import ReplicaOptions
 from vaecast.heap import retain_decode_heap
 from vaecast.models.base import ChunkedDecoder
 from vaecast.pipeline import Stages
@@ -43,16 +42,17 @@ def create_app(
     decoders: Mapping[str, ChunkedDecoder],
     stages: Stages = Stages(),  # noqa: B008 (frozen, immutable)
     *,
-    cluster: ReplicaOptions | None = None,
+    manager: JobManager | None = None,
     warm_demo: bool = False,
 ) -> web.Application:
     """An app serving `decoders` (already loaded: model loading is the caller's job,
     done off the event loop). `stages` replaces the pipeline's host conversion or
     encoder for every job, e.g. to measure them or to inject faults.
 
-    With `cluster` (after `vaecast.cluster.connect` and the replicas' deployment),
-    jobs run on Ray Serve decoder replicas and any front end serves any job
-    (vaecast.cluster.frontend); `decoders` then only plan and check requests.
+    `manager` is the caller's when its jobs run elsewhere (Ray mode: the CLI builds
+    it with the cluster's runners, `vaecast.cluster.runners`; `decoders` then only
+    plan and check requests); by default a manager of jobs decoded here is made at
+    start.
 
     With `warm_demo` (what `vaecast serve` asks for), when the default model is `tiny`
     (the demo's) and decodes here, a demo click's first-call work runs once in the
@@ -64,11 +64,9 @@ def create_app(
     # The guard sits inside json_errors (its refusals are JSON) and before every
     # handler, so a refused request never reaches one nor has its body read.
     guard = SecurityGuard(config.security)
-    middlewares = [json_errors, guard.middleware]
-    if cluster is not None:
-        from vaecast.cluster.frontend import mirror_jobs
-
-        middlewares.append(mirror_jobs)  # after the guard: a refused request looks up nothing
+    # Finding jobs that run elsewhere comes after the guard: a refused request looks
+    # up nothing.
+    middlewares = [json_errors, guard.middleware, find_jobs]
     app = web.Application(
         middlewares=middlewares,
         client_max_size=config.limits.max_upload_bytes,
@@ -76,21 +74,19 @@ def create_app(
     app.on_response_prepare.append(guard.add_cors_headers)
     add_routes(app)
 
-    async def job_manager(app: web.Application) -> AsyncIterator[None]:
-        if cluster is None:
-            app[MANAGER] = manager = JobManager(config, decoders, stages)
-            app[PUSH_SESSIONS] = sessions = PushSessions(manager)
-        else:
-            from vaecast.cluster.frontend import ClusterJobManager, ClusterPushSessions
+    given = manager
 
-            app[MANAGER] = manager = ClusterJobManager(config, decoders, cluster)
-            app[PUSH_SESSIONS] = sessions = ClusterPushSessions(manager)
+    async def job_manager(app: web.Application) -> AsyncIterator[None]:
+        manager = given or JobManager(config, decoders, stages)
+        app[MANAGER] = manager
+        app[PUSH_SESSIONS] = sessions = PushSessions(manager)
         manager.start()
         lag_watch = asyncio.create_task(
             watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"
         )
         warm_up = None
-        if warm_demo and cluster is None and config.default_model == DEMO_MODEL:
+        decodes_here = manager.runners.decodes_here
+        if warm_demo and decodes_here and config.default_model == DEMO_MODEL:
             # A task: the server answers (/healthz, jobs) while it runs.
             warm_up = asyncio.create_task(
                 warm_up_demo(
@@ -121,6 +117,22 @@ def create_app(
 
     app.cleanup_ctx.append(job_manager)
     return app
+
+
+@web.middleware
+async def find_jobs(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Before a route reads job `{video_id}`: adopt it if it runs elsewhere and this
+    process has not seen it; after a route created jobs: answer once they can be found
+    from elsewhere (both only in Ray mode: a manager of local jobs has nothing to do)."""
+    manager = request.app[MANAGER]
+    job_id = request.match_info.get("video_id")
+    if job_id is not None:
+        await manager.find(job_id)
+    response = await handler(request)
+    await manager.settle()
+    return response
 
 
 def runner_settings(config: ServerConfig) -> dict[str, Any]:

@@ -1,208 +1,208 @@
-"""A job: one video's state, progress events and viewers, and the run of its pipeline.
+"""A job: its record, its MP4 and viewers, and the runner that makes it.
 
-The job runs `vaecast.pipeline.run_pipeline` with its SegmentLog as the sink, so
-every fragment lands in a log that any number of viewers follow, each at its own
-pace (`async with job.viewer()` counts them, so retention never evicts a video
-someone is reading). It records how the run ended (completed, failed, cancelled)
-and publishes progress as events. Where it waits for a decode slot, and when it is
-evicted, is the manager's and retention's business, not its own.
+A job is four things composed:
+- its `JobRecord` (`vaecast.job_record`): status, counters, timings, the API's job
+  object and the progress events, changed only through `apply`;
+- its `SegmentLog`, which any number of viewers follow at their own pace
+  (`async with job.viewer()` counts them, so retention never evicts a video someone
+  is reading), the `Broadcast` that sends caught-up viewers each segment, and the
+  HLS `PartIndex` of the same bytes;
+- `events`, the record's events as a log that SSE readers follow;
+- its runner, which makes the video and applies what happens to the record: the
+  `LocalRunner` decodes here (`vaecast.server.local_runner`); Ray mode's mirrors a
+  job that runs in the cluster (`vaecast.cluster.mirror`).
+Where a job waits for a decode slot, and when it is evicted, is the manager's and
+retention's business, not its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from enum import StrEnum
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
-import torch
-
-from vaecast.codecs.stream import Soundtrack
-from vaecast.errors import CancelledByShutdown, DecodeCancelled, DecodeFailedError, VaecastError
-from vaecast.latent_feed import LatentFeed
-from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
-from vaecast.pipeline import (
-    AudioFormat,
-    FragmentDone,
-    LatentSource,
-    Stages,
-    VideoOutput,
-    WholeLatents,
-    Workers,
-    run_pipeline,
+from vaecast.errors import VaecastError
+from vaecast.job_record import (
+    FINAL_STATUSES,
+    Ended,
+    JobRecord,
+    JobStatus,
+    PlanFacts,
+    SegmentAdded,
+    Transition,
 )
+from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.server.broadcast import Broadcast
 from vaecast.server.config import ServerConfig
 from vaecast.server.fanout_sender import FanoutSender
 from vaecast.server.hls import PartIndex
-from vaecast.server.job_timings import (
-    chunk_event,
-    job_timings,
-    progress_percent,
-    realtime_factor,
+from vaecast.server.job_requests import (
+    BatchRequest,
+    DecodeRequest,
+    PushKind,
+    PushRequest,
 )
 from vaecast.server.metrics import Metrics
 from vaecast.server.segment_log import FollowableLog, SegmentLog
 
+__all__ = [
+    "FINAL_STATUSES",
+    "BatchRequest",
+    "DecodeRequest",
+    "Job",
+    "JobRunner",
+    "JobStatus",
+    "PushKind",
+    "PushRequest",
+    "plan_facts",
+]
+
 log = logging.getLogger("vaecast.jobs")
 
 
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+class JobRunner(Protocol):
+    """What makes a job's video and tells its record what happened."""
+
+    # Where a push session's blocks go (a LatentFeed here); None for an upload.
+    feed: Any
+
+    async def run(self, job: Job, slot: AbstractAsyncContextManager[Any]) -> None:
+        """The job's task: make the video into `job`, ending it (`job.end`, or a
+        `Completed` applied) however it ends; never raises."""
+
+    def cancel(self, job: Job, reason: str, by_shutdown: bool) -> None:
+        """Stop the job (DELETE, a client gone, shutdown)."""
+
+    def abort(self, job: Job, error: VaecastError) -> None:
+        """End the job as failed with `error` (a push session gone idle, say)."""
+
+    def length_known(self, job: Job, plan: DecodePlan) -> None:
+        """A push session's last block came through this process."""
+
+    def interrupted(self, job: Job) -> None:
+        """The job's task ended without ending the job (cancelled before it ran)."""
 
 
-FINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
-
-
-class PushKind(enum.Enum):
-    """What a push session's blocks are."""
-
-    LATENTS = "latents"
-    FRAMES = "frames"
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeRequest:
-    """A whole video's latents, uploaded or rendered."""
-
-    latents: torch.Tensor  # BCTHW float32, checked by vaecast.latent_files
-    model: str
-    fps: Fraction
-    soundtrack: Soundtrack | None = None
-    crop: tuple[int, int] | None = None  # (width, height): the decoded frames' top-left
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRequest:
-    """An upload of B > 1 videos (a pipeline's `num_videos_per_prompt`): a job each."""
-
-    videos: tuple[DecodeRequest, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PushRequest:
-    """A push session: latents (or, `kind` "frames", frames a producer decoded) will
-    arrive in blocks, with audio of this format if any."""
-
-    model: str
-    fps: Fraction
-    audio_format: AudioFormat | None = None
-    kind: PushKind = PushKind.LATENTS
-    value_range: tuple[float, float] = (0.0, 1.0)  # of float frames
-    crop: tuple[int, int] | None = None
-    batch: int = 1  # videos pushed together (a job each)
+def plan_facts(plan: DecodePlan) -> PlanFacts:
+    return PlanFacts(plan.frames, plan.chunks, plan.width, plan.height)
 
 
 class Job:
     def __init__(
         self,
-        request: DecodeRequest | PushRequest,
+        record: JobRecord,
         decoder: ChunkedDecoder,
         plan: DecodePlan | None,
         config: ServerConfig,
         metrics: Metrics,
+        runner: JobRunner,
         fanout: FanoutSender | None = None,
+        push_kind: PushKind | None = None,
     ) -> None:
         """`plan` is None for a push session: its length is known at its last block.
         `fanout`: the server's thread for its viewers' sends (None: the loop sends)."""
-        self._init_state(
-            "video_" + secrets.token_hex(12),
-            request.model,
-            request.fps,
-            decoder,
-            plan,
-            config,
-            metrics,
-            fanout,
-        )
-        # The latents and the waveform are dropped when the job ends: a finished job
-        # keeps only its MP4, which retention accounts for.
-        self._source: LatentSource | None
-        self._output: VideoOutput | None
-        if isinstance(request, DecodeRequest):
-            self.feed: LatentFeed | None = None
-            self._source = WholeLatents(request.latents)
-            self._output = VideoOutput(request.fps, config.encoder, request.soundtrack)
-            audio = request.soundtrack
-            self.audio = (
-                None
-                if audio is None
-                else {"sample_rate": audio.sample_rate, "channels": audio.channels}
-            )
-        else:
-            self.push_kind = request.kind
-            self.feed = self._source = LatentFeed(
-                asyncio.get_running_loop(), config.push_queue_blocks
-            )
-            self._output = VideoOutput(
-                request.fps, config.encoder, audio_format=request.audio_format
-            )
-            audio_format = request.audio_format
-            self.audio = (
-                None
-                if audio_format is None
-                else {"sample_rate": audio_format.sample_rate, "channels": audio_format.channels}
-            )
-        self._emit("queued")
-
-    def _init_state(
-        self,
-        job_id: str,
-        model: str,
-        fps: Fraction,
-        decoder: ChunkedDecoder,
-        plan: DecodePlan | None,
-        config: ServerConfig,
-        metrics: Metrics,
-        fanout: FanoutSender | None = None,
-    ) -> None:
-        """What every job has, whatever runs it (a mirror of a job in a Ray cluster too)."""
-        self.id = job_id
+        self.record = record
         self.decoder = decoder
-        self.push_kind: PushKind | None = None  # what a push session's blocks are
         self.plan = plan
-        self.config = config
-        self.metrics = metrics
-        self.model = model
-        self.fps = fps
         # The frame size, before the length is known (a push session's first block).
         self.stream_plan: StreamPlan | None = None
-        self.status = JobStatus.QUEUED
-        self.error: VaecastError | None = None
+        self.config = config
+        self.metrics = metrics
+        self.runner = runner
+        self.push_kind = push_kind  # what a push session's blocks are
         self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
         # Its caught-up live viewers, sent each segment in one batch.
         self.broadcast = Broadcast(self.log, metrics.bytes_sent, fanout)
         # Each part's duration and keyframe, for the HLS playlist of the same bytes.
         self.parts = PartIndex()
-        # Progress as events (queued, started, chunk..., then done or error), for
+        # The record's events (queued, started, chunk..., then done or error), for
         # GET /v1/videos/{id}/events; closed when the job ends.
         self.events: FollowableLog[dict[str, Any]] = FollowableLog()
-        self.content_type = "video/mp4"
-        self.chunks_done = 0
-        self.frames_done = 0
-        self.created_at = time.time()
-        self._created = time.perf_counter()
-        self._started: float | None = None
-        self._first_fragment: float | None = None
-        self._finished: float | None = None
-        self.finished_at: float | None = None  # monotonic, for retention
-        self.decode_wait_s = 0.0  # loop time spent waiting for the decoder's next chunk
-        self.encode_s = 0.0
+        for event in record.events:
+            self.events.append(event)
+        self.finished_at: float | None = None  # monotonic here, for retention
         self._viewers = 0
-        self._abort_status = JobStatus.CANCELLED  # how a cancelled task ends the job
         self._task: asyncio.Task[None] | None = None
+
+    # The record.
+
+    def apply(self, transition: Transition) -> None:
+        """Record `transition`; its event, if any, goes to the event readers."""
+        event = self.record.apply(transition)
+        if event is not None:
+            self.events.append(event)
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def model(self) -> str:
+        return self.record.model
+
+    @property
+    def fps(self) -> Fraction:
+        return self.record.fps
+
+    @property
+    def audio(self) -> dict[str, int] | None:
+        audio = self.record.audio
+        return None if audio is None else dict(audio)
+
+    @property
+    def created_at(self) -> float:
+        return self.record.created_at
+
+    @property
+    def status(self) -> JobStatus:
+        return self.record.status
+
+    @property
+    def error(self) -> VaecastError | None:
+        """Why the job ended, or why it is being stopped (a cancel or abort on its way)."""
+        return self.record.error or getattr(self.runner, "stop_error", None)
+
+    @property
+    def content_type(self) -> str:
+        return self.record.content_type
+
+    @property
+    def chunks_done(self) -> int:
+        return self.record.chunks_done
+
+    @property
+    def frames_done(self) -> int:
+        return self.record.frames_done
+
+    @property
+    def finished(self) -> bool:
+        return self.record.is_final
+
+    @property
+    def progress(self) -> int | None:
+        return self.record.progress
+
+    @property
+    def realtime_factor(self) -> float | None:
+        return self.record.realtime_factor
+
+    @property
+    def run_seconds(self) -> float | None:
+        return self.record.run_seconds
+
+    @property
+    def feed(self) -> Any:
+        """A push session's block feed (None for an upload)."""
+        return self.runner.feed
+
+    def to_json(self) -> dict[str, Any]:
+        """The job as the API shows it, less what the routes add (URLs, queue place)."""
+        return self.record.to_json()
 
     # Viewers.
 
@@ -220,67 +220,24 @@ class Job:
         finally:
             self._viewers -= 1
 
-    # State.
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINAL_STATUSES
-
-    @property
-    def progress(self) -> int | None:
-        """Percent of chunks decoded and encoded; None while the length is unknown."""
-        return progress_percent(self.chunks_done, None if self.plan is None else self.plan.chunks)
-
-    @property
-    def realtime_factor(self) -> float | None:
-        """Seconds of video made per second of decoding: above 1, faster than real time."""
-        return realtime_factor(self.frames_done, self.fps, self._started, self._finished)
-
-    @property
-    def run_seconds(self) -> float | None:
-        """From the start of decoding to the end; None unless both happened."""
-        if self._started is None or self._finished is None:
-            return None
-        return self._finished - self._started
-
-    def to_json(self) -> dict[str, Any]:
-        """The job as the API shows it, less what the routes add (URLs, queue place)."""
-        plan = self.plan
-        geometry = plan or self.stream_plan
-        return {
-            "id": self.id,
-            "object": "video",
-            "input": "latents" if self.feed is None else "push",
-            "model": self.model,
-            "status": self.status.value,
-            "progress": self.progress,
-            "created_at": int(self.created_at),
-            "frames": None if plan is None else plan.frames,
-            "width": None if geometry is None else geometry.width,
-            "height": None if geometry is None else geometry.height,
-            "fps": float(self.fps),
-            "audio": self.audio,
-            "seconds": None if plan is None else round(float(plan.frames / self.fps), 3),
-            "chunks": {"done": self.chunks_done, "total": None if plan is None else plan.chunks},
-            "frames_done": self.frames_done,
-            "bytes": self.log.size,
-            "content_type": self.content_type,
-            "timings": self._timings(),
-            "realtime_factor": self.realtime_factor,
-            "error": (
-                {"type": self.error.type, "message": self.error.message}
-                if self.error is not None and self.status is not JobStatus.COMPLETED
-                else None
-            ),
-            "replica": None,  # the decoder replica's id in Ray mode (vaecast.cluster)
-        }
-
     # Running.
+
+    async def run(self, slot: AbstractAsyncContextManager[Any]) -> None:
+        """The job's task (the manager's): its runner, in `slot`."""
+        try:
+            await self.runner.run(self, slot)
+        finally:
+            self.close_out()
 
     def attach(self, task: asyncio.Task[None]) -> None:
         """The task that runs this job (the manager's): cancelled by `cancel`."""
         self._task = task
         task.add_done_callback(self._after_task)
+
+    def stop_task(self) -> None:
+        """Cancel the job's task (its runner records how it ended)."""
+        if self._task is not None:
+            self._task.cancel()
 
     def cancel(self, reason: str = "cancelled", *, by_shutdown: bool = False) -> None:
         """Stop the job: a queued one never starts, a running one stops at its next chunk.
@@ -288,11 +245,17 @@ class Job:
         A job stopped by shutdown records CancelledByShutdown (503: try again
         elsewhere), any other cancel DecodeCancelled (409).
         """
-        if self.finished:
-            return
-        self.error = CancelledByShutdown(reason) if by_shutdown else DecodeCancelled(reason)
-        if self._task is not None:
-            self._task.cancel()
+        if not self.finished:
+            self.runner.cancel(self, reason, by_shutdown)
+
+    def abort(self, error: VaecastError) -> None:
+        """End the job as failed with `error` (a push session gone idle, say)."""
+        if not self.finished:
+            self.runner.abort(self, error)
+
+    def length_known(self, plan: DecodePlan) -> None:
+        """A push session's last block came: the whole video's plan."""
+        self.runner.length_known(self, plan)
 
     def on_end(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the job has ended (at once if it has)."""
@@ -305,152 +268,33 @@ class Job:
         if self._task is not None:
             await asyncio.shield(self._task)
 
-    def abort(self, error: VaecastError) -> None:
-        """End the job as failed with `error` (a push session gone idle, say)."""
-        if self.finished:
-            return
-        self.error = error
-        self._abort_status = JobStatus.FAILED
-        if self.feed is not None:
-            self.feed.fail(error)
-        if self._task is not None:
-            self._task.cancel()
-
-    def length_known(self, plan: DecodePlan) -> None:
-        """A push session's last block came: the whole video's plan."""
-        self.plan = plan
-        self._emit("length", frames=plan.frames, chunks=plan.chunks)
-
-    async def run(
-        self, slot: AbstractAsyncContextManager[Any], workers: Workers, stages: Stages
-    ) -> None:
-        """Wait for `slot`, then run the pipeline into the log; record how it ended.
-
-        A push session first waits for its first block outside the slot: a session
-        takes a decode slot only once it has something to decode.
-        """
-        try:
-            source, output = self._source, self._output
-            assert source is not None and output is not None, "a job runs once"
-            if self.feed is not None:
-                first_shape = await self.feed.first_block_shape()
-                self.stream_plan = self.decoder.plan_stream(first_shape)
-            async with slot:
-                self.status = JobStatus.IN_PROGRESS
-                self._started = time.perf_counter()
-                self._emit("started")
-                plan = self.plan or self.stream_plan
-                assert plan is not None
-                await run_pipeline(
-                    source,
-                    self.decoder,
-                    plan,
-                    output,
-                    self,  # the sink: the log, and the HLS parts
-                    workers,
-                    stages=stages,
-                    observer=self,
-                    queue_chunks=self.config.queue_chunks,
-                )
-            self.status = JobStatus.COMPLETED
-            self.log.finish()
-            self.metrics.decode_seconds.observe(time.perf_counter() - self._started)
-            self._emit("done", job=self.to_json())
-        except asyncio.CancelledError:
-            self._end(self._abort_status, self.error or DecodeCancelled("cancelled"))
-            # Swallowed on purpose: a cancelled job is an outcome, recorded above,
-            # and nothing awaits this task expecting the cancel to propagate.
-        except VaecastError as error:
-            self._end(JobStatus.FAILED, error)
-        except Exception as error:
-            log.exception("job %s failed", self.id)
-            self._end(JobStatus.FAILED, DecodeFailedError(f"internal error: {error}"))
-        finally:
-            self._close_out()
-
-    # The pipeline's sink and observer.
+    # The pipeline's sink.
 
     async def append(self, segment: bytes) -> None:
         await self.log.append(segment)
         self.parts.add(segment)
-
-    def started(self, content_type: str) -> None:
-        self.content_type = content_type
-
-    def fragment(self, done: FragmentDone) -> None:
-        self.decode_wait_s += done.decode_wait_s
-        self.encode_s += done.encode_s
-        self.metrics.chunk_encode_seconds.observe(done.encode_s)
-        self.chunks_done += 1
-        self.frames_done += done.frames
-        now = time.perf_counter()
-        if self._first_fragment is None:
-            self._first_fragment = now
-            self.metrics.time_to_first_fragment.observe(self._first_fragment - self._created)
-        arrived = None if self.feed is None else self.feed.chunk_arrivals.pop(done.index, None)
-        if arrived is not None:
-            self.metrics.block_to_fragment_seconds.observe(now - arrived)
-        self._emit(
-            "chunk",
-            **chunk_event(
-                index=done.index,
-                total=done.total,
-                frame_start=done.frame_start,
-                frames=done.frames,
-                chunk_bytes=done.bytes,
-                frames_done=self.frames_done,
-                total_bytes=self.log.size,
-                progress=self.progress,
-                latency_s=None if arrived is None else now - arrived,
-            ),
-        )
+        self.apply(SegmentAdded(len(segment)))
 
     # Endings.
+
+    def end(self, status: JobStatus, error: VaecastError) -> None:
+        """End the job failed or cancelled with `error`; its log's readers hear why."""
+        error = error.detached()
+        self.apply(Ended(status, error))
+        self.log.abort(error)
 
     def _after_task(self, task: asyncio.Task[None]) -> None:
         # A task cancelled before its first step never enters `run`, so nothing
         # there closed the logs: do it here, or readers would wait forever.
         if not self.finished:
-            self._end(self._abort_status, self.error or DecodeCancelled("cancelled"))
-        self._close_out()
+            self.runner.interrupted(self)
+        self.close_out()
 
-    def _end(self, status: JobStatus, error: VaecastError) -> None:
-        self.status = status
-        self.error = error = error.detached()
-        self.log.abort(error)
-        self._emit("error", error={"type": error.type, "message": error.message})
-
-    def _close_out(self) -> None:
+    def close_out(self) -> None:
         """Bookkeeping of a job that ended, however it ended; runs once."""
         if self.finished_at is not None:
             return
-        self._finished = self.finished_at = time.perf_counter()
-        self._source = self._output = None
+        self.finished_at = time.perf_counter()
         self.events.finish()
         self.metrics.jobs_finished.labels(self.status.value).inc()
-        log.info("job %s", self._summary())
-
-    def _emit(self, event: str, **fields: Any) -> None:
-        self.events.append({"event": event, "status": self.status.value, **fields})
-
-    def _timings(self) -> dict[str, float | None]:
-        return job_timings(
-            self._created,
-            self._started,
-            self._first_fragment,
-            self._finished,
-            self.decode_wait_s,
-            self.encode_s,
-        )
-
-    def _summary(self) -> str:
-        timings = self._timings()
-        error = self.error.message if self.error and self.status is not JobStatus.COMPLETED else ""
-        return (
-            f"id={self.id} model={self.model} status={self.status.value} "
-            f"frames={self.frames_done}/{None if self.plan is None else self.plan.frames} "
-            f"chunks={self.chunks_done}/{None if self.plan is None else self.plan.chunks} "
-            f"bytes={self.log.size} "
-            f"ttff_s={timings['time_to_first_fragment_s']} total_s={timings['total_s']} "
-            f"encode_s={timings['encode_s']} error={error!r}"
-        )
+        log.info("job %s", self.record.summary())

@@ -1,5 +1,10 @@
 """The job manager: admission, decode slots, the FIFO queue, lookup, shutdown.
 
+How jobs run is its `JobRunners`' (composition, not subclassing): `LocalRunners`
+(the default) decode them here, in this process's slots and queue; Ray mode's
+(`vaecast.cluster.runners`) mirror jobs that run in the cluster. The CLI builds the
+manager with the runners it wants and hands it to `create_app`.
+
 Admission: `decode_slots` jobs decode at once; up to `max_queued_jobs` more wait in
 FIFO order; past that a request is refused (429 with Retry-After). A request takes
 its place before its body is read (`admit`), so a burst of large uploads or demo
@@ -13,8 +18,10 @@ import asyncio
 import contextlib
 import dataclasses
 import math
+import secrets
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from vaecast.encoder_spares import SpareEncoders
 from vaecast.errors import (
@@ -26,6 +33,7 @@ from vaecast.errors import (
     UnknownModelError,
     VaecastError,
 )
+from vaecast.job_record import JobRecord
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.models.crop import CroppedDecoder
 from vaecast.models.frames import FramesDecoder
@@ -33,7 +41,9 @@ from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.fanout_sender import FanoutSender
-from vaecast.server.job import DecodeRequest, Job, PushKind, PushRequest
+from vaecast.server.job import Job, plan_facts
+from vaecast.server.job_requests import DecodeRequest, PushKind, PushRequest
+from vaecast.server.local_runner import LocalRunner
 from vaecast.server.metrics import Metrics
 from vaecast.server.retention import EvictionReason, Retention
 
@@ -93,14 +103,117 @@ class Admission:
             self._manager = None
 
 
+class JobRunners(Protocol):
+    """How a manager's jobs run (see the module docstring)."""
+
+    # Jobs take this process's decode slots and wait in its queue (queue positions).
+    decodes_here: bool
+
+    def new_job(
+        self,
+        manager: JobManager,
+        request: DecodeRequest | PushRequest,
+        plan: DecodePlan | None,
+        decoder: ChunkedDecoder,
+    ) -> Job:
+        """A new job of `request`, with its runner (checked, admitted: it will run)."""
+
+    def start(self, manager: JobManager) -> None:
+        """On the running loop, when the manager starts."""
+
+    async def close(self) -> None:
+        """After the manager's jobs ended."""
+
+    async def find(self, manager: JobManager, job_id: str) -> None:
+        """Adopt (`manager.adopt`) job `job_id` if it runs elsewhere and is not here."""
+
+    async def settle(self) -> None:
+        """Until the jobs created here so far can be found from elsewhere."""
+
+    async def delete(self, job: Job) -> None:
+        """Before a finished job is evicted by DELETE: raises a refusal."""
+
+    def replica_health(self) -> dict[str, Any] | None:
+        """Decoder replicas elsewhere; None: this process decodes."""
+
+
+class LocalRunners:
+    """Jobs decoded in this process (`LocalRunner`), in its slots."""
+
+    decodes_here = True
+
+    def new_job(
+        self,
+        manager: JobManager,
+        request: DecodeRequest | PushRequest,
+        plan: DecodePlan | None,
+        decoder: ChunkedDecoder,
+    ) -> Job:
+        push = isinstance(request, PushRequest)
+        record = JobRecord(
+            "video_" + secrets.token_hex(12),
+            "push" if push else "latents",
+            request.model,
+            request.fps,
+            _audio_json(request),
+            None if plan is None else plan_facts(plan),
+            created_at=time.time(),
+        )
+        runner = LocalRunner(request, manager.config, manager.workers, manager.stages)
+        return Job(
+            record,
+            decoder,
+            plan,
+            manager.config,
+            manager.metrics,
+            runner,
+            manager.fanout,
+            request.kind if push else None,
+        )
+
+    def start(self, manager: JobManager) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def find(self, manager: JobManager, job_id: str) -> None:
+        pass  # every job of this process is in its manager
+
+    async def settle(self) -> None:
+        pass
+
+    async def delete(self, job: Job) -> None:
+        pass
+
+    def replica_health(self) -> dict[str, Any] | None:
+        return None
+
+
+def _audio_json(request: DecodeRequest | PushRequest) -> dict[str, int] | None:
+    """The job's audio as the API shows it: its sample rate and channels."""
+    if isinstance(request, DecodeRequest):
+        track = request.soundtrack
+        return (
+            None
+            if track is None
+            else {"sample_rate": track.sample_rate, "channels": track.channels}
+        )
+    fmt = request.audio_format
+    return None if fmt is None else {"sample_rate": fmt.sample_rate, "channels": fmt.channels}
+
+
 class JobManager:
     def __init__(
         self,
         config: ServerConfig,
         decoders: Mapping[str, ChunkedDecoder],
         stages: Stages = Stages(),  # noqa: B008 (frozen, immutable)
+        runners: JobRunners | None = None,
     ) -> None:
+        """`runners`: how jobs run (`LocalRunners()` by default)."""
         self.config = config
+        self.runners: JobRunners = runners or LocalRunners()
         self.decoders = dict(decoders)
         self.jobs: dict[str, Job] = {}
         self.draining = False
@@ -127,6 +240,7 @@ class JobManager:
         self._sweeper = asyncio.create_task(
             self.retention.sweep_forever(), name="vaecast-retention"
         )
+        self.runners.start(self)
 
     @property
     def workers(self) -> Workers:
@@ -172,10 +286,11 @@ class JobManager:
 
     def replica_health(self) -> dict[str, Any] | None:
         """Decoder replicas elsewhere (Ray mode); None: this process decodes."""
-        return None
+        return self.runners.replica_health()
 
     def queue_position(self, job: Job) -> int | None:
-        """1 for the next job to start; None once started (or never queued)."""
+        """1 for the next job to start; None once started (or never queued, or queued
+        elsewhere: Ray Serve's queue has no positions to show)."""
         return self._waiting.index(job) + 1 if job in self._waiting else None
 
     def admit(self) -> Admission:
@@ -290,18 +405,37 @@ class JobManager:
 
     def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
         plan, decoder = self._checked_start(request)
-        job = Job(request, decoder, plan, self.config, self.metrics, self.fanout)
+        job = self.runners.new_job(self, request, plan, decoder)
         self._unfinished += 1
-        # A push session joins the queue when its first block arrives (see Job.run).
-        if plan is not None:
-            self._waiting.append(job)
+        self._run(job, counted=True)
+        return job
+
+    def adopt(self, job: Job) -> None:
+        """Serve `job`, created elsewhere (Ray mode: another front end's), from here too:
+        it takes no place of this server's."""
+        self._run(job, counted=False)
+
+    def _run(self, job: Job, counted: bool) -> None:
         self.jobs[job.id] = job
-        slot = self._slot(job, join_queue=plan is None)
-        task = asyncio.create_task(job.run(slot, self._workers, self._stages), name=f"job-{job.id}")
+        slot: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+        if self.runners.decodes_here:
+            # A push session joins the queue when its first block arrives (LocalRunner).
+            if job.plan is not None:
+                self._waiting.append(job)
+            slot = self._slot(job, join_queue=job.plan is None)
+        task = asyncio.create_task(job.run(slot), name=f"job-{job.id}")
         job.attach(task)
         self._tasks.add(task)
-        task.add_done_callback(lambda task: self._job_ended(task, job))
-        return job
+        task.add_done_callback(lambda task: self._job_ended(task, job, counted))
+
+    async def find(self, job_id: str) -> None:
+        """Before a route reads job `job_id`: adopt it if it runs elsewhere (Ray mode)."""
+        if job_id not in self.jobs and self.retention.gone(job_id) is None and not self.draining:
+            await self.runners.find(self, job_id)
+
+    async def settle(self) -> None:
+        """After a route created jobs: until they can be found from elsewhere."""
+        await self.runners.settle()
 
     @contextlib.asynccontextmanager
     async def _slot(self, job: Job, join_queue: bool) -> AsyncIterator[None]:
@@ -311,9 +445,10 @@ class JobManager:
             self._waiting.remove(job)
             yield
 
-    def _job_ended(self, task: asyncio.Task[None], job: Job) -> None:
+    def _job_ended(self, task: asyncio.Task[None], job: Job, counted: bool) -> None:
         self._tasks.discard(task)
-        self._unfinished -= 1
+        if counted:
+            self._unfinished -= 1
         if job in self._waiting:  # cancelled while it waited for a slot
             self._waiting.remove(job)
         if not self.draining:  # close() frees everything
@@ -349,6 +484,7 @@ class JobManager:
         """
         if not job.finished:
             raise JobStateError(f"video {job.id} is {job.status.value}: cancel it first")
+        await self.runners.delete(job)
         await self.retention.evict(job, EvictionReason.DELETED)
 
     # Shutdown.
@@ -373,6 +509,7 @@ class JobManager:
         for job in list(self.jobs.values()):
             job.cancel("server shutting down", by_shutdown=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.runners.close()
         await self.retention.close()
         for job in list(self.jobs.values()):
             await job.log.release()

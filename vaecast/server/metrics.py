@@ -71,7 +71,7 @@ class Metrics:
     def __init__(self, read_state: Callable[[], tuple[Iterable[str], int, int]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_StateCollector(read_state))
-        # Ray mode: the replicas' health (vaecast.cluster.frontend sets it).
+        # Ray mode: the replicas' health (vaecast.cluster.runners sets it).
         self.read_replicas: Callable[[], dict[str, Any] | None] | None = None
         self.registry.register(_ReplicaCollector(self))
         r = self.registry

@@ -32,17 +32,16 @@ from vaecast.errors import (
     InvalidRequestError,
     JobStateError,
     NotFoundError,
-    SessionTimeoutError,
     UnauthorizedError,
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, LatentFile, check_audio, load_latents
 from vaecast.latent_files.frames import load_frames
 from vaecast.models.layouts import layout_of
 from vaecast.pipeline import TimedAudio
+from vaecast.push_ledger import SEQ_HEADER, PushLedger, idle_error, idle_left, parse_seq
 from vaecast.server.config import ServerConfig
 from vaecast.server.job import Job, PushKind
 from vaecast.server.manager import JobManager
-from vaecast.server.push_ledger import SEQ_HEADER, PushLedger, parse_seq
 from vaecast.server.uploads import read_upload
 
 TOKEN_HEADER = "X-Push-Token"
@@ -52,15 +51,16 @@ FINAL_VALUES = frozenset({"1", "true", "yes"})
 class PushSession:
     """One push session's token, its order of pushes, and its idle watchdog."""
 
-    def __init__(
-        self, job: Job, manager: JobManager, token: str | None = None, watch_idle: bool = True
-    ) -> None:
-        """`token` is the session's secret (a new one by default); without `watch_idle`
-        the idle timeout is someone else's (a job's actor in Ray mode)."""
+    def __init__(self, job: Job, manager: JobManager) -> None:
+        """The session's secret is its runner's (`push_token`: Ray mode's, kept in the
+        cluster), or a new one; its idle timeout is watched here unless the runner's
+        says it is watched elsewhere (`watches_push_idle`)."""
         assert job.feed is not None, "a push session's job has a feed"
         self.job = job
         self.feed = job.feed
-        self.token = token or secrets.token_urlsafe(32)
+        runner = job.runner
+        self.token = getattr(runner, "push_token", None) or secrets.token_urlsafe(32)
+        watch_idle = getattr(runner, "watches_push_idle", True)
         self._manager = manager
         self._config: ServerConfig = manager.config
         self._pushing = asyncio.Lock()  # blocks are appended in the order they came
@@ -119,7 +119,8 @@ class PushSession:
                 )
                 final = final or final_in_file
                 self.check_open()  # it may have ended while the block was parsed
-                await self.feed.put(latents, audio)
+                assert self._dtype is not None
+                await self.feed.put(latents, audio, dtype=dtype_name(self._dtype))
             elif not final:
                 raise InvalidRequestError("the block is empty; send latents, or ?final=1 to end")
             # Recorded before anything else can be awaited: the block is in the feed.
@@ -150,7 +151,12 @@ class PushSession:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _sync(self) -> None:
-        """Before a push: take in state kept elsewhere (nothing here; see vaecast.cluster)."""
+        """Before a push: take in what the feed keeps elsewhere (Ray mode: the shared
+        job's first block shape and dtype; a LatentFeed keeps nothing elsewhere)."""
+        shared = await self.feed.shared_state()
+        if shared is not None:
+            self._block_shape, dtype = shared
+            self._dtype = None if dtype is None else getattr(torch, dtype)
 
     def check_open(self) -> None:
         if self.feed.ended:
@@ -261,13 +267,12 @@ class PushSession:
     async def _watch_idle(self) -> None:
         timeout_s = self._config.push_idle_timeout_s
         while not self.job.finished and not self.feed.ended:
-            idle_s = time.perf_counter() - self._last_push
-            if idle_s >= timeout_s and not self._pushing.locked():
-                self.job.abort(
-                    SessionTimeoutError(f"the push session received nothing for {timeout_s:g} s")
-                )
+            pushing = self._pushing.locked()
+            left = idle_left(time.perf_counter(), self._last_push, pushing, timeout_s)
+            if left is None:
+                self.job.abort(idle_error(timeout_s))
                 return
-            await asyncio.sleep(max(0.01, timeout_s - idle_s))
+            await asyncio.sleep(max(0.01, left))
 
 
 class PushSessions:
@@ -293,6 +298,8 @@ class PushSessions:
     def get(self, job_id: str) -> Pushes:
         job = self._manager.get(job_id)  # 404 or 410 first
         session = self._sessions.get(job.id)
+        if session is None and job.feed is not None and getattr(job.runner, "push_token", None):
+            session = self.open(job)  # a session kept elsewhere (Ray mode), pushed to here
         if session is None:
             raise NotFoundError(f"video {job_id} is not a push session")
         return session

@@ -22,9 +22,9 @@ import torch
 from vaecast.errors import InvalidRequestError, JobStateError
 from vaecast.latent_files import LatentFile
 from vaecast.pipeline import TimedAudio
+from vaecast.push_ledger import PushLedger
 from vaecast.server.job import Job
 from vaecast.server.push import PushSession, PushSessions
-from vaecast.server.push_ledger import PushLedger
 
 
 class BatchPushSession:

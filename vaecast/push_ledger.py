@@ -1,4 +1,6 @@
-"""The sequence rule of a push session, pure: which block a push is, and whether it is new.
+"""The rules of a push session, pure: which block a push is, whether it is new, and
+when a quiet session has timed out. Both keepers of a session's state use them: the
+server's `PushSession`, and in Ray mode the job host's `SharedJob`.
 
 A producer on a network that drops connections cannot know whether a block whose
 answer it never read was taken. So each block may carry its index (`X-Push-Seq: N`,
@@ -15,7 +17,13 @@ counting from 0), and the session answers by the index alone:
 
 The ledger keeps every answer it gave (a few numbers each; a session holds at most
 as many blocks as the frame limit allows), so a retry of any earlier block is
-answered the same. Sans-IO: no asyncio, no HTTP; the session serializes its pushes.
+answered the same.
+
+The idle rule (`idle_left`): a session that has received nothing for its idle
+timeout, with no push in flight (a push waiting for room in a full queue is not
+idle: its producer is held back), fails with `SessionTimeoutError`.
+
+Sans-IO: no asyncio, no HTTP, no torch; the session serializes its pushes.
 """
 
 from __future__ import annotations
@@ -23,7 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vaecast.errors import InvalidRequestError, JobStateError, PreconditionRequiredError
+from vaecast.errors import (
+    InvalidRequestError,
+    JobStateError,
+    PreconditionRequiredError,
+    SessionTimeoutError,
+)
 
 SEQ_HEADER = "X-Push-Seq"
 # An index is a count of blocks: a few digits. Longer is refused before int() runs.
@@ -95,3 +108,16 @@ def parse_seq(text: str | None) -> int | None:
             f"{SEQ_HEADER} must be a block index, a whole number from 0, got {shown!r}"
         )
     return int(stripped)
+
+
+def idle_left(now: float, last_push: float, pushing: bool, timeout_s: float) -> float | None:
+    """Seconds until a session that last heard from its producer at `last_push` times
+    out (a push in flight, `pushing`, keeps it alive: the full wait); None: it has."""
+    if pushing:
+        return timeout_s
+    left = last_push + timeout_s - now
+    return None if left <= 0 else left
+
+
+def idle_error(timeout_s: float) -> SessionTimeoutError:
+    return SessionTimeoutError(f"the push session received nothing for {timeout_s:g} s")

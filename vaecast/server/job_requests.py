@@ -1,0 +1,54 @@
+"""What a client asks the server to make: a whole video, a batch of them, a push session.
+
+Pure values, checked by `vaecast.server.uploads` before a job is made of them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+
+from vaecast.codecs.stream import Soundtrack
+from vaecast.pipeline import AudioFormat
+
+
+class PushKind(enum.Enum):
+    """What a push session's blocks are."""
+
+    LATENTS = "latents"
+    FRAMES = "frames"
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """A whole video's latents, uploaded or rendered."""
+
+    latents: torch.Tensor  # BCTHW float32, checked by vaecast.latent_files
+    model: str
+    fps: Fraction
+    soundtrack: Soundtrack | None = None
+    crop: tuple[int, int] | None = None  # (width, height): the decoded frames' top-left
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRequest:
+    """An upload of B > 1 videos (a pipeline's `num_videos_per_prompt`): a job each."""
+
+    videos: tuple[DecodeRequest, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PushRequest:
+    """A push session: latents (or, `kind` "frames", frames a producer decoded) will
+    arrive in blocks, with audio of this format if any."""
+
+    model: str
+    fps: Fraction
+    audio_format: AudioFormat | None = None
+    kind: PushKind = PushKind.LATENTS
+    value_range: tuple[float, float] = (0.0, 1.0)  # of float frames
+    crop: tuple[int, int] | None = None
+    batch: int = 1  # videos pushed together (a job each)
