@@ -53,7 +53,11 @@ class LatentFeed:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_blocks: int) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[_Block | _End] = asyncio.Queue(max_blocks)
+        # Unbounded as a queue; `put` keeps it at `max_blocks` unless told not to wait.
+        self._queue: asyncio.Queue[_Block | _End] = asyncio.Queue()
+        self._max_blocks = max_blocks
+        self._taken = asyncio.Event()  # pulsed each time the decoder takes a block
+        self.held_bytes = 0  # of the blocks queued and not yet taken
         self._cancelled = threading.Event()
         self._error: VaecastError | None = None
         self._first: asyncio.Future[tuple[int, ...]] = loop.create_future()
@@ -71,11 +75,20 @@ class LatentFeed:
     # The event loop's side.
 
     async def put(
-        self, latents: torch.Tensor, audio: TimedAudio | None = None, *, dtype: str | None = None
+        self,
+        latents: torch.Tensor,
+        audio: TimedAudio | None = None,
+        *,
+        dtype: str | None = None,
+        wait_for_room: bool = True,
     ) -> None:
         """Queue a block (waits while the queue is full); its audio goes to the encoder
         with the next chunk it encodes. `audio` starts at the block's first frame.
-        `dtype` (the block's as pushed) matters to feeds that keep it elsewhere."""
+        `dtype` (the block's as pushed) matters to feeds that keep it elsewhere.
+
+        `wait_for_room=False` queues it past the bound at once: for a batch's video
+        that waits for a decode slot, whose blocks must not hold back the videos that
+        decode (the caller bounds what it holds, by `held_bytes`)."""
         if self._ended:
             raise RuntimeError("put after the end of the feed")
         # Counted with its audio before any wait: a fragment waiting for this audio
@@ -86,27 +99,27 @@ class LatentFeed:
         if audio is not None:
             self._audio.append(audio)
         block = _Block(latents, time.perf_counter())
-        if not self._queue.full():
-            self._queue.put_nowait(block)
+        if wait_for_room and self._queue.qsize() >= self._max_blocks:
+            self._puts_held += 1
             self._changed_now()
-            return
-        self._puts_held += 1
+            try:
+                while self._queue.qsize() >= self._max_blocks:
+                    await self._taken.wait()
+            finally:
+                self._puts_held -= 1
+        self._queue.put_nowait(block)
+        self.held_bytes += _nbytes(latents)
         self._changed_now()
-        try:
-            await self._queue.put(block)
-        finally:
-            self._puts_held -= 1
-            self._changed_now()
 
     async def end(self) -> None:
-        """No more blocks: the decoder finishes what it has (waits while the queue is full)."""
+        """No more blocks: the decoder finishes what it has."""
         if self._ended:
             return
         self._ended = True
+        self._queue.put_nowait(_End())  # a mark, not a block: the bound is for blocks
         self._changed_now()
         if not self._first.done():
             self._set_first_error(DecodeCancelled("the session ended before any block"))
-        await self._queue.put(_End())
 
     @property
     def ended(self) -> bool:
@@ -177,8 +190,17 @@ class LatentFeed:
             self._taken_arrival = item.arrived
             yield item.latents
 
+    async def _next(self) -> _Block | _End:
+        """On the loop: the next block, making room for a held-back put."""
+        item = await self._queue.get()
+        if isinstance(item, _Block):
+            self.held_bytes -= _nbytes(item.latents)
+        self._taken.set()  # wakes the held-back puts; each checks the room again
+        self._taken.clear()
+        return item
+
     def _get(self) -> _Block | _End:
-        future = asyncio.run_coroutine_threadsafe(self._queue.get(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._next(), self._loop)
         while True:
             try:
                 return future.result(timeout=GET_POLL_S)
@@ -198,3 +220,7 @@ class LatentFeed:
         if not self._first.done():
             self._first.set_exception(error)
             self._first.exception()  # nobody may be waiting: do not warn that none looked
+
+
+def _nbytes(latents: torch.Tensor) -> int:
+    return latents.element_size() * latents.nelement()

@@ -10,6 +10,7 @@ import torch
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents
 from tests.helpers.server import Server, StartServer
 from vaecast.client import PushSession
+from vaecast.server.config import Limits
 
 
 async def content(server: Server, job_id: str) -> bytes:
@@ -189,3 +190,63 @@ async def test_the_client_pushes_a_batch_of_latents_and_of_frames(start_server: 
     for url, expected in [*((u, 9) for u in latent_urls), *((u, 6) for u in frame_urls)]:
         async with server.client.get(url.removeprefix(server.url)) as response:
             assert len(decode_mp4(await response.read())) == expected
+
+
+async def test_a_batch_longer_than_the_queue_decodes_with_one_slot(start_server: StartServer):
+    """Video 1 waits for the slot video 0 holds: it takes its blocks past the queue's
+    bound, so that video 0 gets the blocks it needs to finish."""
+    server = await start_server(decode_slots=1, push_queue_blocks=1)
+    entries = [smooth_latents(frames=6, seed=seed) for seed in (1, 2)]
+    async with server.client.post("/v1/videos", json={"input": "push", "batch": 2}) as response:
+        answer = await response.json()
+    jobs, push = answer["data"], answer["push"]
+    headers = {"X-Push-Token": push["token"]}
+
+    async def produce() -> None:
+        for t in range(6):
+            block = torch.cat([entry[:, :, t : t + 1] for entry in entries]).contiguous()
+            async with server.client.post(
+                push["url"], data=safetensors_bytes(latents=block), headers=headers
+            ) as response:
+                assert response.status == 202, await response.text()
+        async with server.client.post(push["url"] + "?final=1", headers=headers) as response:
+            assert response.status == 202
+
+    await asyncio.wait_for(produce(), timeout=60)
+    for job, entry in zip(jobs, entries, strict=True):
+        alone = await push_alone(server, [entry[:, :, t : t + 1] for t in range(6)])
+        assert await content(server, job["id"]) == await content(server, alone)
+
+
+async def test_what_a_waiting_video_holds_is_bounded(start_server: StartServer):
+    block = torch.cat([smooth_latents(frames=1, seed=s) for s in (1, 2)]).contiguous()
+    per_video = block[0].element_size() * block[0].nelement()
+    server = await start_server(
+        decode_slots=1,
+        push_queue_blocks=1,
+        limits=Limits(max_upload_bytes=3 * per_video),
+    )
+    async with server.client.post("/v1/videos", json={"input": "push", "batch": 2}) as response:
+        answer = await response.json()
+    jobs, push = answer["data"], answer["push"]
+    headers = {"X-Push-Token": push["token"]}
+    statuses = []
+    for _ in range(6):
+        async with server.client.post(
+            push["url"], data=safetensors_bytes(latents=block), headers=headers
+        ) as response:
+            statuses.append(response.status)
+            if response.status != 202:
+                message = (await response.json())["error"]["message"]
+                break
+    assert statuses[-1] == 413 and len(statuses) > 1
+    assert message.startswith(f"1 video(s) of this batch ({jobs[1]['id']}) wait for a decode slot")
+    assert message.endswith("run the server with --decode-slots 2 to decode the batch at once")
+    # The refused block went to neither video: the producer may end the session cleanly.
+    async with server.client.post(push["url"] + "?final=1", headers=headers) as response:
+        assert response.status == 202
+    frames = []
+    for job in jobs:
+        async with server.client.get(f"/v1/videos/{job['id']}/content") as response:
+            frames.append(len(decode_mp4(await response.read())))
+    assert frames[0] == frames[1] > 0

@@ -69,9 +69,15 @@ class ActorFeed:
         return self.block_shape, self.dtype
 
     async def put(
-        self, latents: torch.Tensor, audio: TimedAudio | None = None, *, dtype: str | None = None
+        self,
+        latents: torch.Tensor,
+        audio: TimedAudio | None = None,
+        *,
+        dtype: str | None = None,
+        wait_for_room: bool = True,
     ) -> None:
-        """Queue a block in the shared job (waits while its queue is full)."""
+        """Queue a block in the shared job (waits while its queue is full: the shared
+        job bounds its queue itself, so `wait_for_room` is not asked of it)."""
         stream_plan = None
         if self.block_shape is None:
             stream_plan = asdict(self._decoder.plan_stream(tuple(latents.shape)))

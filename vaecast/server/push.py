@@ -130,12 +130,14 @@ class PushSession:
             self._last_push = time.perf_counter()
             return {**answer, "frames_done": self.job.frames_done}
 
-    async def take(self, latents: torch.Tensor, audio: TimedAudio | None) -> None:
+    async def take(
+        self, latents: torch.Tensor, audio: TimedAudio | None, *, wait_for_room: bool = True
+    ) -> None:
         """Queue a block another owner read and `accept`ed (a batch's entry)."""
         async with self._pushing:  # the idle watchdog waits while a push waits
             self.check_open()
             self._last_push = time.perf_counter()
-            await self.feed.put(latents, audio)
+            await self.feed.put(latents, audio, wait_for_room=wait_for_room)
             self._last_push = time.perf_counter()
 
     async def end(self) -> None:

@@ -9,6 +9,13 @@ their pushes: one token, one index sequence, one push URL (any of the B videos'
 (`(B, channels, n)`, one waveform each, or one `(channels, n)` for all). A video the
 user cancelled is skipped from then on, so the others go on; once all have ended, a
 push is 409.
+
+The B videos need not decode at once: with fewer decode slots than videos, a video
+that waits for its slot takes its blocks without waiting for room (backpressure comes
+from the videos that decode), so that the batch cannot deadlock on its own queues.
+What the waiting videos hold is bounded by `max_upload_bytes`, what one upload of the
+whole batch's latents could hold: past it, a push is 413 and says to raise
+`--decode-slots`.
 """
 
 from __future__ import annotations
@@ -19,20 +26,21 @@ from typing import Any
 
 import torch
 
-from vaecast.errors import InvalidRequestError, JobStateError
+from vaecast.errors import InvalidRequestError, JobStateError, PayloadTooLargeError
 from vaecast.latent_files import LatentFile
 from vaecast.pipeline import TimedAudio
 from vaecast.push_ledger import PushLedger
-from vaecast.server.job import Job
+from vaecast.server.job import Job, JobStatus
 from vaecast.server.push import PushSession, PushSessions
 
 
 class BatchPushSession:
     """B push sessions fed from one stream of batched blocks; see the module docstring."""
 
-    def __init__(self, sessions: Sequence[PushSession]) -> None:
+    def __init__(self, sessions: Sequence[PushSession], max_held_bytes: int) -> None:
         assert len(sessions) > 1
         self.sessions = list(sessions)
+        self.max_held_bytes = max_held_bytes  # by the videos that wait for a slot
         self.token = sessions[0].token
         self.job = sessions[0].job  # its push URL is the batch's
         self.ledger = PushLedger()
@@ -82,9 +90,11 @@ class BatchPushSession:
             if data:
                 entries = await asyncio.to_thread(self._split, data, params)
                 final = final or any(entry[2] for entry in entries)
+                waiting = {s for s in self._open() if s.job.status is JobStatus.QUEUED}
+                self._check_held(waiting, entries)
                 for session, (latents, audio, _) in zip(self.sessions, entries, strict=True):
                     if session in self._open():  # one the user cancelled is skipped
-                        await session.take(latents, audio)
+                        await session.take(latents, audio, wait_for_room=session not in waiting)
             elif not final:
                 raise InvalidRequestError("the block is empty; send latents, or ?final=1 to end")
             frames = [session.feed.latent_frames for session in self.sessions]
@@ -93,6 +103,29 @@ class BatchPushSession:
                 for session in self._open():
                     await session.end()
             return answer
+
+    def _check_held(
+        self,
+        waiting: set[PushSession],
+        entries: Sequence[tuple[torch.Tensor, TimedAudio | None, bool]],
+    ) -> None:
+        """Refuse the block (before any video takes it) if the videos that wait for a
+        decode slot would hold more than the budget with it."""
+        if not waiting:
+            return
+        held = sum(getattr(s.feed, "held_bytes", 0) for s in waiting)
+        adding = sum(
+            latents.element_size() * latents.nelement()
+            for session, (latents, _, _) in zip(self.sessions, entries, strict=True)
+            if session in waiting
+        )
+        if held + adding > self.max_held_bytes:
+            ids = ", ".join(sorted(s.job.id for s in waiting))
+            raise PayloadTooLargeError(
+                f"{len(waiting)} video(s) of this batch ({ids}) wait for a decode slot and "
+                f"would hold {held + adding} bytes of blocks, past {self.max_held_bytes}: "
+                f"run the server with --decode-slots {self.batch} to decode the batch at once"
+            )
 
     def _split(
         self, data: bytes, params: dict[str, str]
@@ -134,7 +167,7 @@ class BatchPushSession:
 def open_batch(sessions: PushSessions, jobs: Sequence[Job]) -> BatchPushSession:
     """The batch session of `jobs` (B push jobs), taking the pushes to any of them."""
     entries = [sessions.open(job) for job in jobs]
-    batch = BatchPushSession(entries)
+    batch = BatchPushSession(entries, sessions.config.limits.max_upload_bytes)
     for entry in entries[1:]:
         entry.token = batch.token  # one secret for the batch
     sessions.add(batch, [job.id for job in jobs])
