@@ -28,7 +28,7 @@ from vaecast.models.registry import (
 from vaecast.params import parse_fps
 from vaecast.pipeline import VideoOutput
 from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.security_config import (
+from vaecast.server.edge.security_config import (
     API_KEY_ENV,
     SecurityConfig,
     check_api_key,
@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, let running jobs finish this long before cancelling them",
     )
-    # Security (vaecast.server.security; README: Security).
+    # Security (vaecast.server.edge.security; README: Security).
     serve.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV) or None,
@@ -331,8 +331,8 @@ def _serve(args: argparse.Namespace) -> int:
         runner_settings,
         serve_until_signalled,
     )
-    from vaecast.server.manager import JobManager
-    from vaecast.server.routes import MANAGER
+    from vaecast.server.faces.routes import MANAGER
+    from vaecast.server.stream.manager import JobManager
 
     models = args.model or [DEFAULT_MODEL]
     # Checked before any model loads: a --weights mistake is a usage error.

@@ -1,7 +1,7 @@
 """The errors vaecast raises on purpose, under one base class.
 
 Each class carries the HTTP status and the short machine-readable `type` that the
-server's edge (`vaecast.server.http_errors`) turns into a JSON body
+server's edge (`vaecast.server.edge.http_errors`) turns into a JSON body
 `{"error": {"type": ..., "message": ...}}`. Nothing below the edge knows about HTTP
 beyond these two class attributes, and the messages are written for the user who
 sent the request: they say what was wrong and, where it helps, what to send instead.

@@ -21,7 +21,7 @@ from tests.helpers.browser import (
 )
 from tests.helpers.cdp import Browser, Page
 from vaecast.demo.sources import SceneSpec
-from vaecast.server.security_config import SecurityConfig
+from vaecast.server.edge.security_config import SecurityConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 

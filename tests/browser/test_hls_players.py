@@ -36,7 +36,7 @@ from tests.helpers.hls_players import (
     SteppedTinyDecoder,
     add_player_pages,
 )
-from vaecast.server.job import Job
+from vaecast.server.stream.job import Job
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 

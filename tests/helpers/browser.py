@@ -20,9 +20,9 @@ from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan, StreamP
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.app import create_app, runner_settings
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import Job
-from vaecast.server.manager import JobManager
-from vaecast.server.routes import MANAGER
+from vaecast.server.faces.routes import MANAGER
+from vaecast.server.stream.job import Job
+from vaecast.server.stream.manager import JobManager
 
 GATE_TIMEOUT_S = 60.0
 

@@ -13,8 +13,8 @@ from aiohttp import web
 from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.server.config import ServerConfig
-from vaecast.server.manager import JobManager
-from vaecast.server.routes import MANAGER
+from vaecast.server.faces.routes import MANAGER
+from vaecast.server.stream.manager import JobManager
 
 TEST_CONFIG = ServerConfig(default_model="linear", encoder=replace(EncoderSettings(), crf=18))
 

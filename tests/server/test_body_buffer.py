@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vaecast.server.body_buffer import (
+from vaecast.server.edge.body_buffer import (
     MAPPED_ROOM_BYTES,
     SMALL_BODY_BYTES,
     BodyBuffer,
@@ -67,7 +67,7 @@ PROBE = textwrap.dedent(
     """
     import json, sys
     from vaecast.heap import retain_decode_heap
-    from vaecast.server.body_buffer import BodyBuffer
+    from vaecast.server.edge.body_buffer import BodyBuffer
 
     def rss():
         with open("/proc/self/statm") as f:

@@ -36,10 +36,10 @@ from tests.helpers.server import (
     serve_on_loopback,
 )
 from vaecast.codecs.fmp4_reader import iter_boxes
-from vaecast.server import broadcast
-from vaecast.server.broadcast import Broadcast, can_broadcast_to, frame_chunk
-from vaecast.server.job import Job
-from vaecast.server.segment_log import SegmentLog
+from vaecast.server.stream import broadcast
+from vaecast.server.stream.broadcast import Broadcast, can_broadcast_to, frame_chunk
+from vaecast.server.stream.job import Job
+from vaecast.server.stream.segment_log import SegmentLog
 
 VIEWERS = 40
 LATENT_FRAMES = 6

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import Server, StartServer
-from vaecast.server.hls import Part, media_playlist, part_position, segments
+from vaecast.server.faces.hls import Part, media_playlist, part_position, segments
 
 LATENTS = smooth_latents(frames=20)  # linear: 1 + 4 * 19 = 77 frames, 20 chunks
 FPS = 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vaecast.server.http_ranges import (
+from vaecast.server.edge.http_ranges import (
     ByteRange,
     Unsatisfiable,
     WaitFor,

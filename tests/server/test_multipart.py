@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from urllib3 import encode_multipart_formdata
 
 from vaecast.errors import MalformedRequestError
-from vaecast.server.multipart import FormPart, boundary_of, parse_form
+from vaecast.server.edge.multipart import FormPart, boundary_of, parse_form
 
 B = "b0UND'ary"
 CD = b"Content-Disposition: form-data; "

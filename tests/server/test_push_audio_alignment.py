@@ -20,7 +20,7 @@ from tests.helpers.server import Server, StartServer
 from vaecast.client import PushSession
 from vaecast.codecs.aac import AAC_FRAME_SAMPLES, samples_for_duration
 from vaecast.push_file import push_file
-from vaecast.server.job import Job
+from vaecast.server.stream.job import Job
 
 QUIET_S = 0.3  # how long a fragment that must wait is watched not coming
 

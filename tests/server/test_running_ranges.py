@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import FailingDecoder, GatedDecoder, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import Server, StartServer
-from vaecast.server.job import Job
+from vaecast.server.stream.job import Job
 
 HELD_CHUNK = 2  # the init segment and chunks 0 and 1 are committed while it is held
 CHUNKS = 6

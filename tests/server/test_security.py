@@ -23,7 +23,7 @@ from multidict import CIMultiDictProxy
 from tests.helpers import safetensors_bytes, smooth_latents
 from tests.helpers.server import Server, StartServer
 from vaecast.cli import main
-from vaecast.server.security_config import SecurityConfig, for_bind_address
+from vaecast.server.edge.security_config import SecurityConfig, for_bind_address
 
 KEY = "sk-vaecast-test-0123456789"
 BEARER = {"Authorization": f"Bearer {KEY}"}
@@ -220,7 +220,7 @@ async def test_loopback_names_and_addresses_are_answered_by_default(start_server
 
 
 async def test_host_verdicts_are_remembered_boundedly_and_stay_right(start_server: StartServer):
-    from vaecast.server.security import HOST_VERDICTS_KEPT, SecurityGuard
+    from vaecast.server.edge.security import HOST_VERDICTS_KEPT, SecurityGuard
 
     server = await start_server()
     # Twice the remembered number of names, then names asked before: evicted verdicts
@@ -420,7 +420,7 @@ async def test_an_unlisted_preflight_is_refused(start_server: StartServer):
 
 
 def test_bad_security_settings_are_refused():
-    from vaecast.server.security import SecurityGuard
+    from vaecast.server.edge.security import SecurityGuard
 
     with pytest.raises(ValueError, match="must be printable ASCII without spaces"):
         SecurityGuard(SecurityConfig(api_key="two words"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vaecast.errors import DecodeFailedError, GoneError
-from vaecast.server.segment_log import SegmentLog
+from vaecast.server.stream.segment_log import SegmentLog
 
 SEGMENTS = [b"init" * 10, b"a" * 100, b"b" * 300, b"c" * 50]
 

@@ -35,8 +35,8 @@ from vaecast.errors import (
 from vaecast.job_record import JobStatus, SegmentAdded
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.pipeline import TimedAudio
-from vaecast.server.job import Job
-from vaecast.server.retention import EvictionReason
+from vaecast.server.stream.job import Job
+from vaecast.server.stream.retention import EvictionReason
 
 log = logging.getLogger("vaecast.cluster")
 

@@ -202,6 +202,6 @@ class JobRef:
         return self.host.replica_stopped.remote(self.job_id, decoded_chunks)
 
 
-# Why a job's shared state is gone: the values of vaecast.server.retention.EvictionReason.
+# Why a job's shared state is gone: the values of vaecast.server.stream.retention.EvictionReason.
 GONE_AGE = "age"
 GONE_DELETED = "deleted"

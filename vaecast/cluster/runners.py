@@ -38,10 +38,10 @@ from vaecast.cluster.replica import replica_states
 from vaecast.job_record import JobRecord
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import Job
-from vaecast.server.job_requests import DecodeRequest, PushRequest
-from vaecast.server.manager import JobManager
-from vaecast.server.retention import EvictionReason
+from vaecast.server.stream.job import Job
+from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
+from vaecast.server.stream.manager import JobManager
+from vaecast.server.stream.retention import EvictionReason
 
 log = logging.getLogger("vaecast.cluster")
 

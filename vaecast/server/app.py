@@ -16,18 +16,18 @@ from vaecast.heap import retain_decode_heap
 from vaecast.models.base import ChunkedDecoder
 from vaecast.pipeline import Stages
 from vaecast.server.config import ServerConfig
-from vaecast.server.http_errors import json_errors
-from vaecast.server.live_demo import DEMO_WARM_UP, warm_up_demo
-from vaecast.server.loop_lag import watch_loop_lag
-from vaecast.server.manager import JobManager
-from vaecast.server.push import PushSessions
-from vaecast.server.routes import MANAGER, PUSH_SESSIONS, add_routes
-from vaecast.server.security import SecurityGuard
-from vaecast.server.uploads import DEMO_MODEL
+from vaecast.server.edge.http_errors import json_errors
+from vaecast.server.edge.loop_lag import watch_loop_lag
+from vaecast.server.edge.security import SecurityGuard
+from vaecast.server.faces.live_demo import DEMO_WARM_UP, warm_up_demo
+from vaecast.server.faces.push import PushSessions
+from vaecast.server.faces.routes import MANAGER, PUSH_SESSIONS, add_routes
+from vaecast.server.faces.uploads import DEMO_MODEL
+from vaecast.server.stream.manager import JobManager
 
 log = logging.getLogger("vaecast.server")
 
-# Bodies are read by vaecast.server.uploads with the configured limit; aiohttp's own
+# Bodies are read by vaecast.server.faces.uploads with the configured limit; aiohttp's own
 # cap (client_max_size) only guards request.read()/post(), which the app never calls
 # on uploads, so it is left at the configured limit as a second fence.
 
@@ -56,7 +56,7 @@ def create_app(
 
     With `warm_demo` (what `vaecast serve` asks for), when the default model is `tiny`
     (the demo's) and decodes here, a demo click's first-call work runs once in the
-    background after start (vaecast.server.live_demo.warm_up_demo). Off by default:
+    background after start (vaecast.server.faces.live_demo.warm_up_demo). Off by default:
     in tests and benchmarks its decode and its start-up CPU would show in what they
     measure (a gated test decoder, a timed benchmark decoder)."""
     if config.default_model not in decoders:
@@ -157,7 +157,7 @@ def raise_open_file_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit; the new soft limit.
 
     Every viewer is a socket, and a broadcast member one more descriptor for the fan-out
-    thread (server/fanout_sender.py): the usual soft limit of 1,024 would refuse
+    thread (server/stream/fanout_sender.py): the usual soft limit of 1,024 would refuse
     connections long before the server's CPU runs out (the hard limit, which only root
     can raise, is commonly 512 Ki or more). Go's runtime does the same at start.
     """

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from vaecast.codecs.h264 import EncoderSettings
-from vaecast.server.security_config import SecurityConfig
+from vaecast.server.edge.security_config import SecurityConfig
 
 MIB = 1024 * 1024
 
@@ -55,5 +55,5 @@ class ServerConfig:
     spill_dir: str | None = None
     # On SIGTERM/SIGINT: refuse new jobs, let running ones finish this long, then cancel.
     shutdown_grace_s: float = 30.0
-    # API key, host names answered to, CORS origins (vaecast.server.security).
+    # API key, host names answered to, CORS origins (vaecast.server.edge.security).
     security: SecurityConfig = field(default_factory=SecurityConfig)

@@ -30,8 +30,8 @@ from vaecast.errors import InvalidRequestError, JobStateError, PayloadTooLargeEr
 from vaecast.latent_files import LatentFile
 from vaecast.pipeline import TimedAudio
 from vaecast.push_ledger import PushLedger
-from vaecast.server.job import Job, JobStatus
-from vaecast.server.push import PushSession, PushSessions
+from vaecast.server.faces.push import PushSession, PushSessions
+from vaecast.server.stream.job import Job, JobStatus
 
 
 class BatchPushSession:

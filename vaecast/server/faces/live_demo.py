@@ -39,7 +39,7 @@ from vaecast.demo.sources import SceneSpec, parse_scene_spec, scene_audio_span
 from vaecast.errors import DecodeFailedError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
 from vaecast.pipeline import AudioFormat, Stages, TimedAudio, Workers
-from vaecast.server.job import Job, PushRequest
+from vaecast.server.stream.job import Job, PushRequest
 
 log = logging.getLogger("vaecast.demo")
 

@@ -47,11 +47,11 @@ from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, MAX_GEOMETRY_VALUE, BoundLayout, LatentLayout
 from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline import AudioFormat
-from vaecast.server.body_buffer import BodyBuffer
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import BatchRequest, DecodeRequest, PushKind, PushRequest
-from vaecast.server.live_demo import LiveDemoRequest
-from vaecast.server.multipart import boundary_of, parse_form
+from vaecast.server.edge.body_buffer import BodyBuffer
+from vaecast.server.edge.multipart import boundary_of, parse_form
+from vaecast.server.faces.live_demo import LiveDemoRequest
+from vaecast.server.stream.job import BatchRequest, DecodeRequest, PushKind, PushRequest
 
 FILE_FIELDS = ("file", "latents")
 READ_CHUNK_BYTES = 256 * 1024
@@ -285,7 +285,7 @@ async def _demo_request(
     live = body.get("live", False)
     if not isinstance(live, bool):
         raise InvalidRequestError(f"live must be true or false, got {live!r}")
-    if live:  # produced block by block inside a push session (vaecast.server.live_demo)
+    if live:  # produced block by block inside a push session (vaecast.server.faces.live_demo)
         return LiveDemoRequest(spec, model, fps, sound, config.device)
     # Rendering and encoding take seconds of CPU: never on the loop.
     latents = await asyncio.to_thread(scene_latents, spec, config.device)

@@ -40,9 +40,9 @@ from vaecast.models.layouts import layout_of
 from vaecast.pipeline import TimedAudio
 from vaecast.push_ledger import SEQ_HEADER, PushLedger, idle_error, idle_left, parse_seq
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import Job, PushKind
-from vaecast.server.manager import JobManager
-from vaecast.server.uploads import read_upload
+from vaecast.server.faces.uploads import read_upload
+from vaecast.server.stream.job import Job, PushKind
+from vaecast.server.stream.manager import JobManager
 
 TOKEN_HEADER = "X-Push-Token"
 FINAL_VALUES = frozenset({"1", "true", "yes"})

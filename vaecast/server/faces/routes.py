@@ -13,20 +13,20 @@ from aiohttp import web
 
 from vaecast.errors import InvalidRequestError, NotFoundError
 from vaecast.params import leading_int, parse_int
-from vaecast.server.content import end_response, send_content, send_stream
-from vaecast.server.hls_routes import add_hls_routes
-from vaecast.server.job import BatchRequest, DecodeRequest, Job, PushRequest
-from vaecast.server.live_demo import (
+from vaecast.server.faces.content import end_response, send_content, send_stream
+from vaecast.server.faces.hls_routes import add_hls_routes
+from vaecast.server.faces.live_demo import (
     DEMO_WARM_UP,
     LiveDemoRequest,
     start_producer,
     warm_up_state,
 )
-from vaecast.server.manager import Admission, JobManager
+from vaecast.server.faces.push import PushSessions, push_json, push_latents
+from vaecast.server.faces.push_batch import open_batch
+from vaecast.server.faces.uploads import read_decode_request
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from vaecast.server.push import PushSessions, push_json, push_latents
-from vaecast.server.push_batch import open_batch
-from vaecast.server.uploads import read_decode_request
+from vaecast.server.stream.job import BatchRequest, DecodeRequest, Job, PushRequest
+from vaecast.server.stream.manager import Admission, JobManager
 
 log = logging.getLogger("vaecast.http")
 
@@ -163,7 +163,7 @@ async def delete_video(request: web.Request) -> web.Response:
 
 
 async def get_content(request: web.Request) -> web.StreamResponse:
-    """The MP4, growing or finished (vaecast.server.content has the rules)."""
+    """The MP4, growing or finished (vaecast.server.faces.content has the rules)."""
     job = request.app[MANAGER].get(request.match_info["video_id"])
     return await send_content(request, job)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from vaecast.errors import GoneError
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import Job, JobStatus
 from vaecast.server.metrics import Metrics
+from vaecast.server.stream.job import Job, JobStatus
 
 log = logging.getLogger("vaecast.retention")
 

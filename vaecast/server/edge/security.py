@@ -59,7 +59,7 @@ from urllib.parse import unquote
 from aiohttp import hdrs, web
 
 from vaecast.errors import ForbiddenError, MisdirectedRequestError, UnauthorizedError
-from vaecast.server.security_config import (
+from vaecast.server.edge.security_config import (
     DEFAULT_PORTS,
     LOOPBACK_HOSTS,
     Origin,

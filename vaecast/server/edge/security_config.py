@@ -1,7 +1,7 @@
 """What the server's security options mean, as values: no HTTP here.
 
 The options (`--api-key`, `--allowed-host`, `--cors-origin`) are parsed and checked
-with these functions, and the server's guard (vaecast.server.security, which says
+with these functions, and the server's guard (vaecast.server.edge.security, which says
 what each fence is for) compiles the resulting `SecurityConfig`. Kept apart from the
 guard so that commands which never serve (`vaecast decode`) need no aiohttp.
 """

@@ -52,14 +52,14 @@ from typing import Protocol, cast
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
-from vaecast.server.fanout_sender import (
+from vaecast.server.stream.fanout_sender import (
     FAILED,
     SKIPPED,
     FanoutSender,
     SendBatch,
     open_member_socket,
 )
-from vaecast.server.segment_log import SegmentLog
+from vaecast.server.stream.segment_log import SegmentLog
 
 CRLF = b"\r\n"
 # From this many members a segment's sends go to the fan-out thread (measured: one

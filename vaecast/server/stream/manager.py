@@ -40,12 +40,12 @@ from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
-from vaecast.server.fanout_sender import FanoutSender
-from vaecast.server.job import Job, plan_facts
-from vaecast.server.job_requests import DecodeRequest, PushKind, PushRequest
-from vaecast.server.local_runner import LocalRunner
 from vaecast.server.metrics import Metrics
-from vaecast.server.retention import EvictionReason, Retention
+from vaecast.server.stream.fanout_sender import FanoutSender
+from vaecast.server.stream.job import Job, plan_facts
+from vaecast.server.stream.job_requests import DecodeRequest, PushKind, PushRequest
+from vaecast.server.stream.local_runner import LocalRunner
+from vaecast.server.stream.retention import EvictionReason, Retention
 
 DEFAULT_RETRY_AFTER_S = 5.0
 

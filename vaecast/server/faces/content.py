@@ -16,15 +16,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from vaecast.errors import JobStateError, VaecastError
-from vaecast.server.http_errors import error_response
-from vaecast.server.http_ranges import (
+from vaecast.server.edge.http_errors import error_response
+from vaecast.server.edge.http_ranges import (
     ByteRange,
     Unsatisfiable,
     etag_matches,
     growing_range,
     parse_range,
 )
-from vaecast.server.job import Job, JobStatus
+from vaecast.server.stream.job import Job, JobStatus
 
 log = logging.getLogger("vaecast.http")
 

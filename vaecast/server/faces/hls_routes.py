@@ -1,6 +1,6 @@
 """HLS routes: a job's playlist and its media, served from the job's segment log.
 
-- `GET /v1/videos/{id}/playlist.m3u8`: the LL-HLS media playlist (vaecast.server.hls),
+- `GET /v1/videos/{id}/playlist.m3u8`: the LL-HLS media playlist (vaecast.server.faces.hls),
   for running and finished jobs alike. `_HLS_msn`/`_HLS_part` make it a blocking
   reload: answered once that part is in the playlist (or the job ended), 400 when the
   segment asked for is too far ahead.
@@ -19,10 +19,16 @@ from aiohttp import web
 
 from vaecast.errors import MalformedRequestError, NotFoundError
 from vaecast.params import leading_int
-from vaecast.server.content import end_response
-from vaecast.server.hls import MEDIA_TYPE, media_playlist, part_position, segments, too_far_ahead
-from vaecast.server.job import Job, JobStatus
-from vaecast.server.manager import JobManager
+from vaecast.server.faces.content import end_response
+from vaecast.server.faces.hls import (
+    MEDIA_TYPE,
+    media_playlist,
+    part_position,
+    segments,
+    too_far_ahead,
+)
+from vaecast.server.stream.job import Job, JobStatus
+from vaecast.server.stream.manager import JobManager
 
 MEDIA_NUMBER = re.compile(r"[0-9]{1,9}")
 # A blocking request waits at most this many target durations, then gets what exists

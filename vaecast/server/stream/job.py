@@ -9,7 +9,7 @@ A job is four things composed:
   HLS `PartIndex` of the same bytes;
 - `events`, the record's events as a log that SSE readers follow;
 - its runner, which makes the video and applies what happens to the record: the
-  `LocalRunner` decodes here (`vaecast.server.local_runner`); Ray mode's mirrors a
+  `LocalRunner` decodes here (`vaecast.server.stream.local_runner`); Ray mode's mirrors a
   job that runs in the cluster (`vaecast.cluster.mirror`).
 Where a job waits for a decode slot, and when it is evicted, is the manager's and
 retention's business, not its own.
@@ -37,18 +37,18 @@ from vaecast.job_record import (
     Transition,
 )
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
-from vaecast.server.broadcast import Broadcast
 from vaecast.server.config import ServerConfig
-from vaecast.server.fanout_sender import FanoutSender
-from vaecast.server.hls import PartIndex
-from vaecast.server.job_requests import (
+from vaecast.server.faces.hls import PartIndex
+from vaecast.server.metrics import Metrics
+from vaecast.server.stream.broadcast import Broadcast
+from vaecast.server.stream.fanout_sender import FanoutSender
+from vaecast.server.stream.job_requests import (
     BatchRequest,
     DecodeRequest,
     PushKind,
     PushRequest,
 )
-from vaecast.server.metrics import Metrics
-from vaecast.server.segment_log import FollowableLog, SegmentLog
+from vaecast.server.stream.segment_log import FollowableLog, SegmentLog
 
 __all__ = [
     "FINAL_STATUSES",

@@ -39,8 +39,8 @@ from vaecast.pipeline import (
     run_pipeline,
 )
 from vaecast.server.config import ServerConfig
-from vaecast.server.job import Job, plan_facts
-from vaecast.server.job_requests import DecodeRequest, PushRequest
+from vaecast.server.stream.job import Job, plan_facts
+from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
 
 log = logging.getLogger("vaecast.jobs")
 

@@ -1,0 +1,82 @@
+"""`python -m benchmarks.models` on one tiny model, one repeat: a real `vaecast serve`, the
+in-process arms, and the results files' structure (no timing is asserted)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import models
+from tests.helpers.models import WAN_TINY_CONFIG
+
+# diffusers' tiny Wan test architecture with the benchmark's latent statistics: 2x2 latents
+# of 3 frames, 16x16 pixels in 3 chunks.
+TINY_WAN = dataclasses.replace(
+    models.SPECS["wan2.1"],
+    config={**WAN_TINY_CONFIG, **models.SPECS["wan2.1"].config},
+    latent_shape=(16, 3, 2, 2),
+)
+
+
+def positive(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+def test_one_model_one_repeat_writes_its_row(tmp_path: Path) -> None:
+    models.run([TINY_WAN], repeats=1, out=tmp_path)
+    result = json.loads((tmp_path / "models.json").read_text())
+    meta = result["meta"]
+    for key in ("commit", "machine", "started_utc", "finished_utc", "torch_threads", "encoder"):
+        assert meta[key], key
+    assert meta["repeats"] == 1
+
+    entry = result["models"]["wan2.1"]
+    geometry = entry["geometry"]
+    assert geometry["latent_channels"] == 16
+    assert (geometry["spatial_compression"], geometry["temporal_compression"]) == (8, 4)
+    assert geometry["chunk_frames"] == [1, 4, 4]
+    assert (geometry["frames"], geometry["width"], geometry["height"]) == (9, 16, 16)
+    # Wan's chunks are vae.decode's to rounding (bit for bit with one thread).
+    assert entry["exactness"]["vs_path"]["max_abs_diff"] <= 1e-5
+    assert "vs_loaded" not in entry["exactness"]  # the decoder keeps the pipeline's path
+
+    summary = entry["summary"]
+    assert summary["frames_ok"]
+    for name in ("ttff_over_first_chunk", "total_over_pipeline", "ttff_over_pipeline"):
+        spread = summary["ratios"][name]
+        assert spread["n"] == 1
+        assert all(positive(spread[key]) for key in ("median", "q1", "q3", "low", "high")), name
+    assert all(positive(seconds) for seconds in summary["seconds"].values())
+    arms = sorted((run["arm"], run["pair"]) for run in entry["runs"])
+    assert arms == [
+        ("first_chunk", "first_chunk"),
+        ("pipeline", "pipeline"),
+        ("vaecast", "first_chunk"),
+        ("vaecast", "pipeline"),
+    ]
+
+    table = (tmp_path / "models.md").read_text()
+    assert "| wan2.1 | AutoencoderKLWan |" in table
+    assert "| 1, 4, 4 |" in table
+    assert table.count("| wan2.1 |") == 3  # a row in each table
+
+
+def test_a_model_too_big_for_the_memory_is_skipped_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(models, "available_memory_bytes", lambda: 1)
+    models.run([TINY_WAN], repeats=1, out=tmp_path)
+    entry = json.loads((tmp_path / "models.json").read_text())["models"]["wan2.1"]
+    assert "available" in entry["skipped"]
+    assert "- wan2.1: its" in (tmp_path / "models.md").read_text()
+
+
+def test_unknown_models_and_no_repeats_are_usage_errors() -> None:
+    for argv in (["--models", "wan2.1,nope"], ["--repeats", "0"]):
+        with pytest.raises(SystemExit):
+            models.main(argv)

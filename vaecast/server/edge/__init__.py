@@ -1,0 +1,1 @@
+"""The edge every request crosses: security, timeouts, bodies and multipart, HTTP errors."""

@@ -1,0 +1,1 @@
+"""The stream core: jobs, their runners and manager, the segment log, the fan-out."""
