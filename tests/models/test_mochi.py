@@ -1,10 +1,12 @@
-"""The `mochi` decoder: chunks bit-identical to the Mochi pipeline's frame-wise decode (spatial
-tiling included), the leading frames it drops, how far frame-wise is from the whole-clip decode,
-and loading without the hub."""
+"""The `mochi` decoder: causal chunks, a latent frame each, that are the Mochi pipeline's
+whole-clip decode to rounding (spatial tiling included); the frame-wise fallback, bit-identical
+to the frame-wise decode, and how far that is from the whole clip; the leading frames it drops;
+loading without the hub."""
 
 from __future__ import annotations
 
 import ast
+import copy
 import math
 import sys
 from collections.abc import Iterator
@@ -40,7 +42,18 @@ def vae() -> AutoencoderKLMochi:
 
 @pytest.fixture(scope="module")
 def decoder(vae: AutoencoderKLMochi) -> MochiDecoder:
-    return MochiDecoder(vae)
+    """The frame-wise decoder (it turns frame-wise decoding on for `vae`)."""
+    return MochiDecoder(vae, causal=False)
+
+
+@pytest.fixture(scope="module")
+def whole_vae() -> AutoencoderKLMochi:
+    return tiny_vae()
+
+
+@pytest.fixture(scope="module")
+def causal(whole_vae: AutoencoderKLMochi) -> MochiDecoder:
+    return MochiDecoder(whole_vae)
 
 
 def latents(frames: int, height: int = 2, width: int = 2, seed: int = 0) -> torch.Tensor:
@@ -116,15 +129,80 @@ def test_chunks_are_the_pipelines_framewise_decode_bit_for_bit(
 def test_the_decoder_turns_framewise_decoding_on() -> None:
     vae = tiny_vae()
     assert not vae.use_framewise_decoding  # diffusers' default: the whole clip at once
-    MochiDecoder(vae)
+    assert not MochiDecoder(vae, causal=False).causal
     assert vae.use_framewise_decoding
+
+
+@pytest.mark.parametrize(
+    ("frames", "chunk_frames"),
+    [(1, (1,)), (2, (1, 6)), (3, (1, 6, 6)), (5, (1, 6, 6, 6, 6))],
+)
+def test_causal_chunks_are_the_pipelines_whole_clip_decode(
+    whole_vae: AutoencoderKLMochi, causal: MochiDecoder, frames: int, chunk_frames: tuple[int, ...]
+) -> None:
+    assert causal.causal and not whole_vae.use_framewise_decoding  # the pipeline's own path
+    z = latents(frames, seed=frames)
+    chunks = collect(causal, z)
+    expected = pipeline_decode(whole_vae, z)
+    streamed = torch.cat([c.frames for c in chunks], dim=2)
+    assert streamed.shape == expected.shape
+    assert torch.allclose(streamed, expected, rtol=0, atol=1e-5)
+    assert tuple(c.frame_count for c in chunks) == chunk_frames
+    plan = causal.plan(z.shape)
+    assert plan.chunk_frames == chunk_frames
+    assert [c.frame_start for c in chunks] == list(plan.chunk_starts)
+    assert chunks[-1].is_final and not any(c.is_final for c in chunks[:-1])
+    assert expected.std() > 0.01
+
+
+def test_a_causal_stream_commits_each_latent_frame_as_it_arrives(causal: MochiDecoder) -> None:
+    z = latents(4, seed=4)
+    arrived: list[int] = []
+    published: list[tuple[int, int]] = []
+
+    def blocks() -> Iterator[torch.Tensor]:
+        for t in range(4):
+            arrived.append(t)
+            yield z[:, :, t : t + 1]
+
+    causal.decode_stream(blocks(), lambda c: published.append((c.index, len(arrived))))
+    assert published == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    plan = causal.plan_stream(z.shape)
+    assert (plan.first_chunk_frames, plan.chunk_frames, plan.frames_for(4)) == (1, 6, 19)
+
+
+def test_causal_with_spatial_tiling_is_the_vaes_tiled_whole_clip_decode() -> None:
+    vae = tiny_vae(seed=1)
+    vae.enable_tiling(32, 32, 24, 24)
+    decoder = MochiDecoder(vae)
+    z = latents(3, height=5, width=6, seed=3)
+    expected = pipeline_decode(vae, z)
+    streamed = torch.cat([c.frames for c in collect(decoder, z)], dim=2)
+    assert streamed.shape[3:] == (40, 48)
+    assert torch.allclose(streamed, expected, rtol=0, atol=1e-5)
+
+
+def test_a_structure_the_causal_pass_does_not_know_streams_framewise_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    vae = tiny_vae()
+    vae.decoder.block_out.attentions[0] = torch.nn.Identity()  # an attention over time
+    with pytest.raises(WeightsError, match="mochi cannot stream this decoder causally"):
+        MochiDecoder(vae, causal=True)
+    with caplog.at_level("WARNING", logger="vaecast.models.mochi"):
+        decoder = MochiDecoder(vae)
+    assert not decoder.causal and vae.use_framewise_decoding
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "mochi: streaming frame-wise, not exactly the whole-clip decode (decoder.block_out"
+    )
 
 
 def test_framewise_against_the_whole_clip_decode(vae: AutoencoderKLMochi) -> None:
     """What the module docstring states: batches decode as clips of their own (no cache),
     so the first batch is the whole decode's (to rounding) and the rest is 24-26 dB off it."""
     whole_vae = tiny_vae()
-    framewise = MochiDecoder(vae)
+    framewise = MochiDecoder(vae, causal=False)
     for frames in (5, 9):
         z = latents(frames, seed=frames)
         whole = pipeline_decode(whole_vae, z)
@@ -176,7 +254,7 @@ def test_spatial_tiling_is_the_vaes_own() -> None:
     vae = tiny_vae(seed=1)
     z = latents(3, height=5, width=6, seed=3)
     vae.enable_tiling(32, 32, 24, 24)
-    decoder = MochiDecoder(vae)
+    decoder = MochiDecoder(vae, causal=False)
     expected = pipeline_decode(vae, z)
     chunks = collect(decoder, z)
     assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), expected)
@@ -192,7 +270,7 @@ def test_keeping_the_leading_frames_and_other_batch_sizes() -> None:
     vae = tiny_vae()
     vae.drop_last_temporal_frames = False
     vae.num_latent_frames_batch_size = 3
-    decoder = MochiDecoder(vae)
+    decoder = MochiDecoder(vae, causal=False)
     z = latents(4, seed=4)
     chunks = collect(decoder, z)
     assert [c.frame_count for c in chunks] == [18, 6]
@@ -207,23 +285,22 @@ def test_a_config_without_mean_and_std_only_scales() -> None:
         **VAE_CONFIG, latents_mean=None, latents_std=None, scaling_factor=0.5
     ).eval()
     z = latents(2, seed=2)
-    assert torch.equal(MochiDecoder(vae).decode(z), pipeline_decode(vae, z))
+    assert torch.equal(MochiDecoder(vae, causal=False).decode(z), pipeline_decode(vae, z))
 
 
 def test_the_pipelines_frames_from_its_latents() -> None:
-    """MochiPipeline from tiny random components (frame-wise decoding on): its
+    """MochiPipeline from tiny random components (its default whole-clip decode): its
     output_type="latent" tensor, through the decoder and the pipeline's post-processing,
-    is its "np" output (equal; the bar is 1e-5)."""
+    is its "np" output (to 1e-5)."""
     (case,) = CASES
     run = run_case(case)
     decoder = MochiDecoder(run.pipeline.vae)
     chunks = collect(decoder, run.latents)
-    assert [c.frame_count for c in chunks] == [7, 12, 6]
+    assert [c.frame_count for c in chunks] == [1, 6, 6, 6, 6]
     video = torch.cat([c.frames for c in chunks], dim=2)
     frames = run.pipeline.video_processor.postprocess_video(video, output_type="np")[0]
     assert frames.shape == run.frames.shape == (25, 16, 16, 3)
     assert np.allclose(frames, run.frames, rtol=0, atol=1e-5)
-    assert np.array_equal(frames, run.frames)
     assert run.frames.std() > 0.01
 
 
@@ -275,7 +352,6 @@ def test_missing_internals_fail_at_load() -> None:
 def test_loads_from_a_local_diffusers_folder(
     vae: AutoencoderKLMochi, decoder: MochiDecoder, tmp_path: Path, layout: str
 ) -> None:
-    assert vae.use_framewise_decoding  # as `decoder` left it: the expected decode is frame-wise
     if layout == "pipeline folder":
         pipeline = CASES[0].build()
         pipeline.save_pretrained(tmp_path)
@@ -283,14 +359,17 @@ def test_loads_from_a_local_diffusers_folder(
     else:
         vae.save_pretrained(tmp_path)
     z = latents(3)
-    expected = pipeline_decode(vae, z)
+    whole = copy.deepcopy(vae)
+    whole.use_framewise_decoding = False  # as the folder loads: the decode is the whole clip's
+    expected = pipeline_decode(whole, z)
     for loaded in (
         MochiDecoder.from_weights(tmp_path),
         get_decoder("mochi", device="cpu", weights=tmp_path),
         get_decoder("diffusers", device="cpu", weights=tmp_path),
     ):
-        assert isinstance(loaded, MochiDecoder) and loaded.vae.use_framewise_decoding
-        assert torch.equal(loaded.decode(z), expected)
+        assert isinstance(loaded, MochiDecoder) and loaded.causal
+        assert not loaded.vae.use_framewise_decoding
+        assert torch.allclose(loaded.decode(z), expected, rtol=0, atol=1e-5)
 
 
 def test_weights_must_be_a_local_folder(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`mochi`: the Mochi 1 video VAE decoder, a chunk per frame-wise decoded batch.
+"""`mochi`: the Mochi 1 video VAE decoder, a chunk per latent frame, exact.
 
 The model is diffusers' `AutoencoderKLMochi` (Apache-2.0; architecture by Genmo), as
 `MochiPipeline` decodes with it. Each latent frame decodes to 6 frames (temporal
@@ -6,30 +6,25 @@ expansions 1 x 2 x 3), and `_decode` then drops the first 5 frames of the video
 (`drop_last_temporal_frames`, on by default, despite its name): T latents give
 6 T - 5 frames, latent 0 standing for one. 8x in space.
 
-`_decode` has two paths. By default it decodes the whole clip in one call. With
-`use_framewise_decoding` it feeds `vae.decoder(z, conv_cache=...)` batches of
-`num_latent_frames_batch_size` (2) latent frames from the start, the last batch short
-when T is odd. This decoder streams the frame-wise path: it turns
-`use_framewise_decoding` on for the VAE it wraps (it is not in the saved config), drives
-that loop from outside (`vaecast/models/frame_batches.py`) and publishes each batch as a
-chunk: 7 frames for the first (12 less the 5 dropped), 12 for each next, 6 for a last
-lone latent (T = 5: 7, 12, 6; 25 frames). The chunks concatenate bit for bit to
-`vae.decode` with frame-wise decoding on (tested). With spatial tiling on
-(`vae.enable_tiling()`, which the Mochi pipeline's docs recommend; off on a loaded VAE)
-each batch is decoded tile by tile and blended as `tiled_decode` does, bit for bit too.
-A stream's batches start at latent 0 whatever its length, so they are the whole
-decode's: each is committed as soon as its 2 latents have arrived, a last lone one at
-the end.
+`_decode` has two paths. By default, and so in the pipeline, it decodes the whole clip
+in one call. With `use_framewise_decoding` it decodes batches of
+`num_latent_frames_batch_size` (2) latent frames, each as a clip of its own: Mochi's
+convs pad in time with `pad_mode="replicate"`, which hands back no cache, so that path
+is not the whole clip's (24 to 26 dB PSNR against it on random tiny weights).
 
-The frame-wise decode is not the whole-clip one. Mochi's decoder convs pad in time with
-`pad_mode="replicate"`, which hands back no cache (`conv_cache` stays None), so every
-batch is decoded as a clip of its own, its first frames padded from itself rather than
-continued from the batch before. (`_enable_framewise_decoding()`, which would switch the
-convs to the cached mode, drops their spatial padding too and fails in diffusers
-0.42.1.) Against the default whole-clip decode, measured on random tiny weights (the
-tests' VAE, 3 to 13 latent frames, frames clamped to [-1, 1]): PSNR 24.2 to 26.3 dB,
-max abs difference 0.56 to 0.83; the first batch's 7 frames agree to rounding (1e-6),
-every later frame is 22 to 26 dB off. Real weights were not available to measure.
+This decoder streams the default path (`causal=True`, the default where the model's
+structure allows it): the decoder is causal in time throughout, so
+`vaecast.models.mochi_stream` runs it a latent frame at a time, carrying each causal
+conv's last input frames, and each latent frame's 6 frames are final as soon as it has
+arrived (1 for the first, after the 5 dropped). The chunks are `vae.decode`'s whole-clip
+frames to float rounding (1e-6, tested at 1e-5), with the VAE's spatial tiling too
+(`vae.enable_tiling()`: each tile carries its own caches and the tiles of each frame are
+blended as `tiled_decode` blends them). A decoder whose structure is not the one that
+pass repeats (`mochi_stream.check_decoder`) is streamed frame-wise instead, saying so in
+one log line: `causal=False` turns `use_framewise_decoding` on for the VAE (so that
+`vae.decode` decodes as it streams), drives that loop from outside
+(`vaecast/models/frame_batches.py`) and publishes each batch: 7 frames for the first,
+12 for each next, bit for bit the frame-wise `vae.decode`.
 
 Latents are what `MochiPipeline` returns with `output_type="latent"` (BCTHW, the
 transformer's space), denormalized exactly as its decode step writes it:
@@ -47,12 +42,14 @@ diffusers is imported only when a model is loaded, so `import vaecast` never nee
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vaecast.models import mochi_stream
 from vaecast.models.base import DecodePlan, StreamPlan, check_latent_shape
 from vaecast.models.frame_batches import BatchStream, CachedBatches, FrameBatches, SpatialTiles
 from vaecast.models.streaming import StreamingDecoder
@@ -80,6 +77,8 @@ CONFIG_KEYS = ("latent_channels", "latents_mean", "latents_std", "scaling_factor
 # Versions whose `AutoencoderKLMochi._decode` and `tiled_decode` loops and pipeline
 # decode step are the ones we drive (0.35.0 and 0.42.1 are identical there).
 DIFFUSERS_REQUIREMENT = "diffusers>=0.35,<0.43"
+
+log = logging.getLogger(__name__)
 
 
 def check_internals(vae: Any) -> None:
@@ -115,32 +114,48 @@ def load_vae(weights: str | Path) -> Any:
 
 
 class MochiDecoder(StreamingDecoder):
-    """Mochi's VAE decoder under the chunk contract, frame-wise: a chunk per batch of 2
-    latent frames, 7 frames for the first and 12 for each next.
+    """Mochi's VAE decoder under the chunk contract: a chunk per latent frame, the
+    whole-clip decode's (causal), or a chunk per frame-wise batch (see the module
+    docstring).
 
-    Turns `use_framewise_decoding` on for the VAE, so that `vae.decode` and the
-    pipeline decode as it streams; the batch size and `drop_last_temporal_frames` are
-    read from the VAE when the decoder is built.
+    `causal=None` streams causally where `mochi_stream.check_decoder` accepts the
+    decoder, frame-wise otherwise; `False` streams frame-wise and turns
+    `use_framewise_decoding` on for the VAE, so that `vae.decode` decodes as it streams.
+    The batch size and `drop_last_temporal_frames` are read from the VAE when the
+    decoder is built.
     """
 
     name = "mochi"
     value_range = (-1.0, 1.0)
 
-    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, vae: Any, device: str | torch.device = "cpu", causal: bool | None = None
+    ) -> None:
         check_internals(vae)
         self.device = torch.device(device)
         # Its parameters keep `requires_grad` as loaded (diffusers leaves it on): with it
         # off, matmul folds Mochi's linear layers differently (~4e-7 in fp32 on CPU), and
         # the pipeline decodes with it on.
         self.vae = vae.to(self.device).eval()
-        vae.use_framewise_decoding = True
+        problems = mochi_stream.check_decoder(vae.decoder) if causal is not False else []
+        if causal and problems:
+            raise WeightsError(f"mochi cannot stream this decoder causally: {'; '.join(problems)}")
+        self.causal = causal is not False and not problems
+        if problems:
+            log.warning(
+                "mochi: streaming frame-wise, not exactly the whole-clip decode (%s)",
+                "; ".join(problems),
+            )
+        if not self.causal:
+            vae.use_framewise_decoding = True
         self.latent_channels = int(vae.config.latent_channels)
         self.spatial_scale = int(vae.spatial_compression_ratio)
         self.frames_per_latent = int(vae.temporal_compression_ratio)
         # `_decode` drops these leading frames once the decode has at least
         # `temporal_compression_ratio` frames, which every decode has.
         self.dropped_frames = self.frames_per_latent - 1 if vae.drop_last_temporal_frames else 0
-        self.batches = FrameBatches(int(vae.num_latent_frames_batch_size), remainder_first=False)
+        batch = 1 if self.causal else int(vae.num_latent_frames_batch_size)
+        self.batches = FrameBatches(batch, remainder_first=False)
         self._mean, self._std = self._normalization()
 
     @classmethod
@@ -215,7 +230,11 @@ class MochiDecoder(StreamingDecoder):
     def _decode_tile(
         self, latents: torch.Tensor, cache: Any, index: int
     ) -> tuple[torch.Tensor, Any]:
-        frames, cache = self.vae.decoder(latents, conv_cache=cache)
+        if self.causal:
+            cache = cache or mochi_stream.DecoderState()
+            frames = mochi_stream.decode_step(self.vae.decoder, latents, cache)
+        else:
+            frames, cache = self.vae.decoder(latents, conv_cache=cache)
         if index == 0 and self.dropped_frames:
             frames = frames[:, :, self.dropped_frames :]
         return frames, cache

@@ -52,8 +52,8 @@ BLOCK_CHILDREN: dict[str, frozenset[str]] = {
     "MochiDecoder3D": frozenset(
         {"nonlinearity", "conv_in", "block_in", "up_blocks", "block_out", "proj_out"}
     ),
-    # `norms` and `attentions` hold only None in the decoder (checked apart): no children.
-    "MochiMidBlock3D": frozenset({"resnets"}),
+    # `norms` and `attentions` are lists of None in the decoder (checked apart).
+    "MochiMidBlock3D": frozenset({"resnets", "norms", "attentions"}),
     "MochiUpBlock3D": frozenset({"resnets", "proj"}),
     "MochiResnetBlock3D": frozenset({"nonlinearity", "norm1", "conv1", "norm2", "conv2"}),
     "CogVideoXCausalConv3d": frozenset({"conv"}),
@@ -101,9 +101,12 @@ def check_decoder(decoder: Any) -> list[str]:
         if expected is None:
             if kind not in FRAME_LOCAL:
                 problems.append(f"{label} ({kind}, not a module the pass knows)")
-            elif kind in ("Conv3d", "CogVideoXSafeConv3d") and name not in inside_causal:
-                if tuple(module.kernel_size) != (1, 1, 1) or tuple(module.stride) != (1, 1, 1):
-                    problems.append(f"{label} (a {kind} of kernel {tuple(module.kernel_size)})")
+            elif (
+                kind in ("Conv3d", "CogVideoXSafeConv3d")
+                and name not in inside_causal
+                and (tuple(module.kernel_size) != (1, 1, 1) or tuple(module.stride) != (1, 1, 1))
+            ):
+                problems.append(f"{label} (a {kind} of kernel {tuple(module.kernel_size)})")
             continue
         children = {child for child, _ in module.named_children()}
         if children != expected:

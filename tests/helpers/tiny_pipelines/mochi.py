@@ -1,11 +1,9 @@
 """Mochi's pipeline from tiny random components.
 
 The components are those of diffusers' own Mochi pipeline tests
-(tests/pipelines/mochi/test_mochi.py). 25 frames make 5 latent frames, decoded in 3
-frame-wise batches (7, 12, 6 frames). `build` turns the VAE's frame-wise decoding on,
-which is how vaecast's mochi decoder decodes (it turns it on itself when it loads a VAE:
-the flag is not in the saved config), so the pipeline's frames are the ones vaecast
-streams.
+(tests/pipelines/mochi/test_mochi.py). 25 frames make 5 latent frames, which the
+pipeline decodes as one clip (its default) and vaecast's mochi decoder streams a latent
+frame at a time (1, 6, 6, 6, 6 frames), the same frames to rounding.
 """
 
 from __future__ import annotations
@@ -81,7 +79,6 @@ def build() -> MochiPipeline:
     )
     _quiet_forward(transformer)
     vae = tiny_vae()
-    vae.use_framewise_decoding = True
     pipeline = MochiPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=vae,
