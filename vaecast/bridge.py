@@ -3,21 +3,21 @@
 The decoder runs in an executor thread and publishes chunks through a synchronous
 callback. The callback converts the chunk to the host (by default, quantized to
 8-bit YUV 4:2:0 on the decoder's device, so the encoder has no colour conversion
-left and only a 4:2:0 frame crosses to the host; benchmarks/results/before_after.md
-has the gain), makes the one device-to-host copy, and puts the frames on a
-*bounded* asyncio.Queue. From a CUDA decoder that copy is still in flight when the
-chunk is queued (pinned memory, a side stream: `codecs/quantize.copy_to_host`): the
-decode thread goes on to the next chunk, and the encode thread waits for the copy
-when it first reads the planes; the bridge itself never waits for it.
+left and only a 4:2:0 frame crosses to the host: 170 against 89 frames/s for the
+RGB path at 832x480, benchmarks/results/before/benchmarks.md), makes the one
+device-to-host copy, and puts the frames on a *bounded* asyncio.Queue. From a CUDA
+decoder that copy is still in flight when the chunk is queued (pinned memory, a side
+stream: `codecs/quantize.copy_to_host`): the decode thread goes on to the next chunk,
+and the encode thread waits for the copy when it first reads the planes; the bridge
+itself never waits for it.
 
 The bound is a semaphore of `max_chunks` places that the worker thread takes before it
 hands a chunk over and the consumer gives back when it takes one: with room, the hand-
 over is one `call_soon_threadsafe` and the decode thread goes straight on to its next
-chunk, without waiting for the event loop to run a put (measured: the old
-`run_coroutine_threadsafe(put).result()` cost vaecast's decode thread 451 ms of waiting
-over an 81-frame video, against 329 ms for the chunked pre-encode arm). Without room,
-it blocks the decoder thread: that is the backpressure that keeps memory at
-O(queue size x chunk), whatever the video length.
+chunk, without waiting for the event loop to run a put (the old
+`run_coroutine_threadsafe(put).result()` cost the decode thread 451 ms of waiting over
+an 81-frame video). Without room, it blocks the decoder thread: that is the
+backpressure that keeps memory at O(queue size x chunk), whatever the video length.
 
 The worker thread never hangs: while it waits for a place it looks at the cancel flag
 and at the loop every `PUT_POLL_S`, so a cancelled job or a stopped loop ends the

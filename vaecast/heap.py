@@ -4,28 +4,22 @@ A chunked decode allocates and frees the same few hundred MB of tensors every ch
 With glibc's defaults, a decode thread's arena gives that memory back to the kernel
 when a chunk's tensors are freed (a heap of the arena is unmapped, or an allocation
 past the mmap threshold was its own mapping), so the next chunk takes a page fault,
-and the kernel zeroes a page, for every 4 KiB it touches again. Measured on the
-2-core CI machine (tiny, 81 frames at 832x480, `strace -f`): 460 `munmap`s a
-decode in the server, most of them whole 64 MiB arena heaps; the decode threads
-spent ~9 % of their time in the kernel, page faults first. With the settings below:
-17 `munmap`s, and the decode keeps its pages.
+and the kernel zeroes a page, for every 4 KiB it touches again (measured with
+`strace -f`: 460 `munmap`s per 81-frame decode with the defaults, 17 with the
+settings below).
 
 - `M_MMAP_THRESHOLD` 32 MiB, the largest glibc accepts: tensors up to that size come
   from the arenas, whose memory is reused, not mapped and unmapped each time.
 - `M_TRIM_THRESHOLD` 256 MiB: larger than an arena heap (64 MiB), so a decode
   thread's heaps are never unmapped, and the main arena is trimmed only past it.
-
 - `M_ARENA_MAX` 2: the process has two arenas, the main one and one more, and every
   thread allocates from one of them once both exist (glibc's default is up to 8
   arenas per core, a thread each while there are threads enough). A decode is
   several threads (`tiny` on a CPU: the decode thread and two pool threads, plus the
-  encoder's), and with an arena each,
-  each kept the peak of its own share mapped: with the threads sharing two, what one
-  thread frees the next allocation of another reuses. Measured (`python -m benchmarks
-  --sections memory`, 1281-frame streams, 3 each): peak RSS 810-861 -> 714-755 MB, the
-  growth within a stream 2.7/2.0/1.7 -> 0.4/-0.7/-0.8 MB per 100 frames beyond its
-  MP4; the whole-video time unchanged (0.97x, 10 alternating rounds; the allocations
-  are per tensor, a few dozen a step, so the arena's lock is seldom contended).
+  encoder's), and with an arena each, each kept the peak of its own share mapped;
+  with the threads sharing two, what one thread frees another's next allocation
+  reuses (measured: 1281-frame peak RSS ~840 -> ~735 MB, speed unchanged; the
+  current peaks are in benchmarks/results/benchmarks.md, "Server memory").
 
 Setting either threshold turns off glibc's own adaptive thresholds, which is why both
 are set. The cost: a process keeps the peak of its decode working set mapped. That is

@@ -11,20 +11,17 @@ the streaming design:
   repeat them. Any SPS/PPS/AUD that still shows up in a packet is dropped from the
   sample (after checking it repeats the avcC's).
 
-Defaults (numbers from benchmarks/encode_presets.py in
-benchmarks/results/codecs_notes.md): the encoder shares the CPU with the decoder,
-so the preset is ultrafast, the only one with throughput to spare when both run;
-its Constrained Baseline profile (avc1.42C0xx) is also the most widely decodable.
+Defaults (the measurements are in benchmarks/results/codecs_notes.md): the encoder
+shares the CPU with the decoder, so the preset is ultrafast, the only one with
+throughput to spare when both run (~1.5-2x superfast's and veryfast's frames/s); its
+Constrained Baseline profile (avc1.42C0xx) is also the most widely decodable.
 Quality is a constant quantizer, QP 21, not x264's CRF: CRF weighs each frame on a
 half-resolution copy that x264 builds and motion-searches for that alone, work a
-constant QP skips. On the 81-frame showcase at 832x480, QP 21 gives CRF 23's size
-and PSNR (777 against 801 kB, 47.9 dB both) for 0.84x x264's CPU; on the four real
-clips of tools/real_clips.py a QP matched to CRF 23's PSNR takes 0.97-1.05x its
-size, and QP 21 itself spends 1.05-1.5x CRF 23's bits on them for 0.4-3.2 dB more
-(`python -m benchmarks.encode_presets --rate-control`). The encoder shares the
-cores with the decode, so CPU is the price that counts; `crf` brings CRF back.
-Ultrafast spends more bits than the slower presets (no CABAC, no B-frames), a price
-paid in bandwidth rather than latency. A keyframe every 2 s bounds how far a viewer
+constant QP skips. Since the encoder shares the cores with the decode, CPU is the
+price that counts: QP 21 gives CRF 23's size and PSNR on the showcase for 0.84x
+x264's CPU (codecs_notes.md, "Rate control"); `crf` brings CRF back. Ultrafast
+spends more bits than the slower presets (no CABAC, no B-frames), a price paid in
+bandwidth rather than latency. A keyframe every 2 s bounds how far a viewer
 seeking into the stream has to decode.
 
 Colour: frames arrive as `Yuv420Frames`, BT.601 matrix in limited (MPEG) range,

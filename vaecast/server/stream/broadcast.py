@@ -8,7 +8,8 @@ takes more (its transport not paused for writing), joins the log's `Broadcast`: 
 each append the segment is framed once as an HTTP/1.1 chunk and sent to every member
 in one batch, and the member's coroutine sleeps until something concerns it. What a
 segment then costs per viewer is one send (the kernel's; on the fan-out thread from
-`THREAD_FROM_MEMBERS` members on, see below) and a few attribute updates.
+`THREAD_FROM_MEMBERS` members on, see below) and a few attribute updates; the loop's
+cost with 1 to 1,000 viewers is in benchmarks/results/benchmarks.md ("Fan-out").
 
 What stays per viewer, through aiohttp's own `write` under `reader_write_timeout_s`:
 the init segment (so the headers are out before any broadcast byte), catching up (a

@@ -2,10 +2,11 @@
 
 A live job's broadcast (`broadcast.py`) writes each segment to every caught-up viewer's
 socket. With a hundred viewers that was most of the event loop's CPU during a job
-(measured with `perf` on the loop thread: ~40 % of it in the kernel's send path, which
-over loopback also runs the client's receive; ~14 us per viewer per fragment). Sends
-release the GIL, so on a thread they run beside the loop instead of in its turns; the
-loop keeps one queue put per segment and a few attribute updates per viewer.
+(`perf` on the loop thread: ~40 % of it in the kernel's send path, which over loopback
+also runs the client's receive; the loop's cost now: benchmarks/results/benchmarks.md,
+"Fan-out"). Sends release the GIL, so on a thread they run beside the loop instead of
+in its turns; the loop keeps one queue put per segment and a few attribute updates per
+viewer.
 
 The thread writes with `os.write` to a duplicate of each member's socket descriptor,
 made when it joins (`open_member_socket`). The loop may close a connection's own
