@@ -11,7 +11,7 @@ status, the counters, the timings, the event list (`events`), the API's job obje
 
 Every copy of a job reads the same because every copy is this record:
 - the server's `Job` keeps one, fed by the pipeline that decodes it here;
-- in Ray mode the job's host (`vaecast.cluster.job_host`) keeps one, fed by the
+- in Ray mode the job's host (`vaecast.cluster.shared_job`) keeps one, fed by the
   replica's records, and each front end's mirror applies the host's transitions, in
   order (`transitions`), to a record of its own. Moments travel inside the
   transitions (`at`, the clock of the record that first applied them), so a mirror's

@@ -8,7 +8,7 @@ with the server's job manager built on runners whose jobs live in the cluster
 
 The design, and why:
 - A job lives in the cluster, not in one front end: a `SharedJob` kept by one of a few
-  named, detached `JobHost` actors (`job_host`; the job's id names its host) owns its
+  named, detached `JobHost` actors (`job_host`, `shared_job`; the job's id names its host) owns its
   record (`vaecast.job_record`, as every job has) and its fragments (in Ray's object
   store), and calls the replica itself, so a front end that dies takes no job with it,
   and a request for any job can land on any front end.

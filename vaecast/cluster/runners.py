@@ -2,7 +2,7 @@
 
 The CLI builds the server's `JobManager` with these when `vaecast serve --ray` runs:
 admission and size checks as ever, but a new job is created at its named job host
-(`vaecast.cluster.job_host`), which drives a decoder replica, and what this process
+(`vaecast.cluster.shared_job`), which drives a decoder replica, and what this process
 holds of it is a mirror (`vaecast.cluster.mirror`). A request for a job this process
 never saw (`find`, before the route runs) looks up the job's host by name and adopts
 a mirror of it; a push to such a job opens the session here, with the token and

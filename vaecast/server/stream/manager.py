@@ -1,9 +1,10 @@
 """The job manager: admission, decode slots, the FIFO queue, lookup, shutdown.
 
-How jobs run is its `JobRunners`' (composition, not subclassing): `LocalRunners`
-(the default) decode them here, in this process's slots and queue; Ray mode's
-(`vaecast.cluster.runners`) mirror jobs that run in the cluster. The CLI builds the
-manager with the runners it wants and hands it to `create_app`.
+How jobs run is its `JobRunners`' (composition, not subclassing; the protocol and
+`LocalRunners`, the default, are in `vaecast.server.stream.job_runners` and
+re-exported here): `LocalRunners` decode them here, in this process's slots and
+queue; Ray mode's (`vaecast.cluster.runners`) mirror jobs that run in the cluster.
+The CLI builds the manager with the runners it wants and hands it to `create_app`.
 
 Admission: `decode_slots` jobs decode at once; up to `max_queued_jobs` more wait in
 FIFO order; past that a request is refused (429 with Retry-After). A request takes
@@ -18,10 +19,8 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-import secrets
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from vaecast.encoder_spares import SpareEncoders
 from vaecast.errors import (
@@ -33,7 +32,6 @@ from vaecast.errors import (
     UnknownModelError,
     VaecastError,
 )
-from vaecast.job_record import JobRecord
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.models.crop import CroppedDecoder
 from vaecast.models.frames import FramesDecoder
@@ -42,9 +40,9 @@ from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.fanout_sender import FanoutSender
-from vaecast.server.stream.job import Job, plan_facts
+from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_requests import DecodeRequest, PushKind, PushRequest
-from vaecast.server.stream.local_runner import LocalRunner
+from vaecast.server.stream.job_runners import JobRunners, LocalRunners
 from vaecast.server.stream.retention import EvictionReason, Retention
 
 DEFAULT_RETRY_AFTER_S = 5.0
@@ -101,106 +99,6 @@ class Admission:
         if self._manager is not None:
             self._manager._reserved -= 1
             self._manager = None
-
-
-class JobRunners(Protocol):
-    """How a manager's jobs run (see the module docstring)."""
-
-    # Jobs take this process's decode slots and wait in its queue (queue positions).
-    decodes_here: bool
-
-    def new_job(
-        self,
-        manager: JobManager,
-        request: DecodeRequest | PushRequest,
-        plan: DecodePlan | None,
-        decoder: ChunkedDecoder,
-    ) -> Job:
-        """A new job of `request`, with its runner (checked, admitted: it will run)."""
-
-    def start(self, manager: JobManager) -> None:
-        """On the running loop, when the manager starts."""
-
-    async def close(self) -> None:
-        """After the manager's jobs ended."""
-
-    async def find(self, manager: JobManager, job_id: str) -> None:
-        """Adopt (`manager.adopt`) job `job_id` if it runs elsewhere and is not here."""
-
-    async def settle(self) -> None:
-        """Until the jobs created here so far can be found from elsewhere."""
-
-    async def delete(self, job: Job) -> None:
-        """Before a finished job is evicted by DELETE: raises a refusal."""
-
-    def replica_health(self) -> dict[str, Any] | None:
-        """Decoder replicas elsewhere; None: this process decodes."""
-
-
-class LocalRunners:
-    """Jobs decoded in this process (`LocalRunner`), in its slots."""
-
-    decodes_here = True
-
-    def new_job(
-        self,
-        manager: JobManager,
-        request: DecodeRequest | PushRequest,
-        plan: DecodePlan | None,
-        decoder: ChunkedDecoder,
-    ) -> Job:
-        push = isinstance(request, PushRequest)
-        record = JobRecord(
-            "video_" + secrets.token_hex(12),
-            "push" if push else "latents",
-            request.model,
-            request.fps,
-            _audio_json(request),
-            None if plan is None else plan_facts(plan),
-            created_at=time.time(),
-        )
-        runner = LocalRunner(request, manager.config, manager.workers, manager.stages)
-        return Job(
-            record,
-            decoder,
-            plan,
-            manager.config,
-            manager.metrics,
-            runner,
-            manager.fanout,
-            request.kind if push else None,
-        )
-
-    def start(self, manager: JobManager) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def find(self, manager: JobManager, job_id: str) -> None:
-        pass  # every job of this process is in its manager
-
-    async def settle(self) -> None:
-        pass
-
-    async def delete(self, job: Job) -> None:
-        pass
-
-    def replica_health(self) -> dict[str, Any] | None:
-        return None
-
-
-def _audio_json(request: DecodeRequest | PushRequest) -> dict[str, int] | None:
-    """The job's audio as the API shows it: its sample rate and channels."""
-    if isinstance(request, DecodeRequest):
-        track = request.soundtrack
-        return (
-            None
-            if track is None
-            else {"sample_rate": track.sample_rate, "channels": track.channels}
-        )
-    fmt = request.audio_format
-    return None if fmt is None else {"sample_rate": fmt.sample_rate, "channels": fmt.channels}
 
 
 class JobManager:

@@ -1,0 +1,121 @@
+"""The options of the commands that decode (`serve`, `decode`), and how they are read.
+
+Both take the same decoder and encoder options (`add_common_options`: device,
+weights, fps, x264 settings) and resolve `--model`/`--weights` the same way before
+loading a decoder. Here, apart from the parser (`vaecast.cli_parser`) and the
+commands (`vaecast.cli_serve`, `vaecast.cli_files`), because both sides use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vaecast.codecs.h264 import MAX_QP, EncoderSettings
+from vaecast.errors import InvalidRequestError
+from vaecast.models.base import ChunkedDecoder
+from vaecast.models.registry import (
+    DIFFUSERS_MODEL,
+    available_decoders,
+    diffusers_model,
+    get_decoder,
+    takes_weights,
+)
+from vaecast.server.config import ServerConfig
+
+DEFAULT_MODEL = "tiny"
+DEFAULTS = ServerConfig()
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    encoder = EncoderSettings()
+    parser.add_argument("--device", default="cpu", help="torch device of the decoder")
+    parser.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        metavar="[MODEL=]PATH",
+        help="weights of a model that needs them (taehv: taew2_1.safetensors; the diffusers "
+        "models: a local diffusers folder); PATH alone is for the first --model",
+    )
+    parser.add_argument(
+        "--fps", default=None, help=f"frames per second (default {DEFAULTS.default_fps})"
+    )
+    parser.add_argument("--preset", default=encoder.preset, help="x264 preset")
+    parser.add_argument(
+        "--qp",
+        type=quantizer,
+        default=encoder.qp,
+        help=f"x264 constant quantizer, 0-{MAX_QP} (default {encoder.qp})",
+    )
+    parser.add_argument(
+        "--crf", type=quantizer, default=None, help="x264 constant rate factor instead of --qp"
+    )
+    parser.add_argument(
+        "--keyframe-interval", type=float, default=encoder.keyframe_interval_s, metavar="SECONDS"
+    )
+
+
+def encoder_settings(args: argparse.Namespace) -> EncoderSettings:
+    return EncoderSettings(
+        preset=args.preset, crf=args.crf, qp=args.qp, keyframe_interval_s=args.keyframe_interval
+    )
+
+
+def quantizer(text: str) -> int:
+    """--qp and --crf: an integer on x264's 8-bit scale."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
+    if not 0 <= value <= MAX_QP:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_QP}, got {value}")
+    return value
+
+
+def weights_by_model(specs: list[str], models: list[str]) -> dict[str, str]:
+    """The path each `--weights [MODEL=]PATH` gives a model in `models`.
+
+    MODEL is a known model's name; anything else before a `=` is part of a path, which
+    is for the first model. Raises for weights of a model not in `models` and for a
+    model that takes no weights file.
+    """
+    known = set(available_decoders())
+    weights: dict[str, str] = {}
+    for spec in specs:
+        name, separator, path = spec.partition("=")
+        if not separator or (name not in known and name not in models):
+            name, path = models[0], spec
+        elif name not in models:
+            raise InvalidRequestError(
+                f"--weights {spec}: model {name!r} is not served here (served: {', '.join(models)})"
+            )
+        if not takes_weights(name):
+            raise InvalidRequestError(f"model {name!r} takes no --weights")
+        weights[name] = path
+    return weights
+
+
+def resolve_diffusers(
+    models: list[str], weights: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """`--model diffusers` named as the model its `--weights` folder holds (its
+    config.json's class), so that requests and the page name the real model."""
+    if DIFFUSERS_MODEL not in models:
+        return models, weights
+    folder = weights.pop(DIFFUSERS_MODEL, None)
+    if folder is None:
+        raise InvalidRequestError(
+            "--model diffusers needs --weights DIR: a local diffusers folder of a video VAE"
+        )
+    name = diffusers_model(Path(folder))
+    if name in models:
+        raise InvalidRequestError(
+            f"--model diffusers: {folder} holds a {name} VAE, and {name} is served already"
+        )
+    weights[name] = folder
+    return [name if model == DIFFUSERS_MODEL else model for model in models], weights
+
+
+def load_decoder(name: str, device: str, weights: str | None) -> ChunkedDecoder:
+    return get_decoder(name, device=device, weights=weights)

@@ -1,0 +1,101 @@
+"""The commands on latent files: `latents` makes one, `decode` decodes one to an
+MP4 file, `push` pushes one to a server block by block.
+
+Each is one function of the parsed arguments that returns the exit status; the
+heavier imports (torch, the demo scenes, the push client) happen when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vaecast.cli_decode_options import (
+    DEFAULTS,
+    encoder_settings,
+    load_decoder,
+    resolve_diffusers,
+    weights_by_model,
+)
+from vaecast.codecs.stream import Soundtrack
+from vaecast.decode_file import decode_to_file
+from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
+from vaecast.models.layouts import layout_of
+from vaecast.params import parse_fps
+from vaecast.pipeline import VideoOutput
+
+
+def run_latents(args: argparse.Namespace) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
+    from vaecast.demo.sources import (
+        parse_scene_spec,
+        scene_audio,
+        scene_latents,
+        video_file_latents,
+    )
+
+    tensors: dict[str, torch.Tensor] = {}
+    metadata: dict[str, str] = {"model": "tiny"}
+
+    if args.scene is not None:
+        fields = {
+            "scene": args.scene,
+            "frames": args.frames,
+            "width": args.width,
+            "height": args.height,
+            "seed": args.seed,
+        }
+        spec = parse_scene_spec(fields)
+        latents = scene_latents(spec, device=args.device)
+        fps = parse_fps(args.fps, DEFAULTS.default_fps)
+        if not args.no_sound:
+            tensors["audio"] = torch.from_numpy(scene_audio(spec, fps))
+            metadata["audio_sample_rate"] = str(DEFAULT_SAMPLE_RATE_HZ)
+    else:
+        latents, fps = video_file_latents(args.video, args.max_frames, device=args.device)
+    tensors["latents"] = latents.cpu().contiguous()
+    metadata["fps"] = str(fps)
+    save_file(tensors, str(args.output), metadata=metadata)
+    sound = " with sound" if "audio" in tensors else ""
+    print(f"wrote {args.output}: latents {tuple(latents.shape)}, {float(fps):g} fps{sound}")
+    return 0
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    data = args.latents.read_bytes()
+    models, weights = resolve_diffusers([args.model], weights_by_model(args.weights, [args.model]))
+    decoder = load_decoder(models[0], args.device, weights.get(models[0]))
+    layout = layout_of(decoder)
+    latent_file = load_latents(data, layout=layout.bind)
+    fps = parse_fps(args.fps or latent_file.metadata.get("fps"), DEFAULTS.default_fps)
+    soundtrack = None
+    if latent_file.audio is not None:  # muxed as the server muxes it
+        waveform, sample_rate = check_audio(
+            latent_file.audio, latent_file.metadata.get(AUDIO_RATE_KEY)
+        )
+        soundtrack = Soundtrack(waveform, sample_rate)
+    output = VideoOutput(fps, encoder_settings(args), soundtrack)
+    plan = decode_to_file(latent_file.latents, decoder, output, args.output)
+    sound = "" if soundtrack is None else f", {soundtrack.channels} audio channel(s)"
+    print(
+        f"wrote {args.output} ({plan.frames} frames, {plan.width}x{plan.height}, "
+        f"{float(fps):g} fps{sound})"
+    )
+    return 0
+
+
+def run_push(args: argparse.Namespace) -> int:
+    from vaecast.push_file import push_file  # the client: no server, no model loaded
+
+    return push_file(
+        args.latents,
+        args.url,
+        latent_fps=args.latent_fps,
+        block_frames=args.block_frames,
+        model=args.model,
+        fps=args.fps,
+        api_key=args.api_key,
+        timeout=args.timeout,
+    )

@@ -1,0 +1,256 @@
+"""The `vaecast` command line: every command's options, as one argparse parser.
+
+Each command's parser sets `run`, the function that carries it out (`vaecast.cli_serve`,
+`vaecast.cli_files`); `vaecast.cli.main` parses and calls it. The options `serve`
+and `decode` share are `vaecast.cli_decode_options`'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options
+from vaecast.cli_files import run_decode, run_latents, run_push
+from vaecast.cli_serve import run_serve
+from vaecast.server.config import MIB
+from vaecast.server.edge.security_config import (
+    API_KEY_ENV,
+    check_api_key,
+    normalize_host_pattern,
+    normalize_origin,
+)
+
+
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The `vaecast` parser; each command's namespace has `run`, its runner."""
+    parser = argparse.ArgumentParser(prog="vaecast", description=description)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    serve.set_defaults(run=run_serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument(
+        "--model",
+        action="append",
+        help="model to serve (repeatable; the first is the default; default "
+        f"{DEFAULT_MODEL}): a built-in name, 'diffusers' (the model of the --weights "
+        "folder's config.json), or a plugin as package.module:factory",
+    )
+    serve.add_argument("--max-upload-mb", type=int, default=DEFAULTS.limits.max_upload_bytes // MIB)
+    serve.add_argument("--max-frames", type=int, default=DEFAULTS.limits.max_frames)
+    serve.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULTS.limits.max_pixels_per_frame,
+        help="largest width x height of a decoded frame",
+    )
+    serve.add_argument("--decode-slots", type=int, default=DEFAULTS.decode_slots)
+    serve.add_argument(
+        "--max-queued",
+        type=int,
+        default=DEFAULTS.max_queued_jobs,
+        help="jobs that may wait for a decode slot before POST answers 429",
+    )
+    serve.add_argument(
+        "--reader-timeout",
+        type=float,
+        default=DEFAULTS.reader_write_timeout_s,
+        metavar="SECONDS",
+        help="drop a viewer whose socket accepts nothing for this long",
+    )
+    serve.add_argument(
+        "--push-queue-blocks",
+        type=int,
+        default=DEFAULTS.push_queue_blocks,
+        help="push sessions: latent blocks that may wait for the decoder before a push waits",
+    )
+    serve.add_argument(
+        "--push-idle-timeout",
+        type=float,
+        default=DEFAULTS.push_idle_timeout_s,
+        metavar="SECONDS",
+        help="a push session that receives nothing this long fails",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULTS.header_timeout_s,
+        metavar="SECONDS",
+        help="close a connection whose request head is not complete this long after it "
+        "opened or after its previous response (idle keep-alive connections too)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULTS.body_timeout_s,
+        metavar="SECONDS",
+        help="answer 408 when no part of a request body arrives for this long",
+    )
+    serve.add_argument(
+        "--retention",
+        type=float,
+        default=DEFAULTS.retention_s,
+        metavar="SECONDS",
+        help="keep finished videos this long",
+    )
+    serve.add_argument(
+        "--retention-memory-mb",
+        type=int,
+        default=DEFAULTS.retention_memory_bytes // MIB,
+        help="RAM that finished videos may hold; the oldest are evicted past it",
+    )
+    serve.add_argument(
+        "--spill-threshold-mb",
+        type=int,
+        default=DEFAULTS.spill_threshold_bytes // MIB,
+        help="a video's bytes past this go to a temporary file instead of RAM",
+    )
+    serve.add_argument("--spill-dir", default=None, help="where spill files go (default: $TMPDIR)")
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=DEFAULTS.shutdown_grace_s,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, let running jobs finish this long before cancelling them",
+    )
+    # Security (vaecast.server.edge.security; README: Security).
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        type=option_type(check_api_key),
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1 (the page, /healthz and /metrics "
+        f"stay open); default ${API_KEY_ENV}, which other users cannot read in `ps`",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        type=option_type(normalize_host_pattern),
+        metavar="NAME",
+        help="also answer to this Host (repeatable): a name, '*.domain', an IP address or "
+        "network, or '*' for any; others get 421 (default: localhost and loopback addresses)",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        type=option_type(normalize_origin),
+        metavar="ORIGIN",
+        help="let pages of this origin (https://app.example.com) call the API (repeatable); "
+        "other origins' POST and DELETE get 403",
+    )
+    # Ray mode (vaecast.cluster; README: Across machines).
+    cluster = serve.add_argument_group(
+        "across machines (Ray Serve)",
+        "decode on a Ray Serve deployment of decoder replicas; any front end attached to "
+        "the same cluster serves any job (needs: pip install 'vaecast[ray]')",
+    )
+    cluster.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="local (a Ray instance in this process), auto (the cluster this machine "
+        "joined with `ray start`) or ray://HOST:PORT",
+    )
+    cluster.add_argument("--replicas", type=int, default=1, help="decoder replicas (default 1)")
+    cluster.add_argument(
+        "--max-replicas",
+        type=int,
+        default=None,
+        help="autoscale between --replicas and this many replicas",
+    )
+    cluster.add_argument(
+        "--replica-gpus", type=float, default=0.0, help="GPUs per replica (default 0)"
+    )
+    cluster.add_argument(
+        "--replica-cpus", type=float, default=1.0, help="CPUs per replica (default 1)"
+    )
+    cluster.add_argument(
+        "--replica-models",
+        action="append",
+        metavar="MODEL",
+        help="a model each replica loads (repeatable; default: the --model list)",
+    )
+    cluster.add_argument(
+        "--max-ongoing",
+        type=int,
+        default=2,
+        help="jobs one replica decodes at once: Serve's max_ongoing_requests (default 2)",
+    )
+    add_common_options(serve)
+
+    latents = commands.add_parser(
+        "latents", help="make a latent file: a demo scene or a video, encoded with tiny"
+    )
+    latents.set_defaults(run=run_latents)
+    source = latents.add_mutually_exclusive_group(required=True)
+    source.add_argument("--scene", help="a demo scene: " + ", ".join(scene_names()))
+    source.add_argument("--video", type=Path, help="a video file to encode (read with PyAV)")
+    latents.add_argument("-o", "--output", type=Path, required=True)
+    latents.add_argument("--frames", type=int, default=81, help="1 + 4k (scene only)")
+    latents.add_argument("--width", type=int, default=832, help="multiple of 8 (scene only)")
+    latents.add_argument("--height", type=int, default=480, help="multiple of 8 (scene only)")
+    latents.add_argument("--seed", type=int, default=0, help="scene only")
+    latents.add_argument("--fps", default="16", help="stored in the file's metadata")
+    latents.add_argument(
+        "--no-sound", action="store_true", help="scene only: leave out the soundtrack"
+    )
+    latents.add_argument(
+        "--max-frames", type=int, default=None, help="video only: read at most this many"
+    )
+    latents.add_argument("--device", default="cpu")
+
+    decode = commands.add_parser("decode", help="decode a latent file to an MP4 file")
+    decode.set_defaults(run=run_decode)
+    decode.add_argument("latents", type=Path, help=".safetensors (tensor 'latents') or .npy")
+    decode.add_argument("-o", "--output", type=Path, required=True)
+    decode.add_argument("--model", default=DEFAULT_MODEL)
+    add_common_options(decode)
+
+    push = commands.add_parser(
+        "push", help="push a latent file to a server block by block, as a generator would"
+    )
+    push.set_defaults(run=run_push)
+    push.add_argument("latents", type=Path, help=".safetensors (tensor 'latents', 'audio') or .npy")
+    push.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    push.add_argument(
+        "--latent-fps",
+        type=float,
+        default=4.0,
+        help="latent frames the simulated generator makes per second (default 4; 0: no wait)",
+    )
+    push.add_argument("--block-frames", type=int, default=1, help="latent frames per block")
+    push.add_argument("--model", default=None, help="default: the file's, else the server's")
+    push.add_argument("--fps", default=None, help="video fps (default: the file's, else 16)")
+    push.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        metavar="KEY",
+        help=f"the server's API key (default ${API_KEY_ENV})",
+    )
+    push.add_argument(
+        "--timeout", type=float, default=300.0, metavar="SECONDS", help="wait per request"
+    )
+    return parser
+
+
+def option_type(parse: Callable[[str], str]) -> Callable[[str], str]:
+    """`parse` as an argparse type: argparse shows the message of a ValueError only
+    when it is an ArgumentTypeError."""
+
+    def convert(text: str) -> str:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+def scene_names() -> tuple[str, ...]:
+    from vaecast.demo.scenes import SCENE_NAMES
+
+    return SCENE_NAMES

@@ -1,0 +1,157 @@
+"""`vaecast serve`: build the server's config from the options and serve until a signal.
+
+In Ray mode (`--ray`) it first joins the cluster and deploys the decoder replicas,
+and the job manager runs its jobs there (`vaecast.cluster.runners`). Ray, the app
+and the manager are imported only when the command runs: `vaecast decode` and
+`vaecast push` load none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from vaecast.cli_decode_options import (
+    DEFAULT_MODEL,
+    DEFAULTS,
+    encoder_settings,
+    load_decoder,
+    resolve_diffusers,
+    weights_by_model,
+)
+from vaecast.cluster.records import ReplicaOptions
+from vaecast.errors import InvalidRequestError
+from vaecast.params import parse_fps
+from vaecast.server.config import MIB, Limits, ServerConfig
+from vaecast.server.edge.security_config import SecurityConfig, for_bind_address
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from vaecast.server.app import (
+        ACCESS_LOG_FORMAT,
+        create_app,
+        runner_settings,
+        serve_until_signalled,
+    )
+    from vaecast.server.faces.routes import MANAGER
+    from vaecast.server.stream.manager import JobManager
+
+    models = args.model or [DEFAULT_MODEL]
+    # Checked before any model loads: a --weights mistake is a usage error.
+    models, weights = resolve_diffusers(models, weights_by_model(args.weights, models))
+    security, warnings = for_bind_address(
+        SecurityConfig(
+            api_key=args.api_key,
+            allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
+            cors_origins=tuple(args.cors_origin or ()),
+        ),
+        args.host,
+    )
+    for warning in warnings:
+        print(f"vaecast: warning: {warning}", file=sys.stderr, flush=True)
+    config = ServerConfig(
+        default_model=models[0],
+        default_fps=parse_fps(args.fps, DEFAULTS.default_fps),
+        device=args.device,
+        encoder=encoder_settings(args),
+        limits=Limits(
+            max_upload_bytes=args.max_upload_mb * MIB,
+            max_frames=args.max_frames,
+            max_pixels_per_frame=args.max_pixels,
+        ),
+        decode_slots=args.decode_slots if args.ray is None else cluster_slots(args),
+        max_queued_jobs=args.max_queued,
+        reader_write_timeout_s=args.reader_timeout,
+        header_timeout_s=args.header_timeout,
+        push_queue_blocks=args.push_queue_blocks,
+        push_idle_timeout_s=args.push_idle_timeout,
+        body_timeout_s=args.body_timeout,
+        retention_s=args.retention,
+        retention_memory_bytes=args.retention_memory_mb * MIB,
+        spill_threshold_bytes=args.spill_threshold_mb * MIB,
+        spill_dir=args.spill_dir,
+        shutdown_grace_s=args.shutdown_grace,
+        security=security,
+    )
+
+    replicas = None if args.ray is None else start_replicas(args, models, weights)
+
+    async def serve() -> None:
+        # Weights load in a thread: the loop is already running signal handling.
+        decoders = {
+            name: await asyncio.to_thread(load_decoder, name, args.device, weights.get(name))
+            for name in models
+        }
+        manager = None
+        if replicas is not None:  # jobs run in the Ray cluster, mirrored here
+            from vaecast.cluster.runners import ClusterRunners
+
+            manager = JobManager(config, decoders, runners=ClusterRunners(replicas))
+        app = create_app(config, decoders, manager=manager, warm_demo=True)
+
+        def announce(host: str, port: int) -> None:
+            print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)
+
+        async def drain() -> None:
+            print("vaecast: shutting down: no new jobs, waiting for running ones", flush=True)
+            await app[MANAGER].drain(config.shutdown_grace_s)
+
+        await serve_until_signalled(
+            app,
+            args.host,
+            args.port,
+            announce,
+            drain,
+            access_log_format=ACCESS_LOG_FORMAT,
+            **runner_settings(config),
+        )
+
+    run_loop(serve())
+    return 0
+
+
+def cluster_slots(args: argparse.Namespace) -> int:
+    """Ray mode: the jobs the replicas decode at once, for this front end's admission."""
+    return max(args.replicas, args.max_replicas or 0) * args.max_ongoing
+
+
+def start_replicas(
+    args: argparse.Namespace, models: list[str], weights: dict[str, str]
+) -> ReplicaOptions:
+    """Join the cluster and deploy the decoder replicas (unless another front end did)."""
+    from vaecast.cluster.connect import check_address, connect
+
+    check_address(args.ray)
+    if args.replicas < 1 or (args.max_replicas is not None and args.max_replicas < args.replicas):
+        raise InvalidRequestError("--replicas must be >= 1 and --max-replicas >= --replicas")
+    replica_models = tuple(args.replica_models or models)
+    options = ReplicaOptions(
+        models=replica_models,
+        device="cuda" if args.replica_gpus > 0 else args.device,
+        weights=tuple((name, path) for name, path in weights.items() if name in replica_models),
+        replicas=args.replicas,
+        max_replicas=args.max_replicas,
+        gpus=args.replica_gpus,
+        cpus=args.replica_cpus,
+        max_ongoing=args.max_ongoing,
+    )
+    connect(args.ray)
+    from vaecast.cluster.replica import deploy
+
+    print(f"vaecast: starting decoder replicas on Ray ({args.ray})", flush=True)
+    deployed = deploy(options)
+    if not deployed:
+        print(
+            "vaecast: the cluster already runs vaecast's decoder replicas: using them", flush=True
+        )
+    return options
+
+
+def run_loop(main_coroutine: object) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency, absent only on Windows
+        asyncio.run(main_coroutine)  # type: ignore[arg-type]
+    else:
+        uvloop.run(main_coroutine)  # type: ignore[arg-type]

@@ -1,0 +1,125 @@
+"""How a `JobManager`'s jobs run: the `JobRunners` protocol, and `LocalRunners`.
+
+A manager owns admission, slots, the queue and lookup; its runners own how a job
+is made and run (composition, not subclassing). `LocalRunners`, the default,
+decode jobs in this process (`LocalRunner`), in the manager's slots and queue; Ray
+mode's (`vaecast.cluster.runners`) mirror jobs that run in the cluster. Kept apart
+from `vaecast.server.stream.manager` (which re-exports these names) so that the
+manager reads as admission and bookkeeping, and a runner factory as what it must
+provide.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from vaecast.job_record import JobRecord
+from vaecast.models.base import ChunkedDecoder, DecodePlan
+from vaecast.server.stream.job import Job, plan_facts
+from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
+from vaecast.server.stream.local_runner import LocalRunner
+
+if TYPE_CHECKING:
+    from vaecast.server.stream.manager import JobManager
+
+
+class JobRunners(Protocol):
+    """How a manager's jobs run (see the module docstring)."""
+
+    # Jobs take this process's decode slots and wait in its queue (queue positions).
+    decodes_here: bool
+
+    def new_job(
+        self,
+        manager: JobManager,
+        request: DecodeRequest | PushRequest,
+        plan: DecodePlan | None,
+        decoder: ChunkedDecoder,
+    ) -> Job:
+        """A new job of `request`, with its runner (checked, admitted: it will run)."""
+
+    def start(self, manager: JobManager) -> None:
+        """On the running loop, when the manager starts."""
+
+    async def close(self) -> None:
+        """After the manager's jobs ended."""
+
+    async def find(self, manager: JobManager, job_id: str) -> None:
+        """Adopt (`manager.adopt`) job `job_id` if it runs elsewhere and is not here."""
+
+    async def settle(self) -> None:
+        """Until the jobs created here so far can be found from elsewhere."""
+
+    async def delete(self, job: Job) -> None:
+        """Before a finished job is evicted by DELETE: raises a refusal."""
+
+    def replica_health(self) -> dict[str, Any] | None:
+        """Decoder replicas elsewhere; None: this process decodes."""
+
+
+class LocalRunners:
+    """Jobs decoded in this process (`LocalRunner`), in its slots."""
+
+    decodes_here = True
+
+    def new_job(
+        self,
+        manager: JobManager,
+        request: DecodeRequest | PushRequest,
+        plan: DecodePlan | None,
+        decoder: ChunkedDecoder,
+    ) -> Job:
+        push = isinstance(request, PushRequest)
+        record = JobRecord(
+            "video_" + secrets.token_hex(12),
+            "push" if push else "latents",
+            request.model,
+            request.fps,
+            _audio_json(request),
+            None if plan is None else plan_facts(plan),
+            created_at=time.time(),
+        )
+        runner = LocalRunner(request, manager.config, manager.workers, manager.stages)
+        return Job(
+            record,
+            decoder,
+            plan,
+            manager.config,
+            manager.metrics,
+            runner,
+            manager.fanout,
+            request.kind if push else None,
+        )
+
+    def start(self, manager: JobManager) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def find(self, manager: JobManager, job_id: str) -> None:
+        pass  # every job of this process is in its manager
+
+    async def settle(self) -> None:
+        pass
+
+    async def delete(self, job: Job) -> None:
+        pass
+
+    def replica_health(self) -> dict[str, Any] | None:
+        return None
+
+
+def _audio_json(request: DecodeRequest | PushRequest) -> dict[str, int] | None:
+    """The job's audio as the API shows it: its sample rate and channels."""
+    if isinstance(request, DecodeRequest):
+        track = request.soundtrack
+        return (
+            None
+            if track is None
+            else {"sample_rate": track.sample_rate, "channels": track.channels}
+        )
+    fmt = request.audio_format
+    return None if fmt is None else {"sample_rate": fmt.sample_rate, "channels": fmt.channels}
