@@ -16,6 +16,14 @@ chunk's fragment until the audio that ends it with its video is in (see
 whose audio is all here by then; the end; a producer held back by the full queue; a
 cancel) and waits on the loop for the next change (`feed_changed`), which every put,
 the end, a held-back put and a cancel (from any thread) signal.
+
+Where the blocks come from is the one part that differs between the two block
+transports, and it is composed, not subclassed: a server's push session `put`s them
+on the loop itself; a Ray replica gives the feed a `pull` (a `BlockPull`: the next
+block from the job's host actor, None after the last), and the feed then runs a pump
+on its loop that pulls each block and `put`s it, waiting for room as a producer's
+put does, until the end, a cancel, or a failed pull (which fails the feed). Either
+way the queue, the decode thread's side, the audio and `feed_state` are this one.
 """
 
 from __future__ import annotations
@@ -25,12 +33,12 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from vaecast.errors import DecodeCancelled, VaecastError
+from vaecast.errors import DecodeCancelled, DecodeFailedError, VaecastError
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
 from vaecast.pipeline import FeedState, TimedAudio
 
@@ -48,10 +56,28 @@ class _End:
     """Put after the last block."""
 
 
+@dataclass(frozen=True, slots=True)
+class PulledBlock:
+    """A block as a `BlockPull` hands it over: its latents (BCTHW), its audio, and when
+    it arrived (on the clock its `chunk_arrivals` are read by)."""
+
+    latents: torch.Tensor
+    audio: TimedAudio | None
+    arrived: float
+
+
+# On the feed's loop: the next block, or None after the last. Cancelled when the feed is.
+BlockPull = Callable[[], Awaitable[PulledBlock | None]]
+
+
 class LatentFeed:
     """One push session's latent blocks (BCTHW), in order; see the module docstring."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_blocks: int) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, max_blocks: int, pull: BlockPull | None = None
+    ) -> None:
+        """`pull`: where the blocks come from when they are not `put` here (module
+        docstring); the pump starts at once, so construct the feed on `loop`."""
         self._loop = loop
         # Unbounded as a queue; `put` keeps it at `max_blocks` unless told not to wait.
         self._queue: asyncio.Queue[_Block | _End] = asyncio.Queue()
@@ -71,6 +97,9 @@ class LatentFeed:
         self._puts_held = 0  # puts waiting for room in the queue
         self._version = 0  # of `feed_state`
         self._changed = asyncio.Event()  # pulsed at each change
+        self._pump: asyncio.Task[None] | None = None
+        if pull is not None:
+            self._pump = loop.create_task(self._pull_all(pull), name="latent-feed-pull")
 
     # The event loop's side.
 
@@ -89,6 +118,16 @@ class LatentFeed:
         `wait_for_room=False` queues it past the bound at once: for a batch's video
         that waits for a decode slot, whose blocks must not hold back the videos that
         decode (the caller bounds what it holds, by `held_bytes`)."""
+        await self._put(latents, audio, time.perf_counter(), wait_for_room)
+
+    async def _put(
+        self,
+        latents: torch.Tensor,
+        audio: TimedAudio | None,
+        arrived: float,
+        wait_for_room: bool,
+    ) -> None:
+        """A block that arrived at `arrived` (put here, or by the pump)."""
         if self._ended:
             raise RuntimeError("put after the end of the feed")
         # Counted with its audio before any wait: a fragment waiting for this audio
@@ -98,7 +137,7 @@ class LatentFeed:
             self._first.set_result(tuple(latents.shape))
         if audio is not None:
             self._audio.append(audio)
-        block = _Block(latents, time.perf_counter())
+        block = _Block(latents, arrived)
         if wait_for_room and self._queue.qsize() >= self._max_blocks:
             self._puts_held += 1
             self._changed_now()
@@ -163,6 +202,21 @@ class LatentFeed:
         self._changed.set()  # wakes every waiter now; the next waits for the next set
         self._changed.clear()
 
+    async def _pull_all(self, pull: BlockPull) -> None:
+        """The pump: every block `pull` hands over, put here, then the end."""
+        try:
+            while (block := await pull()) is not None:
+                await self._put(block.latents, block.audio, block.arrived, wait_for_room=True)
+            await self.end()
+        except VaecastError as error:
+            self.fail(error)
+        except Exception as error:  # the host is gone, say: the decode cannot go on
+            self.fail(DecodeFailedError(f"the session's next block could not be had: {error}"))
+
+    def _stop_pump(self) -> None:
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
+
     # The decode thread's side.
 
     def cancel(self) -> None:
@@ -171,6 +225,7 @@ class LatentFeed:
         self._cancelled.set()
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             self._loop.call_soon_threadsafe(self._changed_now)
+            self._loop.call_soon_threadsafe(self._stop_pump)
         if not self._first.done():
             self._loop.call_soon_threadsafe(self._cancel_first)
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from fractions import Fraction
 
 import aiohttp
 import pytest
@@ -20,6 +21,9 @@ import torch
 
 from tests.cluster.conftest import FrontEnd, RayCluster
 from tests.helpers import decode_mp4, safetensors_bytes
+from tests.helpers.fragment_audio import assert_aligned
+from tests.server.test_push_audio_alignment import heard, loudness, tone, video_frames
+from vaecast.codecs.aac import AAC_FRAME_SAMPLES, samples_for_duration
 
 TIMEOUT = aiohttp.ClientTimeout(total=90)
 # tiny: 8x the latent size, 1 + 4 (t - 1) frames, a chunk per latent frame.
@@ -204,6 +208,45 @@ async def test_a_push_session_is_pushed_through_both_front_ends(front_ends):
         assert len(decode_mp4(from_a)) == SMALL_FRAMES
         done = await get_json(session, f"{a.url}/v1/videos/{job['id']}")
         assert (done["status"], done["input"], done["frames"]) == ("completed", "push", 33)
+
+
+@pytest.mark.slow
+async def test_each_fragment_of_a_ray_push_carries_its_own_audio(front_ends):
+    # As tests/server/test_push_audio_alignment.py checks it locally: the replica's
+    # feed is a live source, so each chunk's fragment waits for the audio that ends it.
+    a, b = front_ends
+    fps, rate, blocks = 8, 16_000, (1, 1, 2, 1, 1, 3)  # 2000 samples a video frame
+
+    def sample(latent_frames: int) -> int:
+        return samples_for_duration(Fraction(video_frames(latent_frames), fps), rate)
+
+    sound = tone(sample(9), rate)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        job = await create(session, a, fps=fps, audio_sample_rate=rate)
+        pushed = 0
+        for index, count in enumerate(blocks):
+            audio = torch.from_numpy(sound[sample(pushed) : sample(pushed + count)])
+            body = safetensors_bytes(
+                {"audio_sample_rate": str(rate)},
+                latents=SMALL[:, :, pushed : pushed + count].contiguous(),
+                audio=audio.unsqueeze(0),
+            )
+            async with session.post(
+                f"{(a, b)[index % 2].url}{job['push']['url']}",
+                data=body,
+                headers={"X-Push-Token": job["push"]["token"]},
+                params={"final": "1"} if index == len(blocks) - 1 else {},
+            ) as response:
+                assert response.status == 202, await response.text()
+            pushed += count
+        data = await read_all(session, f"{b.url}/v1/videos/{job['id']}/content")
+    line = assert_aligned(data)
+    assert len(line.spans) == 9  # a fragment per chunk: none audio-only after them
+    assert line.spans[-1].video is not None and line.spans[-1].video[1] == sample(9)
+    assert line.spans[0].audio is not None and line.spans[0].audio[0] == 0
+    heard_audio, heard_rate = heard(data)
+    assert heard_rate == rate and abs(len(heard_audio) - sample(9)) < AAC_FRAME_SAMPLES
+    assert loudness(heard_audio, 0, sample(9)) > 0.15  # the tone throughout
 
 
 @pytest.mark.slow

@@ -13,16 +13,19 @@ from. Cancel: when the caller cancels the call, the generator's CancelledError
 cancels the pipeline's task, and `run_pipeline` stops the decoder at its next chunk
 and returns only once the decode thread has returned.
 
-A push session's blocks are pulled from the job's host by the decode thread itself
-(`ActorBlocks`, a LatentSource), one `next_block` call at a time, so the job's
-bounded queue is the only buffer of pushed latents.
+A push session's blocks come through the same `LatentFeed` a local push session's
+do, its transport a pull from the job's host (`actor_pull`, one `next_block` call at
+a time): the feed's pump pulls at most `PULL_AHEAD_BLOCKS` blocks (and one more, held
+back) ahead of the decoder, beyond the job's own bounded queue. So the pipeline sees a
+live source here too, and a push's audio is aligned per fragment as it is locally:
+a chunk's fragment waits for the audio that ends it, which comes with a later block.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,7 +33,6 @@ import numpy as np
 import ray
 import torch
 from ray import serve
-from ray.exceptions import GetTimeoutError
 
 from vaecast.cluster.records import (
     APP_NAME,
@@ -46,12 +48,15 @@ from vaecast.cluster.records import (
 )
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack
-from vaecast.errors import DecodeCancelled, DecodeFailedError, UnknownModelError, VaecastError
+from vaecast.errors import DecodeFailedError, UnknownModelError, VaecastError
 from vaecast.heap import retain_decode_heap
+from vaecast.latent_feed import BlockPull, LatentFeed, PulledBlock
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
 from vaecast.pipeline import (
     AudioFormat,
+    FeedState,
     FragmentDone,
+    LatentSource,
     TimedAudio,
     VideoOutput,
     WholeLatents,
@@ -60,7 +65,10 @@ from vaecast.pipeline import (
 )
 
 RELAY_SEGMENTS = 2
-GET_POLL_S = 0.05
+# Blocks the replica's feed queues ahead of the decoder (its pump holds one more, held
+# back): enough that a chunk's fragment has the next block's audio while the decoder
+# is still on its own block.
+PULL_AHEAD_BLOCKS = 1
 
 
 class DecoderReplica:
@@ -97,6 +105,7 @@ class DecoderReplica:
                 call.job.replica_stopped(relay.decoded_chunks)
 
     async def _run(self, call: DecodeCall, relay: _Relay) -> None:
+        feed: LatentFeed | None = None
         try:
             decoder = self._decoders.get(call.model)
             if decoder is None:
@@ -104,25 +113,26 @@ class DecoderReplica:
                     f"model {call.model!r} is not loaded on this replica "
                     f"(it has: {', '.join(sorted(self._decoders))})"
                 )
-            source: WholeLatents | ActorBlocks
+            source: WholeLatents | LatentFeed
             if call.latents is not None:
                 latents = torch.from_numpy(call.latents)
                 plan: Any = decoder.plan(tuple(latents.shape))
                 source = WholeLatents(latents)
             else:
-                source = ActorBlocks(call.job)
-                first = await source.first_block()
-                if first is None:
-                    raise DecodeCancelled("the session ended before any block")
-                plan = decoder.plan_stream(tuple(first.shape))
-                relay.arrivals = source.chunk_arrivals
+                if call.job is None:
+                    raise DecodeFailedError("a push session's decode call names no job")
+                loop = asyncio.get_running_loop()
+                feed = source = LatentFeed(loop, PULL_AHEAD_BLOCKS, pull=actor_pull(call.job))
+                # Raises DecodeCancelled where the session ended before any block.
+                plan = decoder.plan_stream(await feed.first_block_shape())
+                relay.arrivals = feed.chunk_arrivals
             soundtrack = None if call.soundtrack is None else Soundtrack(*call.soundtrack)
             audio_format = None if call.audio_format is None else AudioFormat(*call.audio_format)
             output = VideoOutput(
                 call.fps, EncoderSettings(**call.encoder), soundtrack, audio_format
             )
             await run_pipeline(
-                _Counted(source, relay),
+                _counted(source, relay),
                 decoder,
                 plan,
                 output,
@@ -137,6 +147,9 @@ class DecoderReplica:
             relay.end(DecodeFailedError(f"internal error on the replica: {error}"))
         else:
             relay.end(None)
+        finally:
+            if feed is not None:
+                feed.cancel()  # its pump, where the pipeline never ran
 
 
 class _Relay:
@@ -192,7 +205,7 @@ class _Relay:
 class _Counted:
     """A latent source whose decoder's chunks are counted as they are published."""
 
-    def __init__(self, source: Any, relay: _Relay) -> None:
+    def __init__(self, source: LatentSource, relay: _Relay) -> None:
         self._source = source
         self._relay = relay
 
@@ -210,71 +223,53 @@ class _Counted:
         return list(self._source.take_audio())
 
 
+class _CountedFeed(_Counted):
+    """As `_Counted`, for a feed: a live source to the pipeline, as the feed is."""
+
+    def __init__(self, feed: LatentFeed, relay: _Relay) -> None:
+        super().__init__(feed, relay)
+        self._feed = feed
+
+    def feed_state(self) -> FeedState:
+        return self._feed.feed_state()
+
+    async def feed_changed(self, version: int) -> None:
+        await self._feed.feed_changed(version)
+
+
+def _counted(source: WholeLatents | LatentFeed, relay: _Relay) -> _Counted:
+    return (
+        _CountedFeed(source, relay) if isinstance(source, LatentFeed) else _Counted(source, relay)
+    )
+
+
 class _End:
     def __init__(self, error: VaecastError | None) -> None:
         self.error = error
 
 
-class ActorBlocks:
-    """A push session's blocks, pulled from the job's host on the decode thread."""
+def actor_pull(job: JobRef) -> BlockPull:
+    """A `LatentFeed`'s transport for a push job of the cluster: its next block, pulled
+    from the job's host actor (None after the last); a cancelled pull cancels the call."""
 
-    def __init__(self, job: JobRef) -> None:
-        self._job = job
-        self._cancelled = threading.Event()
-        self._first: torch.Tensor | None = None
-        self._audio: list[TimedAudio] = []
-        self._audio_lock = threading.Lock()
-        self._taken_arrival: float | None = None
-        self.chunk_arrivals: dict[int, float] = {}
-
-    async def first_block(self) -> torch.Tensor | None:
-        block: Block | None = await self._job.next_block()
+    async def pull() -> PulledBlock | None:
+        pending = job.next_block()
+        try:
+            block: Block | None = await pending
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # it finished meanwhile
+                ray.cancel(pending)
+            raise
         if block is None:
             return None
-        self._first = self._take(block)
-        return self._first
+        audio = block.audio
+        return PulledBlock(
+            torch.from_numpy(np.ascontiguousarray(block.latents)),
+            None if audio is None else TimedAudio(audio.samples, audio.first_frame),
+            block.arrived,
+        )
 
-    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
-        def on_chunk_timed(chunk: DecodedChunk) -> None:
-            if self._taken_arrival is not None:
-                self.chunk_arrivals[chunk.index] = self._taken_arrival
-            on_chunk(chunk)
-
-        decoder.decode_stream(self._blocks(), on_chunk_timed)
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-
-    def take_audio(self) -> list[TimedAudio]:
-        with self._audio_lock:
-            audio, self._audio = self._audio, []
-        return audio
-
-    def _blocks(self) -> Any:
-        first, self._first = self._first, None
-        if first is not None:
-            yield first
-        while (block := self._get()) is not None:
-            yield self._take(block)
-
-    def _get(self) -> Block | None:
-        pending = self._job.next_block()
-        while True:
-            if self._cancelled.is_set():
-                ray.cancel(pending)
-                raise DecodeCancelled("decode cancelled")
-            try:
-                block: Block | None = ray.get(pending, timeout=GET_POLL_S)
-                return block
-            except GetTimeoutError:
-                continue
-
-    def _take(self, block: Block) -> torch.Tensor:
-        self._taken_arrival = block.arrived
-        if block.audio is not None:
-            with self._audio_lock:
-                self._audio.append(TimedAudio(block.audio.samples, block.audio.first_frame))
-        return torch.from_numpy(np.ascontiguousarray(block.latents))
+    return pull
 
 
 def deploy(options: ReplicaOptions) -> bool:
