@@ -256,6 +256,10 @@ class JobRecord:
             raise IllegalTransition(
                 f"job {self.id}: chunk {t.index} came where chunk {self.chunks_done} was due"
             )
+        if self.plan is not None and t.index >= self.plan.chunks:
+            raise IllegalTransition(
+                f"job {self.id}: chunk {t.index} is past the last of its {self.plan.chunks}"
+            )
         self.chunks_done += 1
         self.frames_done += t.frames
         self.encode_s += t.encode_s
