@@ -37,358 +37,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
-import json
-import re
 import time
-from dataclasses import dataclass
-from fractions import Fraction
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
-import numpy as np
-import torch
-from safetensors.torch import save as save_safetensors
-
-from vaecast.errors import InvalidRequestError, VaecastError
+from vaecast.client_blocks import Array, encode_block, encode_frames_block
+from vaecast.client_protocol import (
+    DEFAULT_RETRY_S,
+    DEFAULT_TIMEOUT_S,
+    FIRST_BACKOFF_S,
+    MAX_ANSWER_BYTES,
+    MAX_BACKOFF_S,
+    PUSH_SEQ_HEADER,
+    PUSH_TOKEN_HEADER,
+    RETRY_STATUSES,
+    Fps,
+    PushError,
+    PushSessionBase,
+    Request,
+    parse_answer,
+    retry_delay,
+)
 
 if TYPE_CHECKING:
     import aiohttp
 
-Array = torch.Tensor | np.ndarray
-Fps = int | float | Fraction | str
-
-DEFAULT_TIMEOUT_S = 300.0  # seconds a request may wait for the server, backpressure included
-PUSH_TOKEN_HEADER = "X-Push-Token"
-PUSH_SEQ_HEADER = "X-Push-Seq"
-DEFAULT_RETRY_S = 60.0  # how long one push may go on being retried
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-FIRST_BACKOFF_S = 0.1
-MAX_BACKOFF_S = 2.0
-MAX_ANSWER_BYTES = 1 << 20  # JSON answers are small: a URL that serves a video is a mistake
-_ENDED = (404, 409, 410)  # the job is over or gone: a DELETE would delete its record
-_NUMPY_FLOATS = (np.float16, np.float32, np.float64)
-
-
-class PushError(VaecastError):
-    """The server refused a request of a push session, or gave no answer.
-
-    `status` is the HTTP status (0 when no answer came: `type` is then `timeout` or
-    `connection_error`), `type` and `message` those of the server's JSON error, and
-    `retry_after_s` the `Retry-After` of a 429 or 503, if it sent one.
-    """
-
-    def __init__(
-        self, status: int, error_type: str, message: str, retry_after_s: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = error_type
-        self.retry_after_s = retry_after_s
-
-    def __str__(self) -> str:
-        prefix = f"HTTP {self.status} " if self.status else ""
-        return f"{prefix}{self.type}: {self.message}"
+__all__ = [
+    "DEFAULT_RETRY_S",
+    "DEFAULT_TIMEOUT_S",
+    "FIRST_BACKOFF_S",
+    "MAX_ANSWER_BYTES",
+    "MAX_BACKOFF_S",
+    "PUSH_SEQ_HEADER",
+    "PUSH_TOKEN_HEADER",
+    "RETRY_STATUSES",
+    "Array",
+    "AsyncPushSession",
+    "Fps",
+    "PushError",
+    "PushSession",
+    "encode_block",
+    "encode_frames_block",
+    "retry_delay",
+]
 
 
-def encode_block(latents: Array, audio: Array | None = None) -> bytes:
-    """One block as the server reads it: safetensors with `latents` and maybe `audio`.
-
-    The latents keep their float dtype (the server converts); the audio goes as float32.
-    Checked here only as far as a mistake would otherwise cost a round trip.
-    """
-    tensor = _tensor(latents, "latents")
-    if not tensor.is_floating_point():
-        raise InvalidRequestError(f"latents must be floating point, got {tensor.dtype}")
-    if tensor.ndim not in (4, 5):
-        raise InvalidRequestError(
-            f"a block is (C, t, H, W) or (B, C, t, H, W), got shape {tuple(tensor.shape)}"
-        )
-    if tensor.numel() == 0:
-        raise InvalidRequestError(f"the block is empty: shape {tuple(tensor.shape)}")
-    tensors = {"latents": tensor.contiguous()}
-    if audio is not None:
-        tensors["audio"] = _tensor(audio, "audio").to(torch.float32).contiguous()
-    return save_safetensors(tensors)
-
-
-def encode_frames_block(
-    frames: Array, audio: Array | None = None, value_range: tuple[float, float] = (0.0, 1.0)
-) -> bytes:
-    """One frames block as the server reads it: safetensors with uint8 `frames`, `(T, H, W,
-    3)` for one video or `(B, 3, T, H, W)` for a batch, and maybe `audio`. Floats are
-    quantized to uint8 first, on their own device (`vaecast.codecs.quantize.quantize_to_host`,
-    the server's own rounding), and copied to the host once per video."""
-    from vaecast.codecs.quantize import quantize_to_host
-
-    if isinstance(frames, np.ndarray) and frames.dtype == np.uint8:
-        pixels = torch.from_numpy(frames if frames.flags.writeable else frames.copy())
-    elif isinstance(frames, torch.Tensor) and frames.dtype == torch.uint8:
-        pixels = frames.detach().cpu()
-    else:
-        tensor = frames if isinstance(frames, torch.Tensor) else _tensor(frames, "frames")
-        if not tensor.is_floating_point():
-            raise InvalidRequestError(f"frames must be uint8 or floating point, got {tensor.dtype}")
-        if tensor.ndim == 4:
-            tensor = tensor.unsqueeze(0)
-        if tensor.ndim != 5 or tensor.shape[1] != 3:
-            raise InvalidRequestError(
-                f"float frames are (B, 3, T, H, W) or (3, T, H, W), got {tuple(frames.shape)}"
-            )
-        videos = [
-            torch.from_numpy(quantize_to_host(tensor[b : b + 1].detach(), value_range))
-            for b in range(tensor.shape[0])
-        ]
-        # One video as (T, H, W, 3); a batch as (B, 3, T, H, W), the server's batched form.
-        pixels = videos[0] if len(videos) == 1 else torch.stack(videos).permute(0, 4, 1, 2, 3)
-    one_video = pixels.ndim == 4 and pixels.shape[-1] == 3
-    batched = pixels.ndim == 5 and pixels.shape[1] == 3
-    if not (one_video or batched) or pixels.numel() == 0:
-        raise InvalidRequestError(
-            f"uint8 frames are (T, H, W, 3) or (B, 3, T, H, W), got {tuple(pixels.shape)}"
-        )
-    tensors = {"frames": pixels.contiguous()}
-    if audio is not None:
-        tensors["audio"] = _tensor(audio, "audio").to(torch.float32).contiguous()
-    return save_safetensors(tensors)
-
-
-def _tensor(value: Array, name: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()  # a block on the GPU is copied once, here
-    if isinstance(value, np.ndarray):
-        if value.dtype not in _NUMPY_FLOATS:
-            raise InvalidRequestError(f"{name} must be float16, 32 or 64, got {value.dtype}")
-        # torch.from_numpy warns on a read-only array; a copy is one block, cheap.
-        writable = value if value.flags.writeable else value.copy()
-        return torch.from_numpy(np.ascontiguousarray(writable))
-    raise InvalidRequestError(f"{name} must be a torch tensor or a numpy array, got {type(value)}")
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    method: str
-    path: str  # below the base URL, from "/"
-    headers: dict[str, str]
-    body: bytes | None = None
-
-
-def _answer(status: int, data: bytes, retry_after: str | None) -> dict[str, Any]:
-    """The JSON of a 2xx answer, or the PushError of any other."""
-    try:
-        parsed = json.loads(data) if len(data) <= MAX_ANSWER_BYTES else None
-    except ValueError:
-        parsed = None
-    if 200 <= status < 300 and isinstance(parsed, dict):
-        return parsed
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict):
-        error_type, message = str(error.get("type", "error")), str(error.get("message", ""))
-    else:  # not vaecast's JSON (a proxy's page, a wrong URL): quote the start of it
-        error_type = "bad_response" if 200 <= status < 300 else "http_error"
-        message = data[:200].decode("utf-8", "replace").strip() or "(empty answer)"
-    seconds = re.fullmatch(r"[0-9]{1,9}", retry_after or "")  # the HTTP-date form is not used
-    retry_after_s = float(seconds.group()) if seconds else None
-    raise PushError(status, error_type, message, retry_after_s)
-
-
-def retry_delay(error: PushError, attempt: int, spent_s: float, budget_s: float) -> float | None:
-    """Seconds to wait before sending a push again, or None to raise `error`.
-
-    `attempt` counts the tries so far (1 after the first), `spent_s` the time since the
-    first began: a retry that would start past `budget_s` is not made.
-    """
-    # A timeout is not retried: `timeout` bounds the wait for an answer, backpressure
-    # included, and the same server would hold the same push again.
-    if not (error.type == "connection_error" or error.status in RETRY_STATUSES):
-        return None
-    backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (attempt - 1))
-    delay = error.retry_after_s if error.retry_after_s is not None else backoff
-    return delay if spent_s + delay <= budget_s else None
-
-
-def _json_fps(fps: Fps) -> int | float | str:
-    """fps as JSON: a number as given, a Fraction as an int or a ratio the server reads."""
-    if isinstance(fps, Fraction):
-        return fps.numerator if fps.denominator == 1 else f"{fps.numerator}/{fps.denominator}"
-    return fps
-
-
-class _Session:
-    """What both sessions share: the requests they send, their state and the job's URLs."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        fps: Fps = 16,
-        model: str | None = None,
-        api_key: str | None = None,
-        audio_sample_rate: int | None = None,
-        audio_channels: int | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        retry_s: float = DEFAULT_RETRY_S,
-        kind: str = "latents",
-        value_range: tuple[float, float] = (0.0, 1.0),
-        width: int | None = None,
-        height: int | None = None,
-        batch: int = 1,
-    ) -> None:
-        """`kind` "frames" pushes decoded frames (see the module docstring); `width` and
-        `height` crop the video to its top-left part (a decoder's padding); `batch` > 1
-        pushes blocks of that many videos at once, `(B, C, t, H, W)`, watched as one
-        job each (`content_urls`)."""
-        if urlsplit(url).scheme not in ("http", "https"):
-            raise InvalidRequestError(f"the server URL must be http:// or https://, got {url!r}")
-        if kind not in ("latents", "frames"):
-            raise InvalidRequestError(f"kind is 'latents' or 'frames', got {kind!r}")
-        self.kind = kind
-        self.value_range = (float(value_range[0]), float(value_range[1]))
-        self.base_url = url.rstrip("/")
-        self.timeout = timeout
-        self.retry_s = retry_s
-        self._api_key = api_key
-        self._next_seq = 0  # the index the next push carries
-        create: dict[str, Any] = {"input": "push", "fps": _json_fps(fps)}
-        optional = {
-            "kind": "frames" if kind == "frames" else None,
-            "model": model,
-            "audio_sample_rate": audio_sample_rate,
-            "audio_channels": audio_channels,
-            "width": width,
-            "height": height,
-            "batch": batch if batch != 1 else None,
-        }
-        create.update({key: value for key, value in optional.items() if value is not None})
-        self._create_body = json.dumps(create).encode()
-        self._job: dict[str, Any] | None = None
-        self._batch_jobs: list[dict[str, Any]] = []
-        self._push_path = ""
-        self._token = ""  # shown once, at creation; kept out of `job` so it is not logged
-        self._finalized = False  # the final mark went out: the job will complete on its own
-        self._closed = False
-
-    # The job and its URLs.
-
-    @property
-    def job(self) -> dict[str, Any]:
-        """The job object as last seen: at creation, or at the last `refresh()`."""
-        return dict(self._opened())
-
-    @property
-    def id(self) -> str:
-        return str(self._opened()["id"])
-
-    @property
-    def content_url(self) -> str:
-        """The MP4, progressive while the job runs: what a player or `curl` opens."""
-        return self._url(self._opened()["urls"]["content"])
-
-    @property
-    def watch_url(self) -> str:
-        return self.content_url
-
-    @property
-    def content_urls(self) -> list[str]:
-        """Each video's MP4: one for a session, B for a batch (in its order)."""
-        jobs = self._batch_jobs or [self._opened()]
-        return [self._url(job["urls"]["content"]) for job in jobs]
-
-    @property
-    def events_url(self) -> str:
-        return self._url(self._opened()["urls"]["events"])
-
-    @property
-    def page_url(self) -> str:
-        """The server's preview page, showing this job."""
-        return f"{self.base_url}/?video={self.id}"
-
-    @property
-    def push_url(self) -> str:
-        self._opened()
-        return self._url(self._push_path)
-
-    def _opened(self) -> dict[str, Any]:
-        if self._job is None:
-            raise RuntimeError("the push session is not open: use it in a `with` or call open()")
-        return self._job
-
-    def _url(self, path: str) -> str:
-        return path if path.startswith(("http://", "https://")) else self.base_url + path
-
-    # Requests, sans I/O.
-
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "vaecast-client"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        if self._api_key is not None:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
-
-    def _create_request(self) -> _Request:
-        return _Request("POST", "/v1/videos", self._headers("application/json"), self._create_body)
-
-    def _created(self, answer: dict[str, Any]) -> None:
-        push = answer.pop("push", None)
-        if isinstance(answer.get("data"), list) and answer["data"]:  # a batch: a job each
-            self._batch_jobs = [dict(job) for job in answer["data"]]
-            answer = dict(answer["data"][0])
-        urls = answer.get("urls")
-        if not (
-            "id" in answer
-            and isinstance(urls, dict)
-            and {"self", "content", "events"} <= urls.keys()
-            and isinstance(push, dict)
-            and {"url", "token"} <= push.keys()
-        ):
-            raise PushError(201, "bad_response", "the job object lacks its id, urls or push")
-        self._push_path, self._token = str(push["url"]), str(push["token"])
-        self._job = answer
-
-    def _check_pushable(self) -> None:
-        if self._closed:
-            raise RuntimeError("the push session is closed")
-        self._opened()
-
-    def _push_request(self, body: bytes, final: bool) -> _Request:
-        self._check_pushable()
-        headers = {
-            **self._headers("application/octet-stream"),
-            PUSH_TOKEN_HEADER: self._token,
-            PUSH_SEQ_HEADER: str(self._next_seq),
-        }
-        return _Request("POST", self._push_path + ("?final=1" if final else ""), headers, body)
-
-    def _encode(self, block: Array, audio: Array | None) -> bytes:
-        if self.kind == "frames":
-            return encode_frames_block(block, audio, self.value_range)
-        return encode_block(block, audio)
-
-    def _pushed(self, answer: dict[str, Any]) -> dict[str, Any]:
-        self._next_seq += 1
-        return answer
-
-    def _gave_up(self, error: PushError, attempts: int, started: float) -> PushError:
-        if attempts > 1:
-            error.add_note(
-                f"gave up after {attempts} tries in {time.monotonic() - started:.1f} s "
-                f"(retry_s={self.retry_s:g})"
-            )
-        return error
-
-    def _cancel_request(self) -> _Request:
-        return _Request("DELETE", self._opened()["urls"]["self"], self._headers())
-
-    def _refresh_request(self) -> _Request:
-        return _Request("GET", self._opened()["urls"]["self"], self._headers())
-
-    def _should_cancel(self, error: BaseException) -> bool:
-        ended = isinstance(error, PushError) and error.status in _ENDED
-        return self._job is not None and not self._finalized and not ended
-
-
-class PushSession(_Session):
+class PushSession(PushSessionBase):
     """A push session over the standard library's http.client; see the module docstring."""
 
     def open(self) -> Self:
@@ -410,7 +105,7 @@ class PushSession(_Session):
         self._finalized |= final
         return answer
 
-    def _push(self, request: _Request) -> dict[str, Any]:
+    def _push(self, request: Request) -> dict[str, Any]:
         """Send a push, retried with the same index as the module docstring says."""
         started, attempts = time.monotonic(), 0
         while True:
@@ -472,7 +167,7 @@ class PushSession(_Session):
                 exc.add_note(f"cancelling the job failed too: {cancel_error}")
         self._closed = True
 
-    def _send(self, request: _Request) -> dict[str, Any]:
+    def _send(self, request: Request) -> dict[str, Any]:
         parts = urlsplit(self._url(request.path))
         connection_type = (
             http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -491,10 +186,10 @@ class PushSession(_Session):
             raise PushError(0, "connection_error", f"{request.method} {target}: {error}") from error
         finally:
             connection.close()
-        return _answer(response.status, data, response.getheader("Retry-After"))
+        return parse_answer(response.status, data, response.getheader("Retry-After"))
 
 
-class AsyncPushSession(_Session):
+class AsyncPushSession(PushSessionBase):
     """A push session over aiohttp, for a generator running in an event loop."""
 
     _http: aiohttp.ClientSession | None = None
@@ -527,7 +222,7 @@ class AsyncPushSession(_Session):
         self._finalized |= final
         return answer
 
-    async def _push(self, request: _Request) -> dict[str, Any]:
+    async def _push(self, request: Request) -> dict[str, Any]:
         """See `PushSession._push`."""
         started, attempts = time.monotonic(), 0
         while True:
@@ -593,7 +288,7 @@ class AsyncPushSession(_Session):
             http_session, self._http = self._http, None
             await http_session.close()
 
-    async def _send(self, request: _Request) -> dict[str, Any]:
+    async def _send(self, request: Request) -> dict[str, Any]:
         import aiohttp
 
         if self._http is None:
@@ -616,4 +311,4 @@ class AsyncPushSession(_Session):
             raise PushError(0, "timeout", f"{where}: no answer in time") from error
         except aiohttp.ClientError as error:
             raise PushError(0, "connection_error", f"{where}: {error}") from error
-        return _answer(status, bytes(data), retry_after)
+        return parse_answer(status, bytes(data), retry_after)

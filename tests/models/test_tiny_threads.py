@@ -1,4 +1,4 @@
-"""`tiny`'s CPU decode spread over threads (`_TinyStream`): the same frames as the
+"""`tiny`'s CPU decode spread over threads (`TinyStream`): the same frames as the
 network's own forward, bit for bit; YUV 4:2:0 made on the pool equal to the
 quantizer's; nothing held back across blocks; no thread, and no operator-thread
 setting, left behind however the decode ends."""
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vaecast.models.tiny as tiny
+import vaecast.models.tiny_stream as tiny_stream
 from tests.helpers.streams import tensor_census
 from vaecast.bridge import chunk_to_host
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
@@ -177,7 +178,7 @@ def test_without_per_thread_control_the_plain_path_gives_the_same_frames(
     decoder, latents, monkeypatch
 ):
     spread = torch.cat([c.frames for c in decode(decoder, latents)], dim=2)
-    monkeypatch.setattr(tiny, "per_thread_control", lambda: False)
+    monkeypatch.setattr(tiny_stream, "per_thread_control", lambda: False)
     chunks = decode(decoder, latents)
     assert all(c.yuv420 is None for c in chunks)
     assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), spread)

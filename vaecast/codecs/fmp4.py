@@ -15,7 +15,7 @@ spec (`base_media_decode_time`, `sample_composition_time_offset`, ...).
 
 Tracks are a closed union (`Track`) dispatched in `_trak`: a new track type slots
 in there (and in `fmp4_reader`) without changing `init_segment`, `fragment` or
-`TrackRun`. `fmp4_reader` reads these boxes back, for tests and tools.
+`TrackRun`. `fmp4_reader` reads these boxes back (the HLS face, tests and tools).
 """
 
 from __future__ import annotations

@@ -1,17 +1,20 @@
-"""Fragmented MP4 boxes read back, without I/O: box walking, parsing, stream splitting.
+"""Fragmented MP4 read back, without I/O: an init segment's tracks, a fragment's runs.
 
-The counterpart of `fmp4` for tests and tools (vaecast itself only writes):
-`iter_boxes` walks a buffer's boxes, `parse_init_segment` and `parse_fragment`
-read back the values `fmp4` wrote, and `TopLevelBoxSplitter` cuts a byte stream
-into whole top-level boxes as it arrives. It reads what `fmp4` writes plus the
-common optional fields of other writers, and raises ValueError on anything
-truncated or malformed rather than guessing.
+The counterpart of `fmp4`, which writes these boxes. The server reads with it too:
+its HLS face (`server.faces.hls`, served by `hls_routes`) takes each job's tracks
+from the init segment (`parse_init_segment`) and every fragment's durations and
+keyframes from its `moof` as the job appends it (`fragment_timing`, which reads
+only that much, on the event loop). Tests, benchmarks and tools read whole fragments
+back (`parse_fragment`) as the value objects that wrote them. It reads what `fmp4`
+writes plus the common optional fields of other writers, and raises ValueError on
+anything truncated or malformed rather than guessing. The box layer below it
+(`iter_boxes`, `children`, `find_child`, `TopLevelBoxSplitter`) is `fmp4_boxes`,
+re-exported here.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vaecast.codecs.fmp4 import (
@@ -37,103 +40,30 @@ from vaecast.codecs.fmp4 import (
     TrackRun,
     VideoTrack,
 )
+from vaecast.codecs.fmp4_boxes import (
+    Box,
+    FieldCursor,
+    TopLevelBoxSplitter,
+    children,
+    find_child,
+    full_box_header,
+    iter_boxes,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class Box:
-    """Where a box lies in a buffer: `offset` of its first byte, total `size`."""
-
-    type: str
-    offset: int
-    size: int
-    header_size: int
-
-    @property
-    def payload_offset(self) -> int:
-        return self.offset + self.header_size
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.size
-
-    def payload(self, data: bytes) -> bytes:
-        return bytes(data[self.payload_offset : self.end])
-
-
-def _parse_box_header(data: bytes | bytearray, offset: int, end: int) -> tuple[str, int, int]:
-    """(type, size, header_size) of the box at `offset`; size 0 means "to the end"."""
-    if end - offset < 8:
-        raise ValueError(f"truncated box header at offset {offset}: {end - offset} bytes left")
-    size, raw_type = struct.unpack_from(">I4s", data, offset)
-    if any(byte < 0x20 or byte == 0x7F for byte in raw_type):
-        raise ValueError(f"not a box at offset {offset}: type bytes {raw_type!r}")
-    header_size = 8
-    if size == 1:
-        if end - offset < 16:
-            raise ValueError(f"truncated largesize at offset {offset}")
-        (size,) = struct.unpack_from(">Q", data, offset + 8)
-        header_size = 16
-    if raw_type == b"uuid":
-        header_size += 16  # extended_type follows
-    if size != 0 and size < header_size:
-        raise ValueError(f"box {raw_type!r} at offset {offset} has impossible size {size}")
-    return raw_type.decode("latin-1"), size, header_size
-
-
-def iter_boxes(data: bytes | bytearray, start: int = 0, end: int | None = None) -> Iterator[Box]:
-    """The boxes that tile data[start:end] exactly, in order (not descending into them)."""
-    end = len(data) if end is None else end
-    offset = start
-    while offset < end:
-        box_type, size, header_size = _parse_box_header(data, offset, end)
-        if size == 0:
-            size = end - offset
-        if offset + size > end:
-            raise ValueError(
-                f"truncated box {box_type!r} at offset {offset}: size {size}, "
-                f"{end - offset} bytes available"
-            )
-        yield Box(box_type, offset, size, header_size)
-        offset += size
-
-
-def children(data: bytes | bytearray, parent: Box, skip: int = 0) -> list[Box]:
-    """The boxes inside `parent`, after `skip` bytes of its own fields."""
-    return list(iter_boxes(data, parent.payload_offset + skip, parent.end))
-
-
-def find_child(data: bytes | bytearray, parent: Box, box_type: str, skip: int = 0) -> Box:
-    for child in children(data, parent, skip):
-        if child.type == box_type:
-            return child
-    raise ValueError(f"{parent.type!r} at offset {parent.offset} has no {box_type!r}")
-
-
-def _full_box_header(data: bytes | bytearray, b: Box) -> tuple[int, int]:
-    if b.size - b.header_size < 4:
-        raise ValueError(f"full box {b.type!r} at offset {b.offset} too short")
-    (word,) = struct.unpack_from(">I", data, b.payload_offset)
-    return word >> 24, word & 0xFFFFFF
-
-
-class _Cursor:
-    """Reads big-endian fields from a box payload; raises ValueError past its end."""
-
-    __slots__ = ("_data", "_end", "pos")
-
-    def __init__(self, data: bytes | bytearray, start: int, end: int) -> None:
-        self._data, self.pos, self._end = data, start, end
-
-    def read(self, fmt: str) -> tuple[int, ...]:
-        size = struct.calcsize(">" + fmt)
-        if self.pos + size > self._end:
-            raise ValueError(f"box field runs past its box end at offset {self.pos}")
-        values = struct.unpack_from(">" + fmt, self._data, self.pos)
-        self.pos += size
-        return values
-
-    def one(self, fmt: str) -> int:
-        return self.read(fmt)[0]
+__all__ = [
+    "Box",
+    "InitSegment",
+    "ParsedFragment",
+    "ParsedTrackRun",
+    "RunTiming",
+    "TopLevelBoxSplitter",
+    "children",
+    "find_child",
+    "fragment_timing",
+    "iter_boxes",
+    "parse_fragment",
+    "parse_init_segment",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,14 +91,14 @@ def parse_init_segment(data: bytes) -> InitSegment:
 
 def _parse_trak(data: bytes, trak: Box) -> Track:
     tkhd_box = find_child(data, trak, "tkhd")
-    version, _ = _full_box_header(data, tkhd_box)
-    cursor = _Cursor(data, tkhd_box.payload_offset + 4, tkhd_box.end)
+    version, _ = full_box_header(data, tkhd_box)
+    cursor = FieldCursor(data, tkhd_box.payload_offset + 4, tkhd_box.end)
     cursor.read("QQ" if version == 1 else "II")  # creation, modification
     track_id = cursor.one("I")
     mdia = find_child(data, trak, "mdia")
     mdhd_box = find_child(data, mdia, "mdhd")
-    version, _ = _full_box_header(data, mdhd_box)
-    cursor = _Cursor(data, mdhd_box.payload_offset + 4, mdhd_box.end)
+    version, _ = full_box_header(data, mdhd_box)
+    cursor = FieldCursor(data, mdhd_box.payload_offset + 4, mdhd_box.end)
     cursor.read("QQ" if version == 1 else "II")
     timescale = cursor.one("I")
     hdlr_box = find_child(data, mdia, "hdlr")
@@ -270,8 +200,8 @@ def parse_fragment(data: bytes) -> ParsedFragment:
         raise ValueError(f"a fragment is moof + mdat, found {[b.type for b in boxes]}")
     moof, mdat = boxes
     mfhd_box = find_child(data, moof, "mfhd")
-    _full_box_header(data, mfhd_box)
-    sequence_number = _Cursor(data, mfhd_box.payload_offset + 4, mfhd_box.end).one("I")
+    full_box_header(data, mfhd_box)
+    sequence_number = FieldCursor(data, mfhd_box.payload_offset + 4, mfhd_box.end).one("I")
     runs, previous_end = [], moof.offset
     for traf in children(data, moof):
         if traf.type == "traf":
@@ -292,8 +222,8 @@ class _Tfhd:
 
 
 def _read_tfhd(data: bytes, box: Box) -> _Tfhd:
-    _, flags = _full_box_header(data, box)
-    cursor = _Cursor(data, box.payload_offset + 4, box.end)
+    _, flags = full_box_header(data, box)
+    cursor = FieldCursor(data, box.payload_offset + 4, box.end)
     track_id = cursor.one("I")
     base = cursor.one("Q") if flags & TFHD_BASE_DATA_OFFSET_PRESENT else None
     if flags & TFHD_SAMPLE_DESCRIPTION_INDEX_PRESENT:
@@ -335,8 +265,8 @@ class _Trun:
 
 def _read_trun(data: bytes, box: Box) -> _Trun:
     """A trun's header and whole sample table, in one `struct` call."""
-    version, flags = _full_box_header(data, box)
-    cursor = _Cursor(data, box.payload_offset + 4, box.end)
+    version, flags = full_box_header(data, box)
+    cursor = FieldCursor(data, box.payload_offset + 4, box.end)
     count = cursor.one("I")
     data_offset = cursor.one("i") if flags & TRUN_DATA_OFFSET_PRESENT else 0
     first_flags = cursor.one("I") if flags & TRUN_FIRST_SAMPLE_FLAGS_PRESENT else None
@@ -366,8 +296,8 @@ def _parse_traf(data: bytes, traf: Box, moof: Box, mdat: Box, previous_end: int)
         base = moof.offset
 
     tfdt_box = find_child(data, traf, "tfdt")
-    version, _ = _full_box_header(data, tfdt_box)
-    cursor = _Cursor(data, tfdt_box.payload_offset + 4, tfdt_box.end)
+    version, _ = full_box_header(data, tfdt_box)
+    cursor = FieldCursor(data, tfdt_box.payload_offset + 4, tfdt_box.end)
     base_media_decode_time = cursor.one("Q" if version == 1 else "I")
 
     trun = _read_trun(data, _one_trun(data, traf))
@@ -437,63 +367,3 @@ def fragment_timing(data: bytes) -> list[RunTiming]:
             first_flags = column[0] if column else tfhd.default_flags
         timings.append(RunTiming(tfhd.track_id, duration, first_flags))
     return timings
-
-
-class TopLevelBoxSplitter:
-    """Cuts a byte stream into complete top-level boxes as they arrive.
-
-    `feed` returns every box completed by the new bytes (possibly none), each as
-    its full bytes, the same however the stream is split. A size-0 box ("extends
-    to the end of the file") cannot be delimited in a stream and is an error.
-    After an error the splitter refuses more input, since it has lost framing.
-    """
-
-    __slots__ = ("_buffer", "_error", "bytes_emitted")
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._error: ValueError | None = None
-        self.bytes_emitted = 0
-
-    @property
-    def pending(self) -> int:
-        """Bytes held that do not yet make a complete box."""
-        return len(self._buffer)
-
-    def feed(self, data: bytes) -> list[bytes]:
-        if self._error is not None:
-            raise ValueError("splitter failed earlier; it cannot resync") from self._error
-        self._buffer += data
-        boxes: list[bytes] = []
-        while True:
-            size = self._complete_box_size()
-            if size is None:
-                return boxes
-            boxes.append(bytes(self._buffer[:size]))
-            del self._buffer[:size]
-            self.bytes_emitted += size
-
-    def _complete_box_size(self) -> int | None:
-        buffer = self._buffer
-        if len(buffer) < 8 or (len(buffer) < 16 and buffer[:4] == b"\0\0\0\1"):
-            return None
-        try:
-            # The header bytes are all here, so only garbage can raise.
-            box_type, size, _ = _parse_box_header(buffer, 0, len(buffer))
-            if size == 0:
-                raise ValueError(
-                    f"box {box_type!r} at stream offset {self.bytes_emitted} has size 0 "
-                    "(to end of file), which a stream cannot delimit"
-                )
-        except ValueError as error:
-            self._error = error
-            raise
-        return size if len(buffer) >= size else None
-
-    def close(self) -> None:
-        """Declare the stream finished; raises if it ended inside a box."""
-        if self._buffer:
-            raise ValueError(
-                f"stream ended inside a box: {len(self._buffer)} bytes after offset "
-                f"{self.bytes_emitted}"
-            )

@@ -1,0 +1,106 @@
+"""The structure the code draws, checked: the server's wings never reach into the cluster,
+the cluster composes the server's classes rather than subclassing them, modules stay short,
+the job record stays pure, and the README stays a user's document."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vaecast"
+MAX_MODULE_LINES = 450
+MAX_README_LINES = 350
+
+
+def modules(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def imported(path: Path) -> Iterator[str]:
+    """Every module `path` imports, at its top or inside a function (lazily)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def test_the_server_imports_nothing_from_the_cluster() -> None:
+    offenders = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in modules(PACKAGE / "server")
+        for name in imported(path)
+        if name == "vaecast.cluster" or name.startswith("vaecast.cluster.")
+    }
+    assert not offenders
+
+
+def test_no_cluster_class_subclasses_a_server_class() -> None:
+    offenders = []
+    for path in modules(PACKAGE / "cluster"):
+        tree = ast.parse(path.read_text())
+        from_server = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vaecast.server")
+            for alias in node.names
+        }
+        server_modules = {
+            alias.asname or alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+            if alias.name.startswith("vaecast.server")
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                root = base
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                named = isinstance(root, ast.Name) and (
+                    root.id in from_server or (root is not base and root.id in server_modules)
+                )
+                if named:
+                    offenders.append(f"{path.relative_to(ROOT)}: {node.name}({ast.unparse(base)})")
+    assert not offenders
+
+
+def test_no_module_is_over_the_line_budget() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in modules(PACKAGE)
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"split these by concept (at most {MAX_MODULE_LINES} lines each)"
+
+
+def test_the_job_record_imports_only_the_standard_library_and_errors() -> None:
+    top_level = {name.split(".")[0] for name in imported(PACKAGE / "job_record.py")}
+    own = {name for name in imported(PACKAGE / "job_record.py") if name.startswith("vaecast")}
+    assert own <= {"vaecast.errors"} | {
+        f"vaecast.errors.{n}" for n in dir(__import__("vaecast.errors").errors)
+    }
+    assert top_level - {"vaecast"} <= set(sys.stdlib_module_names)
+    assert "vaecast.errors" in own  # the scan sees its imports
+
+
+def test_the_models_base_imports_no_implementation() -> None:
+    """The registry's one import cycle stays gone: the contract knows no decoder."""
+    own = {name for name in imported(PACKAGE / "models" / "base.py") if name.startswith("vaecast")}
+    assert not {name for name in own if name.startswith("vaecast.models")}
+
+
+def test_the_readme_is_a_users_document() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= MAX_README_LINES
+    clock_times = re.findall(r"\b\d{1,2}:\d{2}(?::\d{2})?\s*(?:UTC|Z)\b|T\d{2}:\d{2}", text)
+    assert not clock_times
+    assert "UTC" not in text
+    assert "../shared" not in text
