@@ -187,3 +187,37 @@ async def test_ffmpegs_hls_demuxer_reads_a_running_job_to_the_end(start_server: 
     out, err = await asyncio.wait_for(ffprobe.communicate(), 90)
     assert ffprobe.returncode == 0, err.decode()
     assert out.decode().split()[0] == "77"  # every frame (ffprobe prints it per program too)
+
+
+async def test_a_push_sessions_playlist_is_served_before_its_length_is_known(
+    start_server: StartServer,
+):
+    """While a session runs its chunk sizes come from the stream plan (its length is not
+    known until the last block): the playlist is a running EVENT playlist, then ends."""
+    server = await start_server()
+    async with server.client.post("/v1/videos", json={"input": "push"}) as response:
+        job = await response.json()
+    headers = {"X-Push-Token": job["push"]["token"]}
+    latents = smooth_latents(frames=4)
+    async with server.client.post(
+        job["push"]["url"],
+        data=safetensors_bytes(latents=latents[:, :, :2].contiguous()),
+        headers=headers,
+    ) as response:
+        assert response.status == 202
+    running = server.manager.get(job["id"])
+    await until(lambda: running.parts.parts)
+    async with server.client.get(f"/v1/videos/{job['id']}/playlist.m3u8") as response:
+        assert response.status == 200, await response.text()
+        text = await response.text()
+    assert "#EXT-X-PLAYLIST-TYPE:EVENT" in text and "#EXT-X-ENDLIST" not in text
+    async with server.client.post(
+        job["push"]["url"] + "?final=1",
+        data=safetensors_bytes(latents=latents[:, :, 2:].contiguous()),
+        headers=headers,
+    ) as response:
+        assert response.status == 202
+    await asyncio.wait_for(running.wait(), 30)
+    async with server.client.get(f"/v1/videos/{job['id']}/playlist.m3u8") as response:
+        assert response.status == 200
+        assert "#EXT-X-ENDLIST" in await response.text()

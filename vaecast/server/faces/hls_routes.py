@@ -90,8 +90,11 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
 
 def _playlist_text(job: Job) -> str:
     settings = job.config.encoder
-    plan = job.plan or job.stream_plan
-    longest_chunk = 4 if plan is None else max(plan.chunk_frames)
+    longest_chunk = 4  # frames, until the job knows its chunks
+    if job.plan is not None:
+        longest_chunk = max(job.plan.chunk_frames)
+    elif job.stream_plan is not None:  # a push session: its length is not known yet
+        longest_chunk = max(job.stream_plan.first_chunk_frames, job.stream_plan.chunk_frames)
     return media_playlist(
         job.parts.parts,
         finished=job.status is JobStatus.COMPLETED,
