@@ -111,6 +111,21 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument("--spill-dir", default=None, help="where spill files go (default: $TMPDIR)")
     serve.add_argument(
+        "--store",
+        default=None,
+        metavar="DIR",
+        help="keep job records and finished videos in DIR, so they survive a restart; "
+        "'none': memory only (default: $XDG_DATA_HOME/vaecast or ~/.local/share/vaecast)",
+    )
+    serve.add_argument(
+        "--store-max-gb",
+        type=float,
+        default=DEFAULTS.store_max_bytes / 1024**3,
+        metavar="GB",
+        help="disk the store's videos may take; past it the oldest finished videos go "
+        "first, then new jobs get 507",
+    )
+    serve.add_argument(
         "--shutdown-grace",
         type=float,
         default=DEFAULTS.shutdown_grace_s,

@@ -71,6 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
         retention_memory_bytes=args.retention_memory_mb * MIB,
         spill_threshold_bytes=args.spill_threshold_mb * MIB,
         spill_dir=args.spill_dir,
+        store_dir=store_dir(args.store),
+        store_max_bytes=int(args.store_max_gb * 1024**3),
         shutdown_grace_s=args.shutdown_grace,
         security=security,
     )
@@ -109,6 +111,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
     run_loop(serve())
     return 0
+
+
+def store_dir(option: str | None) -> str | None:
+    """`--store`: a folder, 'none' (memory only), or by default the user's data directory."""
+    if option is None:
+        from vaecast.store import default_store_dir
+
+        return str(default_store_dir())
+    return None if option.lower() == "none" else option
 
 
 def cluster_slots(args: argparse.Namespace) -> int:

@@ -192,3 +192,43 @@ class ReplicaFailedError(DecodeFailedError):
     """The decoder replica running a job died or became unreachable mid-job."""
 
     type = "replica_failed"
+
+
+class JobInterruptedError(VaecastError):
+    """The server stopped (a crash, a kill) while the job was queued or decoding: it
+    came back from the store as failed, its video up to its last committed fragment."""
+
+    status = 409
+    type = "interrupted"
+
+
+class InsufficientStorageError(VaecastError):
+    """The store's disk budget is spent by videos it cannot evict (running or watched)."""
+
+    status = 507
+    type = "insufficient_storage"
+
+
+class StoreError(VaecastError):
+    """The durable store's folder cannot be made, opened or written (`--store`)."""
+
+    status = 500
+    type = "store_error"
+
+
+def error_of_type(error_type: str, message: str) -> VaecastError:
+    """The error a stored job's `{"type", "message"}` names: its class when vaecast has
+    one of that type (a job stopped by shutdown is CancelledByShutdown, not the
+    refusal ShuttingDownError), else a plain VaecastError that keeps the type (a record
+    written by another version)."""
+    if error_type == CancelledByShutdown.type:
+        return CancelledByShutdown(message)
+    pending: list[type[VaecastError]] = [VaecastError]
+    while pending:
+        cls = pending.pop(0)
+        if cls.type == error_type and cls is not ServerBusyError:
+            return cls(message)
+        pending.extend(cls.__subclasses__())
+    error = VaecastError(message)
+    error.type = error_type
+    return error

@@ -42,6 +42,7 @@ from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
 from vaecast.server.stream.manager import JobManager
 from vaecast.server.stream.retention import EvictionReason
+from vaecast.server.stream.segment_log import SegmentLog
 
 log = logging.getLogger("vaecast.cluster")
 
@@ -103,7 +104,9 @@ class ClusterRunners:
         created = host.create.remote(spec, call, settings)
         self._creating.append(created)
         push_kind = request.kind if isinstance(request, PushRequest) else None
-        return self._mirror(manager, spec, JobRef(host, job_id), decoder, created, push_kind)
+        # The front end that created the job writes it to the store (--store), if any.
+        log = manager.new_log(job_id)
+        return self._mirror(manager, spec, JobRef(host, job_id), decoder, created, push_kind, log)
 
     async def settle(self) -> None:
         """Until the jobs created here so far exist at their hosts (another front end
@@ -159,6 +162,7 @@ class ClusterRunners:
         decoder: ChunkedDecoder,
         created: Any,
         push_kind: Any = None,
+        log: SegmentLog | None = None,
     ) -> Job:
         def gone(job: Job, reason: EvictionReason) -> None:
             self._in_background(manager.retention.evict(job, reason))
@@ -179,7 +183,7 @@ class ClusterRunners:
         plan = None if spec.plan is None else DecodePlan(**spec.plan)
         config = manager.config
         return Job(
-            record, decoder, plan, config, manager.metrics, runner, manager.fanout, push_kind
+            record, decoder, plan, config, manager.metrics, runner, manager.fanout, push_kind, log
         )
 
     async def _look_up(self, manager: JobManager, job_id: str) -> None:

@@ -80,6 +80,8 @@ def create_app(
         manager = given or JobManager(config, decoders, stages)
         app[MANAGER] = manager
         app[PUSH_SESSIONS] = sessions = PushSessions(manager)
+        # Before the port opens: the jobs the store kept are served from the first request.
+        await manager.open_store()
         manager.start()
         lag_watch = asyncio.create_task(
             watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"

@@ -53,6 +53,21 @@ class ServerConfig:
     retention_memory_bytes: int = 2048 * MIB
     spill_threshold_bytes: int = 64 * MIB
     spill_dir: str | None = None
+    # The durable store (vaecast.store): job records in SQLite and one MP4 file per job
+    # under this folder, so finished videos survive a restart; None: memory only (the
+    # CLI's default is the user's data directory). Its videos may take at most
+    # store_max_bytes of disk: past it the oldest finished go first, then 507.
+    store_dir: str | None = None
+    store_max_bytes: int = 20 * 1024 * MIB
+    # Fair admission (vaecast.server.stream.admission): a body arriving slower than
+    # min_body_rate bytes/s, after a grace of body_rate_grace_s, is refused (408) and
+    # gives its place back; at most max_pending places are held by bodies still
+    # arriving and by push sessions with no block yet, apart from the decode queue;
+    # a push session's first block must come within push_first_block_timeout_s.
+    min_body_rate: int = 64 * 1024
+    body_rate_grace_s: float = 5.0
+    max_pending: int = 8
+    push_first_block_timeout_s: float = 15.0
     # On SIGTERM/SIGINT: refuse new jobs, let running ones finish this long, then cancel.
     shutdown_grace_s: float = 30.0
     # API key, host names answered to, CORS origins (vaecast.server.edge.security).

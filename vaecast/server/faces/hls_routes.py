@@ -95,12 +95,16 @@ def _playlist_text(job: Job) -> str:
         longest_chunk = max(job.plan.chunk_frames)
     elif job.stream_plan is not None:  # a push session: its length is not known yet
         longest_chunk = max(job.stream_plan.first_chunk_frames, job.stream_plan.chunk_frames)
+    part_target_s = float(longest_chunk / job.fps)
+    if job.plan is None and job.stream_plan is None and job.finished and job.parts.parts:
+        # A job restored from the store: its parts are all it knows of its chunks.
+        part_target_s = max(part.duration_s for part in job.parts.parts)
     return media_playlist(
         job.parts.parts,
         finished=job.status is JobStatus.COMPLETED,
         ended_early=job.finished and job.status is not JobStatus.COMPLETED,
         target_duration_s=settings.keyframe_interval_s,
-        part_target_s=float(longest_chunk / job.fps),
+        part_target_s=part_target_s,
     )
 
 

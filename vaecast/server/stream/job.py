@@ -103,9 +103,12 @@ class Job:
         runner: JobRunner,
         fanout: FanoutSender | None = None,
         push_kind: PushKind | None = None,
+        log: SegmentLog | None = None,
     ) -> None:
         """`plan` is None for a push session: its length is known at its last block.
-        `fanout`: the server's thread for its viewers' sends (None: the loop sends)."""
+        `fanout`: the server's thread for its viewers' sends (None: the loop sends).
+        `log`: its MP4's log when it has one already (a durable store's file, or a
+        restored video); by default a new one in memory, spilling to a temp file."""
         self.record = record
         self.decoder = decoder
         self.plan = plan
@@ -115,7 +118,9 @@ class Job:
         self.metrics = metrics
         self.runner = runner
         self.push_kind = push_kind  # what a push session's blocks are
-        self.log = SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+        self.log = (
+            log if log is not None else SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+        )
         # Its caught-up live viewers, sent each segment in one batch.
         self.broadcast = Broadcast(self.log, metrics.bytes_sent, fanout)
         # Each part's duration and keyframe, for the HLS playlist of the same bytes.
@@ -126,6 +131,8 @@ class Job:
         for event in record.events:
             self.events.append(event)
         self.finished_at: float | None = None  # monotonic here, for retention
+        # Told of every transition applied, after its event (the store's journal).
+        self._observers: list[Callable[[Transition, dict[str, Any] | None], None]] = []
         self._viewers = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -136,6 +143,13 @@ class Job:
         event = self.record.apply(transition)
         if event is not None:
             self.events.append(event)
+        for observer in self._observers:
+            observer(transition, event)
+
+    def observe(self, observer: Callable[[Transition, dict[str, Any] | None], None]) -> None:
+        """Call `observer(transition, event)` after each transition from now on; it
+        must neither await nor raise (it runs inside `apply`)."""
+        self._observers.append(observer)
 
     @property
     def id(self) -> str:

@@ -72,8 +72,9 @@ class LocalRunners:
         decoder: ChunkedDecoder,
     ) -> Job:
         push = isinstance(request, PushRequest)
+        job_id = "video_" + secrets.token_hex(12)
         record = JobRecord(
-            "video_" + secrets.token_hex(12),
+            job_id,
             "push" if push else "latents",
             request.model,
             request.fps,
@@ -91,6 +92,7 @@ class LocalRunners:
             runner,
             manager.fanout,
             request.kind if push else None,
+            log=manager.new_log(job_id),
         )
 
     def start(self, manager: JobManager) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from vaecast.encoder_spares import SpareEncoders
@@ -29,6 +30,7 @@ from vaecast.errors import (
     PayloadTooLargeError,
     ServerBusyError,
     ShuttingDownError,
+    StoreError,
     UnknownModelError,
     VaecastError,
 )
@@ -39,11 +41,13 @@ from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
+from vaecast.server.stream.durable_jobs import DurableJobs
 from vaecast.server.stream.fanout_sender import FanoutSender
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_requests import DecodeRequest, PushKind, PushRequest
 from vaecast.server.stream.job_runners import JobRunners, LocalRunners
 from vaecast.server.stream.retention import EvictionReason, Retention
+from vaecast.server.stream.segment_log import SegmentLog
 
 DEFAULT_RETRY_AFTER_S = 5.0
 
@@ -118,6 +122,8 @@ class JobManager:
         self._waiting: list[Job] = []  # FIFO of jobs waiting for a slot
         self.metrics = Metrics(self._state_for_metrics)  # reads the state above
         self.retention = Retention(config, self.metrics, self.jobs)
+        # The durable store (--store), opened by `open_store`; None: memory only.
+        self.durable: DurableJobs | None = None
         # Each job's encoder comes ready-opened when it is like the previous job's
         # (encoder_spares: the open's CPU kept off the first chunk's decode).
         self._spares = SpareEncoders(stages.encoder_factory)
@@ -132,6 +138,23 @@ class JobManager:
         self.fanout = FanoutSender()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+
+    async def open_store(self) -> None:
+        """Open the store `config.store_dir` names, and serve the jobs it kept (before
+        the port opens); raises StoreError when the folder cannot be used."""
+        if self.config.store_dir is None:
+            return
+        folder = Path(self.config.store_dir)
+        try:
+            self.durable = await DurableJobs.open(self, folder)
+        except OSError as error:
+            raise StoreError(f"--store {folder}: {error.strerror or error}") from None
+        self.retention.durable = self.durable
+
+    def new_log(self, job_id: str) -> SegmentLog | None:
+        """A new job's log: in the store's file for it, when there is a store (None:
+        the job's own default, in memory)."""
+        return None if self.durable is None else self.durable.new_log(job_id)
 
     def start(self) -> None:
         """Start the retention sweep (call on the running loop)."""
@@ -290,6 +313,8 @@ class JobManager:
             plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
         if self.draining:
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
+        if self.durable is not None:
+            self.durable.make_room()  # 507 when the store's disk is spent
         decoder: ChunkedDecoder
         if isinstance(request, PushRequest) and request.kind is PushKind.FRAMES:
             decoder = FramesDecoder(request.value_range, self.config.device)
@@ -304,6 +329,8 @@ class JobManager:
     def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
         plan, decoder = self._checked_start(request)
         job = self.runners.new_job(self, request, plan, decoder)
+        if self.durable is not None and job.log.durable:
+            self.durable.track(job)
         self._unfinished += 1
         self._run(job, counted=True)
         return job
@@ -328,7 +355,11 @@ class JobManager:
 
     async def find(self, job_id: str) -> None:
         """Before a route reads job `job_id`: adopt it if it runs elsewhere (Ray mode)."""
-        if job_id not in self.jobs and self.retention.gone(job_id) is None and not self.draining:
+        if job_id in self.jobs or self.retention.gone(job_id) is not None or self.draining:
+            return
+        if self.durable is not None:  # finished, and stored by another front end?
+            await self.durable.find(job_id)
+        if job_id not in self.jobs and self.retention.gone(job_id) is None:
             await self.runners.find(self, job_id)
 
     async def settle(self) -> None:
@@ -411,6 +442,8 @@ class JobManager:
         await self.retention.close()
         for job in list(self.jobs.values()):
             await job.log.release()
+        if self.durable is not None:  # after every job's last rows were handed over
+            await self.durable.close()
         self._spares.close()  # a replenish still running closes what it opens
         await asyncio.to_thread(self._workers.shutdown)
         await asyncio.to_thread(self.fanout.close)

@@ -5,6 +5,11 @@ jobs hold in RAM fit `retention_memory_bytes` (oldest first out); a job with a
 viewer attached is never evicted, and a failed or cancelled job's bytes (which can
 never be served) are freed at once. Evicted and deleted ids are remembered, so they
 answer 410 with the reason rather than 404.
+
+With a durable store (`durable`), the memory budget only drops a finished video's
+copies in RAM: it is still served from its file until its retention ends. Eviction
+(age, DELETE, room in the store) then removes it from both, and the store keeps
+the id's reason across a restart.
 """
 
 from __future__ import annotations
@@ -13,14 +18,17 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine, MutableMapping
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vaecast.errors import GoneError
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.job import Job, JobStatus
+
+if TYPE_CHECKING:
+    from vaecast.server.stream.durable_jobs import DurableJobs
 
 log = logging.getLogger("vaecast.retention")
 
@@ -35,12 +43,15 @@ class EvictionReason(Enum):
     AGE = "age"
     MEMORY = "memory"
     DELETED = "deleted"
+    STORE = "store"
 
     def describe(self, retention_s: float) -> str:
         if self is EvictionReason.AGE:
             return f"evicted {retention_s:g} s after it ended"
         if self is EvictionReason.MEMORY:
             return "evicted to stay within the memory budget"
+        if self is EvictionReason.STORE:
+            return "evicted to make room in the store"
         return "deleted by request"
 
 
@@ -55,6 +66,13 @@ class Retention:
         self._jobs = jobs
         self._evicted: OrderedDict[str, str] = OrderedDict()
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self.durable: DurableJobs | None = None  # the store, when there is one
+
+    def remember_gone(self, job_id: str, reason: str) -> None:
+        """Answer 410 for `job_id`, with `reason` (an id the store says is gone)."""
+        self._evicted[job_id] = reason
+        while len(self._evicted) > EVICTED_IDS_KEPT:
+            self._evicted.popitem(last=False)
 
     def gone(self, job_id: str) -> GoneError | None:
         """The 410 for an evicted or deleted id, None for one never seen."""
@@ -99,16 +117,32 @@ class Retention:
             if held <= budget:
                 break
             held -= job.log.memory_bytes
-            self._in_background(self.evict(job, EvictionReason.MEMORY))
+            if job.log.durable:  # still served from the store, until its retention ends
+                job.log.drop_memory()
+            else:
+                self._in_background(self.evict(job, EvictionReason.MEMORY))
+
+    def make_room(self, full: Callable[[], bool]) -> None:
+        """Evict the oldest finished videos nobody watches until `full()` is false."""
+        for job in self._evictable():
+            if not full():
+                return
+            if self._forget(job, EvictionReason.STORE):
+                self._in_background(job.log.release())
 
     async def evict(self, job: Job, reason: EvictionReason) -> None:
+        if self._forget(job, reason):
+            await job.log.release()
+
+    def _forget(self, job: Job, reason: EvictionReason) -> bool:
         if self._jobs.pop(job.id, None) is None:
-            return
-        self._evicted[job.id] = reason.describe(self._config.retention_s)
-        while len(self._evicted) > EVICTED_IDS_KEPT:
-            self._evicted.popitem(last=False)
+            return False
+        describe = reason.describe(self._config.retention_s)
+        self.remember_gone(job.id, describe)
         self._metrics.jobs_evicted.labels(reason.value).inc()
-        await job.log.release()
+        if self.durable is not None:
+            self.durable.forget(job, describe)
+        return True
 
     async def close(self) -> None:
         """Wait for evictions in flight (the manager frees every log after)."""

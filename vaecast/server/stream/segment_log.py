@@ -5,8 +5,11 @@ chunk. Each reader follows from the start at its own pace; appends never wait fo
 readers, so a slow viewer cannot slow the decode or another viewer: the log is the
 only buffer, and it holds what a finished job's file would hold anyway. Past
 `spill_threshold_bytes`, further segments go to a temporary file instead of RAM,
-so a long video costs a bounded amount of memory per job; file reads and writes
-run in threads (`os.pread`/`os.pwrite`, no shared file position), never on the loop.
+so a long video costs a bounded amount of memory per job. With a durable store, every
+segment is also written to the job's video file (`durable_path`) at its offset in the
+MP4, and RAM only keeps copies up to the threshold, for the viewers who follow live;
+`drop_memory` then lets a finished video be served from its file alone. File reads
+and writes run in threads (`vaecast.server.stream.segment_file`), never on the loop.
 
 Besides followers, which pull, a log has listeners, which it tells synchronously of
 each segment appended and of its close: what lets `broadcast.py` write a segment to
@@ -21,18 +24,17 @@ Logs are single-threaded by design: every method runs on the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from vaecast.errors import GoneError, VaecastError
+from vaecast.server.stream.segment_file import SPILL_PREFIX, SegmentFile
+
+__all__ = ["SPILL_PREFIX", "FollowableLog", "SegmentListener", "SegmentLog"]
 
 T = TypeVar("T")
-SPILL_PREFIX = "vaecast-segments-"
 
 
 class FollowableLog(Generic[T]):
@@ -145,23 +147,25 @@ class SegmentListener(Protocol):
 class _Segment:
     offset: int  # in the whole MP4
     length: int
-    data: bytes | None  # None: in the spill file, at `spill_offset`
-    spill_offset: int = 0
+    data: bytes | None  # None: only in the file, at `file_offset`
+    file_offset: int = 0
 
 
 class SegmentLog:
     """One job's fragmented MP4: init segment, then a moof+mdat per chunk."""
 
     def __init__(
-        self, spill_threshold_bytes: int | None = None, spill_dir: str | Path | None = None
+        self,
+        spill_threshold_bytes: int | None = None,
+        spill_dir: str | Path | None = None,
+        durable_path: Path | None = None,
     ) -> None:
         self._segments: FollowableLog[_Segment] = FollowableLog()
         self._size = 0
         self._memory_bytes = 0
         self._spill_threshold = spill_threshold_bytes
         self._spill_dir = spill_dir
-        self._spill_fd: int | None = None
-        self._spill_path: Path | None = None
+        self._file = None if durable_path is None else SegmentFile(durable_path, temporary=False)
         self._spilled_bytes = 0
         self._released = False
         self._listeners: list[SegmentListener] = []
@@ -180,7 +184,29 @@ class SegmentLog:
 
     @property
     def spill_path(self) -> Path | None:
-        return self._spill_path
+        """The temporary file spilled segments are in (None: none, or a durable log)."""
+        return self._file.path if self._file is not None and self._file.temporary else None
+
+    @property
+    def durable(self) -> bool:
+        """Every segment is in the store's video file."""
+        return self._file is not None and not self._file.temporary
+
+    @classmethod
+    def restored(
+        cls, path: Path | None, segments: list[tuple[int, int]], error: VaecastError | None
+    ) -> SegmentLog:
+        """A closed log of a store's video file: `segments` (offset, length) are in it;
+        `error`: the log broke with it (no video kept), else it is whole."""
+        log = cls(durable_path=path)
+        for offset, length in segments:
+            log._segments.append(_Segment(offset, length, None, offset))
+            log._size = offset + length
+        if error is None:
+            log._segments.finish()
+        else:
+            log._segments.abort(error)
+        return log
 
     @property
     def complete(self) -> bool:
@@ -205,7 +231,9 @@ class SegmentLog:
     async def append(self, segment: bytes) -> None:
         if self._released:
             raise RuntimeError("append to a released SegmentLog")
-        if self._spill_threshold is not None and self._memory_bytes + len(segment) > (
+        if self.durable:
+            entry = await self._write_through(segment)
+        elif self._spill_threshold is not None and self._memory_bytes + len(segment) > (
             self._spill_threshold
         ):
             entry = await self._spill(segment)
@@ -293,46 +321,50 @@ class SegmentLog:
     async def read_all(self) -> bytes:
         return b"".join([part async for part in self.read_range(0, self._size - 1)])
 
+    def drop_memory(self) -> int:
+        """A durable log's copies in RAM are dropped (its file has every segment); the
+        bytes freed. A log without a durable file keeps them: they are its only copy."""
+        if not self.durable:
+            return 0
+        items = self._segments.items()
+        for index, segment in enumerate(items):
+            if segment.data is not None:
+                items[index] = _Segment(segment.offset, segment.length, None, segment.offset)
+        freed, self._memory_bytes = self._memory_bytes, 0
+        return freed
+
     async def release(self) -> None:
-        """Forget the bytes and remove the spill file (an evicted or shut-down job)."""
+        """Forget the bytes and close the file, removing a spill file (an evicted or
+        shut-down job); a durable file is the store's to remove."""
         self._released = True
         self._segments.revoke(GoneError("the video was evicted"))
         self._tell_closed()
         self._memory_bytes = 0
-        fd, path = self._spill_fd, self._spill_path
-        self._spill_fd = self._spill_path = None
-        if fd is not None and path is not None:
-            await asyncio.to_thread(_close_and_remove, fd, path)
+        file, self._file = self._file, None
+        if file is not None:
+            await asyncio.to_thread(file.close)
 
     async def _read(self, segment: _Segment, start: int, stop: int) -> bytes:
         if segment.data is not None:
             return segment.data[start:stop]
-        if self._spill_fd is None:
+        if self._file is None:
             raise GoneError("the video was evicted")
-        return await asyncio.to_thread(
-            os.pread, self._spill_fd, stop - start, segment.spill_offset + start
+        return await asyncio.to_thread(self._file.read, stop - start, segment.file_offset + start)
+
+    async def _write_through(self, segment: bytes) -> _Segment:
+        assert self._file is not None
+        await asyncio.to_thread(self._file.write, segment, self._size)
+        keep = self._spill_threshold is None or (
+            self._memory_bytes + len(segment) <= self._spill_threshold
         )
+        if keep:
+            self._memory_bytes += len(segment)
+        return _Segment(self._size, len(segment), segment if keep else None, self._size)
 
     async def _spill(self, segment: bytes) -> _Segment:
-        if self._spill_fd is None:
-            fd, name = await asyncio.to_thread(
-                tempfile.mkstemp, prefix=SPILL_PREFIX, suffix=".mp4", dir=self._spill_dir
-            )
-            self._spill_fd, self._spill_path = fd, Path(name)
+        if self._file is None:
+            self._file = await asyncio.to_thread(SegmentFile.spill, self._spill_dir)
         entry = _Segment(self._size, len(segment), None, self._spilled_bytes)
-        await asyncio.to_thread(_pwrite_all, self._spill_fd, segment, self._spilled_bytes)
+        await asyncio.to_thread(self._file.write, segment, self._spilled_bytes)
         self._spilled_bytes += len(segment)
         return entry
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
-def _close_and_remove(fd: int, path: Path) -> None:
-    os.close(fd)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()

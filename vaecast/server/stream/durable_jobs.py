@@ -1,0 +1,134 @@
+"""The job manager's durable store (`--store DIR`): restore, journal, find, evict.
+
+At start (before the port opens) the store recovers what it holds
+(`vaecast.store.recovery`) and every finished job it kept is served again
+(`restored_job`): same id, bytes, ETag, HLS and events; a job that was running
+comes back failed, `interrupted`. Each new job's MP4 is written into its file as
+it is made, and its journal (`job_journal`) records the rest. A lookup of an id
+this process does not hold asks the store, so two front ends on one store serve
+each other's finished videos. When the store's disk budget is spent, the oldest
+finished videos go first (retention's `make_room`), then a new job gets 507.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Gauge
+
+from vaecast.errors import InsufficientStorageError
+from vaecast.server.stream.job import Job
+from vaecast.server.stream.job_journal import JobJournal
+from vaecast.server.stream.restored_job import restored_job
+from vaecast.server.stream.retention import EvictionReason
+from vaecast.server.stream.segment_log import SegmentLog
+from vaecast.store import Recovered, Store, StoredJob
+
+if TYPE_CHECKING:
+    from vaecast.server.stream.manager import JobManager
+
+log = logging.getLogger("vaecast.store")
+
+JOB_ID = re.compile(r"video_[0-9a-f]{24}")
+
+
+class DurableJobs:
+    def __init__(self, store: Store, manager: JobManager) -> None:
+        self.store = store
+        self._manager = manager
+        registry = manager.metrics.registry
+        self.recovered = Counter(
+            "vaecast_store_recovered",
+            "Jobs the store held at start, by what became of them",
+            ["outcome"],
+            registry=registry,
+        )
+        Gauge("vaecast_store_bytes", "Video bytes in the store", registry=registry).set_function(
+            lambda: store.bytes_used
+        )
+        Gauge(
+            "vaecast_store_max_bytes", "The store's disk budget (--store-max-gb)", registry=registry
+        ).set_function(lambda: store.max_bytes)
+        Gauge(
+            "vaecast_store_failed_writes",
+            "Store transactions a database error rolled back",
+            registry=registry,
+        ).set_function(lambda: store.failed_writes)
+
+    @classmethod
+    async def open(cls, manager: JobManager, folder: Path) -> DurableJobs:
+        config = manager.config
+        retention_s = config.retention_s
+        store, recovered = await Store.open(
+            folder,
+            config.store_max_bytes,
+            expires=lambda finished_at: time.time() - finished_at >= retention_s,
+            expired_reason=EvictionReason.AGE.describe(retention_s),
+        )
+        if store.database_note is not None:
+            log.warning("store: %s", store.database_note)
+        durable = cls(store, manager)
+        durable._restore(recovered)
+        log.info(
+            "store %s: %d job(s) kept, %.1f MB of video; %s",
+            folder,
+            len(recovered.jobs),
+            store.bytes_used / 1e6,
+            recovered.summary(),
+        )
+        return durable
+
+    def _restore(self, recovered: Recovered) -> None:
+        manager = self._manager
+        for job_id, reason in recovered.gone:
+            manager.retention.remember_gone(job_id, reason)
+        for stored in recovered.jobs:
+            manager.jobs[stored.id] = restored_job(stored, manager)
+        for outcome, count in recovered.counts.items():
+            self.recovered.labels(outcome).inc(count)
+
+    def new_log(self, job_id: str) -> SegmentLog:
+        """A new job's log, writing its MP4 into the store's file for it."""
+        config = self._manager.config
+        return SegmentLog(config.spill_threshold_bytes, durable_path=self.store.video_path(job_id))
+
+    def track(self, job: Job) -> None:
+        """Journal `job` (one whose log writes the store's file)."""
+        JobJournal(self.store, job, self._manager.config.retention_s)
+
+    def make_room(self) -> None:
+        """Before a new job: evict the oldest finished videos while the store is full;
+        507 if it still is (what fills it is running or being watched)."""
+        store = self.store
+        if not store.full:
+            return
+        self._manager.retention.make_room(lambda: store.full)
+        if store.full:
+            raise InsufficientStorageError(
+                f"the store holds {store.bytes_used / 1e9:.2f} GB of its "
+                f"{store.max_bytes / 1e9:.2f} GB (--store-max-gb), in videos being made or "
+                f"watched; try again when one ends"
+            )
+
+    def forget(self, job: Job, reason: str) -> None:
+        self.store.forget(job.id, reason)
+
+    async def find(self, job_id: str) -> None:
+        """Serve a finished job another process stored, or answer 410 for one it says
+        is gone."""
+        if not JOB_ID.fullmatch(job_id):
+            return
+        found = await self.store.load(job_id)
+        manager = self._manager
+        if isinstance(found, str):
+            manager.retention.remember_gone(job_id, found)
+        elif isinstance(found, StoredJob) and job_id not in manager.jobs:
+            self.store.adopted(found)
+            manager.jobs[job_id] = restored_job(found, manager)
+
+    async def close(self) -> None:
+        await self.store.close()

@@ -1,0 +1,55 @@
+"""A job's journal: what happens to it, told to the durable store as it happens.
+
+Observes the job's transitions (`Job.observe`): its creation, each event with the
+record as it is then (`vaecast.job_snapshot`), each segment's place in the video
+file with its HLS part, and its end. A completed job's `done` goes with the order
+to fsync its file first (`Store.completed`); a failed or cancelled one's video is
+dropped, as in memory. Only jobs whose log writes the store's file are journalled.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vaecast.job_record import Completed, Ended, SegmentAdded, Transition
+from vaecast.job_snapshot import snapshot
+from vaecast.server.stream.job import Job
+from vaecast.store import Store, StoredSegment
+
+
+class JobJournal:
+    def __init__(self, store: Store, job: Job, retention_s: float) -> None:
+        self._store = store
+        self._job = job
+        self._retention_s = retention_s
+        self._size = 0
+        store.created(job.id, snapshot(job.record))
+        job.observe(self.applied)
+
+    def applied(self, transition: Transition, event: dict[str, Any] | None) -> None:
+        job, store = self._job, self._store
+        if isinstance(transition, SegmentAdded):
+            index = len(job.log) - 1
+            part = job.parts.parts[index - 1] if index > 0 else None
+            self._size += transition.size
+            store.segment(
+                job.id,
+                index,
+                StoredSegment(
+                    job.log.size - transition.size,
+                    transition.size,
+                    None if part is None else part.duration_s,
+                    True if part is None else part.independent,
+                ),
+            )
+        if event is None:
+            return
+        numbered = (len(job.events) - 1, event)
+        if isinstance(transition, Completed):
+            expires_at = time.time() + self._retention_s
+            store.completed(job.id, numbered, snapshot(job.record), self._size, expires_at)
+        elif isinstance(transition, Ended):
+            store.ended(job.id, numbered, snapshot(job.record), self._size)
+        else:
+            store.event(job.id, *numbered, snapshot(job.record), self._size)

@@ -1,0 +1,232 @@
+"""The store's SQLite file: opened, migrated, and moved aside when it is corrupt.
+
+The standard library's `sqlite3`, in WAL mode (readers never wait for the writer, and
+a crash mid-write leaves the last committed state), with `synchronous=FULL` so a
+commit is on disk when it returns. One `JobDatabase` is used by one thread, the
+store's writer (`vaecast.store.writer`), and never on the event loop. Several
+processes may share the file (two front ends on one store): SQLite's locks order
+their writes, and `busy_timeout` makes one wait for the other instead of failing.
+
+A file that is not a database, or one SQLite finds damaged, never stops a start: it
+is renamed aside (`jobs.db.corrupt-<time>`, with its WAL) and an empty one begins.
+So is a file written by a newer vaecast, whose schema this one cannot know.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vaecast.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+log = logging.getLogger("vaecast.store")
+
+DATABASE_NAME = "jobs.db"
+BUSY_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    id: str
+    owner: str
+    status: str
+    snapshot: dict[str, Any]
+    file: str | None
+    size: int
+    finished_at: float | None
+    gone: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRow:
+    offset: int
+    length: int
+    duration_s: float | None  # None: the init segment
+    independent: bool
+
+
+class JobDatabase:
+    """The SQLite file of one store (see the module docstring). One thread uses it."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self._db = connection
+        self.path = path
+
+    @classmethod
+    def open(cls, folder: Path) -> tuple[JobDatabase, str | None]:
+        """The database in `folder`, migrated to this version's schema, and a sentence
+        saying what was moved aside (None: nothing was)."""
+        path = folder / DATABASE_NAME
+        try:
+            return cls(_connect(path), path), None
+        except (sqlite3.DatabaseError, _NewerSchema) as error:
+            aside = _move_aside(path)
+            note = f"the job database {path} could not be used ({error}); moved it to {aside}"
+            return cls(_connect(path), path), note
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # Writes (inside `transaction`).
+
+    def put_job(self, job_id: str, owner: str, snapshot: dict[str, Any], file: str | None) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO jobs (id, owner, status, snapshot, file, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, owner, snapshot["status"], json.dumps(snapshot), file, snapshot["created_at"]),
+        )
+
+    def update_job(
+        self,
+        job_id: str,
+        snapshot: dict[str, Any],
+        size: int,
+        finished_at: float | None = None,
+        expires_at: float | None = None,
+    ) -> None:
+        self._db.execute(
+            "UPDATE jobs SET status = ?, snapshot = ?, size = ?,"
+            " finished_at = coalesce(?, finished_at), expires_at = coalesce(?, expires_at)"
+            " WHERE id = ? AND gone IS NULL",
+            (snapshot["status"], json.dumps(snapshot), size, finished_at, expires_at, job_id),
+        )
+
+    def add_event(self, job_id: str, seq: int, event: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO events (job_id, seq, body) VALUES (?, ?, ?)",
+            (job_id, seq, json.dumps(event)),
+        )
+
+    def add_segment(self, job_id: str, index: int, segment: SegmentRow) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                index,
+                segment.offset,
+                segment.length,
+                segment.duration_s,
+                int(segment.independent),
+            ),
+        )
+
+    def drop_file(self, job_id: str) -> None:
+        """The job stays; its video does not (a failed job's bytes, never served)."""
+        self._db.execute("UPDATE jobs SET file = NULL, size = 0 WHERE id = ?", (job_id,))
+        self._db.execute("DELETE FROM segments WHERE job_id = ?", (job_id,))
+
+    def trim_segments(self, job_id: str, count: int, size: int) -> None:
+        """Keep the first `count` segments (what the file holds whole)."""
+        self._db.execute("DELETE FROM segments WHERE job_id = ? AND idx >= ?", (job_id, count))
+        self._db.execute("UPDATE jobs SET size = ? WHERE id = ?", (size, job_id))
+
+    def forget(self, job_id: str, reason: str) -> None:
+        """The job is gone (deleted, evicted): only its id and why stay, for a 410."""
+        self._db.execute(
+            "UPDATE jobs SET gone = ?, file = NULL, size = 0, snapshot = '{}',"
+            " finished_at = coalesce(finished_at, ?) WHERE id = ?",
+            (reason, time.time(), job_id),
+        )
+        self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
+        self._db.execute("DELETE FROM segments WHERE job_id = ?", (job_id,))
+
+    # Reads.
+
+    def job(self, job_id: str) -> JobRow | None:
+        row = self._db.execute(_JOB_COLUMNS + " WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _job_row(row)
+
+    def kept_jobs(self) -> list[JobRow]:
+        """Every job not gone, oldest first."""
+        rows = self._db.execute(_JOB_COLUMNS + " WHERE gone IS NULL ORDER BY created_at")
+        return [_job_row(row) for row in rows]
+
+    def gone_jobs(self, limit: int) -> list[tuple[str, str]]:
+        """The `limit` most recently gone ids and why, oldest first."""
+        rows = self._db.execute(
+            "SELECT id, gone FROM jobs WHERE gone IS NOT NULL ORDER BY finished_at DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return rows[::-1]
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT body FROM events WHERE job_id = ? ORDER BY seq", (job_id,))
+        return [json.loads(body) for (body,) in rows]
+
+    def segments(self, job_id: str) -> list[SegmentRow]:
+        rows = self._db.execute(
+            "SELECT offset, length, duration_s, independent FROM segments"
+            " WHERE job_id = ? ORDER BY idx",
+            (job_id,),
+        )
+        return [SegmentRow(o, n, d, bool(i)) for o, n, d, i in rows]
+
+
+_JOB_COLUMNS = "SELECT id, owner, status, snapshot, file, size, finished_at, gone FROM jobs"
+
+
+def _job_row(row: tuple[Any, ...]) -> JobRow:
+    job_id, owner, status, snapshot, file, size, finished_at, gone = row
+    return JobRow(job_id, owner, status, json.loads(snapshot), file, size, finished_at, gone)
+
+
+class _NewerSchema(Exception):
+    pass
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute("PRAGMA synchronous = FULL")
+        (check,) = connection.execute("PRAGMA quick_check").fetchone()
+        if check != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {check}")
+        _migrate(connection)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+def _migrate(connection: sqlite3.Connection) -> None:
+    (version,) = connection.execute("PRAGMA user_version").fetchone()
+    if version > SCHEMA_VERSION:
+        raise _NewerSchema(
+            f"its schema is version {version}, written by a newer vaecast; "
+            f"this one knows up to {SCHEMA_VERSION}"
+        )
+    for number in range(version, SCHEMA_VERSION):
+        # One transaction per step: a crash midway leaves the previous version.
+        connection.executescript(
+            f"BEGIN IMMEDIATE; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;"
+        )
+
+
+def _move_aside(path: Path) -> Path:
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+    for suffix in ("", "-wal"):
+        source = Path(f"{path}{suffix}")
+        if source.exists():
+            source.rename(Path(f"{aside}{suffix}"))
+    with contextlib.suppress(FileNotFoundError):
+        Path(f"{path}-shm").unlink()
+    return aside

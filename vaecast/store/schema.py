@@ -1,0 +1,50 @@
+"""The store's SQLite schema, as a list of migrations.
+
+`MIGRATIONS[n]` takes a database from version n to n + 1 (SQLite's `user_version`
+holds the version); a new version appends a migration and never edits an old one,
+so every store written by an earlier vaecast opens in a later one.
+
+- `jobs`: one row per job: its record (`vaecast.job_snapshot`, JSON), the process
+  that owns it while it runs, its video file and the bytes of it that are indexed,
+  when it finished and expires, and why it is gone (deleted, evicted), if it is.
+- `events`: the job's progress events, in order (their index is their SSE id).
+- `segments`: the job's fragment index: each segment's place in the MP4 file, and
+  for HLS each fragment's duration and whether it starts with a keyframe.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        status TEXT NOT NULL,
+        snapshot TEXT NOT NULL,
+        file TEXT,
+        size INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        expires_at REAL,
+        gone TEXT
+    );
+    CREATE INDEX jobs_by_status ON jobs (gone, status, finished_at);
+    CREATE TABLE events (
+        job_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (job_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE segments (
+        job_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        length INTEGER NOT NULL,
+        duration_s REAL,
+        independent INTEGER,
+        PRIMARY KEY (job_id, idx)
+    ) WITHOUT ROWID;
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
