@@ -91,6 +91,39 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="answer 408 when no part of a request body arrives for this long",
     )
     serve.add_argument(
+        "--min-body-rate",
+        type=int,
+        default=DEFAULTS.min_body_rate,
+        metavar="BYTES_PER_S",
+        help="answer 408 when a request body, past its grace, has averaged fewer bytes/s "
+        "than this; 0: no minimum (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--body-rate-grace",
+        type=float,
+        default=DEFAULTS.body_rate_grace_s,
+        metavar="SECONDS",
+        help="how long a request body may arrive at any rate before --min-body-rate "
+        "applies (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-pending",
+        type=int,
+        default=DEFAULTS.max_pending,
+        metavar="N",
+        help="requests whose body is still arriving, and push sessions with no block yet, "
+        "held at once apart from the decode queue; past it POST answers 429 "
+        "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--push-first-block-timeout",
+        type=float,
+        default=DEFAULTS.push_first_block_timeout_s,
+        metavar="SECONDS",
+        help="a push session whose first block does not come this long after its start "
+        "fails (default: %(default)s)",
+    )
+    serve.add_argument(
         "--retention",
         type=float,
         default=DEFAULTS.retention_s,

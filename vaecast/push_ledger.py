@@ -21,7 +21,8 @@ answered the same.
 
 The idle rule (`idle_left`): a session that has received nothing for its idle
 timeout, with no push in flight (a push waiting for room in a full queue is not
-idle: its producer is held back), fails with `SessionTimeoutError`.
+idle: its producer is held back), fails with `SessionTimeoutError`. The same rule,
+from the session's start, bounds the wait for its first block (its own timeout).
 
 Sans-IO: no asyncio, no HTTP, no torch; the session serializes its pushes.
 """
@@ -121,3 +122,9 @@ def idle_left(now: float, last_push: float, pushing: bool, timeout_s: float) -> 
 
 def idle_error(timeout_s: float) -> SessionTimeoutError:
     return SessionTimeoutError(f"the push session received nothing for {timeout_s:g} s")
+
+
+def first_block_error(timeout_s: float) -> SessionTimeoutError:
+    """A session whose first block did not come in time: it held a pending place
+    (vaecast.server.stream.admission), and must free it for others."""
+    return SessionTimeoutError(f"the push session received no block within {timeout_s:g} s")

@@ -13,6 +13,7 @@ from aiohttp import web
 from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.server.config import ServerConfig
+from vaecast.server.edge.parser_errors import answer_in_json
 from vaecast.server.faces.routes import MANAGER
 from vaecast.server.stream.manager import JobManager
 
@@ -58,6 +59,7 @@ def noisy_latents(frames: int, height: int, width: int) -> torch.Tensor:
 async def serve_on_loopback(app: web.Application, runner: web.AppRunner) -> str:
     """Start `runner` (of `app`) on a free port of 127.0.0.1; its base URL."""
     await runner.setup()
+    answer_in_json(runner)  # as the CLI's server does
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     await web.SockSite(runner, sock).start()

@@ -65,12 +65,24 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
             "13 frames of 64x48 is over this server's limits (9 frames, 2088960 pixels per frame)",
         ),
         ([1, 2], 422, "a demo request is a JSON object"),
+        *(
+            (
+                body,
+                422,
+                'a demo request names its scene: "scene" (one of showcase, shapes, gradient, '
+                "texture, text, landscape, fade, noise); frames, width, height, seed, fps, "
+                'model, sound and live are optional; {"input": "push"} starts a push '
+                "session instead",
+            )
+            for body in ({}, {"frames": 5, "width": 64, "height": 48})
+        ),
         ({**SMALL_DEMO, "sound": "yes"}, 422, "sound must be true or false, got 'yes'"),
     ]
     for body, status, message in cases:
         async with server.client.post("/v1/videos", json=body) as response:
             assert response.status == status, body
             assert (await response.json())["error"]["message"] == message
+    assert server.manager.jobs == {}  # not one was rendered
     async with server.client.post(
         "/v1/videos", data=b"{nope", headers={"Content-Type": "application/json"}
     ) as response:

@@ -321,25 +321,32 @@ async def test_empty_bodies_one_after_another_are_each_refused_at_once(start_ser
                 assert (await response.json())["error"]["type"] == "invalid_request"
 
 
-async def test_an_upload_holds_its_place_while_its_body_is_read(start_server: StartServer):
-    server = await start_server(decode_slots=1, max_queued_jobs=0)
+async def test_an_upload_still_arriving_takes_no_decode_place_until_read(
+    start_server: StartServer,
+):
+    """A slow upload holds a pending place, not the decode queue's: a request whose body
+    has arrived goes first, and the slow one, once read, finds the queue full."""
+    decoder = GatedDecoder(hold_at=0)
+    server = await start_server(decoders={"linear": decoder}, decode_slots=1, max_queued_jobs=0)
     host, port = server.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     head = f"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(BODY)}\r\n\r\n"
     writer.write(head.encode() + BODY[:20])
     await writer.drain()
-    await until(lambda: server.manager.capacity_left == 0)
-    # The one place is taken by an upload that is still arriving: refused at once.
+    await until(lambda: server.manager.places.counts()["receiving"] == 1)
+    assert server.manager.capacity_left == 1
     async with server.client.post("/v1/videos", data=BODY) as response:
-        assert response.status == 429
+        assert response.status == 201
+    # The one decode place is taken now: refused before its body is read.
     demo = {"scene": "gradient", "frames": 1, "width": 16, "height": 16}
     async with server.client.post("/v1/videos", json=demo) as response:
         assert response.status == 429
     writer.write(BODY[20:])
     await writer.drain()
     answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-    assert answer.startswith(b"HTTP/1.1 201 ")
+    assert answer.startswith(b"HTTP/1.1 429 ")
     writer.close()
+    decoder.gate.set()
 
 
 async def test_a_refused_upload_gives_its_place_back(start_server: StartServer):

@@ -82,11 +82,20 @@ BEYOND = 10**18  # where positions of more than 18 digits land
         ("bytes=1" + "0" * 30 + "-", WaitFor(BEYOND + 1)),  # in effect, the end
         # A suffix is relative to an end that is not known yet.
         ("bytes=-100", WaitFor(None)),
-        ("bytes=-0", WaitFor(None)),  # unsatisfiable, but only the end can say so
     ],
 )
 def test_growing_range(header, expected):
     assert growing_range(header, COMMITTED) == expected
+
+
+@pytest.mark.parametrize("committed", [0, COMMITTED])
+@pytest.mark.parametrize("header", ["bytes=-0", "bytes=-00", "BYTES = - 0"])
+def test_a_zero_length_suffix_of_a_growing_representation_is_unsatisfiable_at_once(
+    header, committed
+):
+    """No end the representation could reach makes `bytes=-0` select a byte."""
+    with pytest.raises(Unsatisfiable):
+        growing_range(header, committed)
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,13 @@ async def test_health_reports_liveness_and_readiness(start_server: StartServer):
         "jobs": 0,
         "queue": {"depth": 0, "max": 8},
         "decode_slots": 1,
+        "places": {
+            "receiving": 0,
+            "push_waiting": 0,
+            "queued": 0,
+            "decoding": 0,
+            "max_pending": 16,
+        },
         "warm_up": {"state": "off"},  # only `vaecast serve` warms the demo up
     }
 

@@ -152,6 +152,25 @@ async def test_ranges_past_the_committed_bytes_wait_for_them(start_server: Start
     assert (status, content_range) == (416, f"bytes */{size}")
 
 
+async def test_a_zero_length_suffix_gets_416_at_once_while_the_decode_is_held(
+    start_server: StartServer,
+):
+    decoder = GatedDecoder(hold_at=HELD_CHUNK)
+    server = await start_server(decoders={"linear": decoder})
+    job, url, _ = await held_job(server, decoder)
+    async with asyncio.timeout(NO_ANSWER_WINDOW_S * 10):
+        async with server.client.get(url, headers={"Range": "bytes=-0"}) as response:
+            assert response.status == 416
+            assert (await response.json())["error"] == {
+                "type": "range_not_satisfiable",
+                "message": "the range selects no bytes",
+            }
+            assert "Content-Range" not in response.headers  # the complete length is unknown
+    assert not job.finished  # answered while it runs, not at its end
+    decoder.gate.set()
+    await asyncio.wait_for(job.wait(), 30)
+
+
 @pytest.mark.parametrize("ending", ["failed", "cancelled"])
 async def test_waiting_ranges_of_a_job_that_breaks_get_its_error(
     start_server: StartServer, ending: str

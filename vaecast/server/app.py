@@ -18,6 +18,7 @@ from vaecast.pipeline import Stages
 from vaecast.server.config import ServerConfig
 from vaecast.server.edge.http_errors import json_errors
 from vaecast.server.edge.loop_lag import watch_loop_lag
+from vaecast.server.edge.parser_errors import answer_in_json
 from vaecast.server.edge.security import SecurityGuard
 from vaecast.server.faces.live_demo import DEMO_WARM_UP, warm_up_demo
 from vaecast.server.faces.push import PushSessions
@@ -103,7 +104,7 @@ def create_app(
                     # its first-call costs again.
                     manager.workers,
                     # A job, or a request being read: the warm-up would only compete.
-                    busy=lambda: manager.capacity_left < manager.capacity,
+                    busy=lambda: manager.places.busy,
                 ),
                 name="vaecast-demo-warm-up",
             )
@@ -190,6 +191,7 @@ async def serve_until_signalled(
     """
     runner = web.AppRunner(app, **{"handler_cancellation": True, **runner_options})
     await runner.setup()
+    answer_in_json(runner)  # aiohttp's own parser errors, too
     try:
         await web.TCPSite(runner, host, port).start()
         bound_host, bound_port = runner.addresses[0][:2]

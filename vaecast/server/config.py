@@ -66,7 +66,7 @@ class ServerConfig:
     # a push session's first block must come within push_first_block_timeout_s.
     min_body_rate: int = 64 * 1024
     body_rate_grace_s: float = 5.0
-    max_pending: int = 8
+    max_pending: int = 16  # above the default decode places (9): a batch of 9 fits
     push_first_block_timeout_s: float = 15.0
     # On SIGTERM/SIGINT: refuse new jobs, let running ones finish this long, then cancel.
     shutdown_grace_s: float = 30.0

@@ -8,7 +8,8 @@ scrape time rather than kept in step by hand.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -23,12 +24,23 @@ SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """What the server's gauges show, read from the job manager at scrape time."""
+
+    statuses: Iterable[str]  # of every job held
+    queue_depth: int
+    readers: int
+    places: Mapping[str, int]  # held, by kind (vaecast.server.stream.admission)
+
+
 class _StateCollector(Collector):
-    def __init__(self, read_state: Callable[[], tuple[Iterable[str], int, int]]) -> None:
+    def __init__(self, read_state: Callable[[], ServerState]) -> None:
         self._read_state = read_state
 
     def collect(self) -> Iterator[Metric]:
-        statuses, queue_depth, readers = self._read_state()
+        state = self._read_state()
+        statuses, queue_depth, readers = state.statuses, state.queue_depth, state.readers
         jobs = GaugeMetricFamily(
             "vaecast_jobs", "Jobs held by the server, by status", labels=["status"]
         )
@@ -41,6 +53,14 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "vaecast_active_readers", "Viewers being streamed to", value=readers
         )
+        places = GaugeMetricFamily(
+            "vaecast_places",
+            "Places held by requests being read and by unfinished jobs, by kind",
+            labels=["kind"],
+        )
+        for kind, count in state.places.items():
+            places.add_metric([kind], count)
+        yield places
 
 
 class _ReplicaCollector(Collector):
@@ -68,7 +88,7 @@ class _ReplicaCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, read_state: Callable[[], tuple[Iterable[str], int, int]]) -> None:
+    def __init__(self, read_state: Callable[[], ServerState]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_StateCollector(read_state))
         # Ray mode: the replicas' health (vaecast.cluster.runners sets it).

@@ -82,13 +82,16 @@ def growing_range(header: str | None, committed: int) -> ByteRange | WaitFor | N
     from where the last answer ended (as RFC 8673 section 2.1 describes); at the
     current end it waits for the next bytes, since a 416 would need the complete length.
     A suffix range `bytes=-N` names bytes relative to an end that does not exist yet,
-    so it waits for completion. A closed range waits for its last byte.
+    so it waits for completion; `bytes=-0` names none whatever the end, so it raises
+    Unsatisfiable at once. A closed range waits for its last byte.
     """
     spec = _range_spec(header)
     if spec is None:
         return None
     first, last = spec
     if first is None:
+        if not last:
+            raise Unsatisfiable
         return WaitFor(None)
     if last is None:
         if first == 0:

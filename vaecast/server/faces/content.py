@@ -42,11 +42,15 @@ async def send_content(request: web.Request, job: Job) -> web.StreamResponse:
       closed range for its last byte, `bytes=N-` for byte N, a suffix `bytes=-N` for the
       job's end (its end is unknown until then). A job that completes meanwhile answers
       as a finished file (206 with the real length, or 416); one that fails or is
-      cancelled, 409 like any request for its content.
+      cancelled, 409 like any request for its content;
+    - `bytes=-0`, which no length can satisfy: 416 at once.
     """
     while not job.log.complete:
-        _refuse_if_broken(job)
-        plan = growing_range(request.headers.get("Range"), job.log.size)
+        refuse_if_broken(job)
+        try:
+            plan = growing_range(request.headers.get("Range"), job.log.size)
+        except Unsatisfiable:  # no end of the video could satisfy it: said at once
+            return error_response(416, "range_not_satisfiable", "the range selects no bytes")
         if plan is None:
             return await send_stream(request, job)
         if isinstance(plan, ByteRange):
@@ -57,7 +61,9 @@ async def send_content(request: web.Request, job: Job) -> web.StreamResponse:
     return await _send_file(request, job)
 
 
-def _refuse_if_broken(job: Job) -> None:
+def refuse_if_broken(job: Job) -> None:
+    """Refuse a request for the content of a job that failed or was cancelled (409,
+    naming the job's error), or whose bytes are gone."""
     if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
         assert job.error is not None
         raise JobStateError(
@@ -131,7 +137,7 @@ async def send_stream(
     cannot change the status, so the connection is closed without the terminating
     chunk: clients see a truncated transfer, and the job object says why.
     """
-    await job.log.wait_for_init()  # the Content-Type names the codec: known from then on
+    await wait_for_init(job)  # the Content-Type names the codec: known from then on
     response = web.StreamResponse(
         headers={
             "Content-Type": job.content_type,
@@ -151,6 +157,19 @@ async def send_stream(
             lambda: broadcast.follow(job.log, response, writer, timeout_s),
         )
     return response
+
+
+async def wait_for_init(job: Job) -> None:
+    """Until the job's init segment exists. A job that fails without one is refused as
+    any request for a failed job's content (409 naming its error), not with its error's
+    own status: a push session's producer that timed out (408) is no fault of its
+    viewer. A cancelled job's error stays as it is (503 for a shutdown: try elsewhere)."""
+    try:
+        await job.log.wait_for_init()
+    except VaecastError:
+        if job.status is JobStatus.FAILED:
+            refuse_if_broken(job)
+        raise
 
 
 async def _write_parts(

@@ -17,9 +17,9 @@ import re
 
 from aiohttp import web
 
-from vaecast.errors import MalformedRequestError, NotFoundError
+from vaecast.errors import MalformedRequestError, NotFoundError, VaecastError
 from vaecast.params import leading_int
-from vaecast.server.faces.content import end_response
+from vaecast.server.faces.content import end_response, refuse_if_broken, wait_for_init
 from vaecast.server.faces.hls import (
     MEDIA_TYPE,
     media_playlist,
@@ -60,7 +60,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
 
     async def init(request: web.Request) -> web.StreamResponse:
         job = manager(request).get(request.match_info["video_id"])
-        await job.log.wait_for_init()
+        await wait_for_init(job)
         return await _send_segments(request, job, [0])
 
     async def part(request: web.Request) -> web.StreamResponse:
@@ -68,6 +68,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
         index = _media_number(request)
         await _until_parts(job, index + 1)
         if index >= len(job.parts.parts):
+            refuse_if_broken(job)  # a job that failed first: its error, as for /content
             raise NotFoundError(f"video {job.id} has no part {index}")
         return await _send_segments(request, job, [index + 1])
 
@@ -117,7 +118,8 @@ async def _until_listed(job: Job, msn: int, part: int | None) -> None:
 async def _until_parts(job: Job, count: int) -> None:
     """Until the job has `count` parts or has ended; bounded by a few target durations."""
     timeout_s = BLOCK_TARGET_DURATIONS * max(1.0, job.config.encoder.keyframe_interval_s)
-    with contextlib.suppress(TimeoutError):
+    # A log that breaks ends the wait: what the job has is answered, its end shown.
+    with contextlib.suppress(TimeoutError, VaecastError):
         async with asyncio.timeout(timeout_s):
             while len(job.parts.parts) < count and not job.finished:
                 await job.log.wait_for_segments(len(job.parts.parts) + 2)

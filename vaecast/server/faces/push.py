@@ -9,7 +9,8 @@ see the video from its first block; the length is known at the end.
 
 The feed's queue is bounded: a push waits while it is full, which is the
 backpressure a producer wants. A session that receives nothing for
-`push_idle_timeout_s` fails with a recorded error, and its viewers' streams end.
+`push_idle_timeout_s`, or no block within `push_first_block_timeout_s` of its start,
+fails with a recorded error, and its viewers' streams end.
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ from vaecast.latent_files import AUDIO_RATE_KEY, LatentFile, check_audio, load_l
 from vaecast.latent_files.frames import load_frames
 from vaecast.models.layouts import layout_of
 from vaecast.pipeline import TimedAudio
-from vaecast.push_ledger import SEQ_HEADER, PushLedger, idle_error, idle_left, parse_seq
+from vaecast.push_ledger import (
+    SEQ_HEADER,
+    PushLedger,
+    first_block_error,
+    idle_error,
+    idle_left,
+    parse_seq,
+)
 from vaecast.server.config import ServerConfig
 from vaecast.server.faces.uploads import read_upload
 from vaecast.server.stream.job import Job, PushKind
@@ -267,14 +275,22 @@ class PushSession:
         return self.job.decoder.plan_stream(shape).frames_for(latent_frames)
 
     async def _watch_idle(self) -> None:
-        timeout_s = self._config.push_idle_timeout_s
+        """Fail the session once it has received nothing for its idle timeout, or no
+        block for its first-block timeout from its start (it then holds a pending place
+        that others may be refused for)."""
+        idle_s = self._config.push_idle_timeout_s
+        first_s = self._config.push_first_block_timeout_s
+        opened = self._last_push
         while not self.job.finished and not self.feed.ended:
-            pushing = self._pushing.locked()
-            left = idle_left(time.perf_counter(), self._last_push, pushing, timeout_s)
-            if left is None:
-                self.job.abort(idle_error(timeout_s))
-                return
-            await asyncio.sleep(max(0.01, left))
+            now, pushing = time.perf_counter(), self._pushing.locked()
+            waits = [(idle_left(now, self._last_push, pushing, idle_s), idle_error(idle_s))]
+            if self._block_shape is None:
+                waits.append((idle_left(now, opened, pushing, first_s), first_block_error(first_s)))
+            for left, error in waits:
+                if left is None:
+                    self.job.abort(error)
+                    return
+            await asyncio.sleep(max(0.01, min(left for left, _ in waits if left is not None)))
 
 
 class PushSessions:
@@ -302,6 +318,9 @@ class PushSessions:
         session = self._sessions.get(job.id)
         if session is None and job.feed is not None and getattr(job.runner, "push_token", None):
             session = self.open(job)  # a session kept elsewhere (Ray mode), pushed to here
+        if session is None and job.record.input == "push" and job.error is not None:
+            # A session that ended in an earlier process (a restart: 409 `interrupted`).
+            raise job.error.detached()
         if session is None:
             raise NotFoundError(f"video {job_id} is not a push session")
         return session

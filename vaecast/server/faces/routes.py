@@ -49,6 +49,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/videos", create_video)
     app.router.add_get("/v1/videos", list_videos)
     app.router.add_post("/v1/videos/stream", stream_video)
+    # Not the video with id "stream": the route is POST's alone (405, as JSON).
+    app.router.add_get("/v1/videos/stream", post_only)
     app.router.add_get("/v1/videos/{video_id}", get_video)
     app.router.add_delete("/v1/videos/{video_id}", delete_video)
     app.router.add_get("/v1/videos/{video_id}/content", get_content)
@@ -116,6 +118,10 @@ def _submit(admission: Admission, request: DecodeRequest | PushRequest | LiveDem
         start_producer(job, request)
         return job
     return admission.submit(request)
+
+
+async def post_only(request: web.Request) -> web.Response:
+    raise web.HTTPMethodNotAllowed(request.method, ["POST"])
 
 
 async def post_latents(request: web.Request) -> web.Response:
@@ -266,6 +272,11 @@ async def healthz(request: web.Request) -> web.Response:
         "jobs": len(manager.jobs),
         "queue": {"depth": manager.queue_depth, "max": manager.config.max_queued_jobs},
         "decode_slots": manager.config.decode_slots,
+        # Requests being read and unfinished jobs, by kind (stream.admission).
+        "places": {
+            **{kind.value: count for kind, count in manager.places.counts().items()},
+            "max_pending": manager.config.max_pending,
+        },
         # The first demo click is as fast as later ones once this is `done`.
         "warm_up": warm_up_state(request.app.get(DEMO_WARM_UP)),
     }

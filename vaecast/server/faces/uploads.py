@@ -4,9 +4,10 @@ Three request shapes:
 - `multipart/form-data`: a file part named `file` or `latents`, and text parts
   `model` and `fps` (what browsers and `curl -F` send);
 - `application/json`: a demo request, `{"scene", "frames", "width", "height",
-  "seed", "fps", "model", "sound"}`: a procedural scene rendered and encoded with
-  the `tiny` encoder here (vaecast.demo.sources), so no latent file is needed;
-  with its soundtrack unless `"sound": false`;
+  "seed", "fps", "model", "sound"}` (`scene` required, the rest defaulted): a
+  procedural scene rendered and encoded with the `tiny` encoder here
+  (vaecast.demo.sources), so no latent file is needed; with its soundtrack unless
+  `"sound": false`; or a push session, `{"input": "push", ...}`;
 - any other body: the latent file itself as the raw body, parameters in the query
   string (`curl --data-binary @z.safetensors '.../v1/videos/stream?fps=16'`).
 Parameters in the query string also apply to multipart requests; a form field wins.
@@ -30,13 +31,13 @@ from aiohttp import web
 
 from vaecast.codecs.aac import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ
 from vaecast.codecs.stream import Soundtrack
+from vaecast.demo.scenes import SCENE_NAMES
 from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
 from vaecast.demo.sources import DEMO_DEFAULTS, parse_scene_spec, scene_audio, scene_latents
 from vaecast.errors import (
     InvalidRequestError,
     MalformedRequestError,
     PayloadTooLargeError,
-    RequestTimeoutError,
     UnsupportedMediaError,
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
@@ -49,6 +50,7 @@ from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline import AudioFormat
 from vaecast.server.config import ServerConfig
 from vaecast.server.edge.body_buffer import BodyBuffer
+from vaecast.server.edge.body_rate import BodyPace
 from vaecast.server.edge.multipart import boundary_of, parse_form
 from vaecast.server.faces.live_demo import LiveDemoRequest
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, PushKind, PushRequest
@@ -265,6 +267,12 @@ async def _demo_request(
             f"unknown field(s) {', '.join(unknown)}; a demo request takes: "
             f"{', '.join(sorted(DEMO_FIELDS))}"
         )
+    if "scene" not in body:  # `{}` would otherwise render the largest demo there is
+        raise InvalidRequestError(
+            f'a demo request names its scene: "scene" (one of {", ".join(SCENE_NAMES)}); '
+            f"frames, width, height, seed, fps, model, sound and live are optional; "
+            '{"input": "push"} starts a push session instead'
+        )
     spec = parse_scene_spec(body)
     limits = config.limits
     if spec.frames > limits.max_frames or spec.width * spec.height > limits.max_pixels_per_frame:
@@ -340,19 +348,21 @@ async def read_upload(request: web.Request, config: ServerConfig) -> Upload:
 
 
 async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncIterator[bytes]:
-    """The body as it arrives; RequestTimeoutError when nothing comes for a while.
-
-    The timeout is between two reads, as nginx's client_body_timeout: a slow but
-    steady upload is fine, a client that stops sending is not. Compressed bodies are
-    refused: latents barely compress, and inflating costs CPU without a bound on
-    the result (the app runs with aiohttp's auto_decompress off).
+    """The body as it arrives; RequestTimeoutError (408) when nothing comes for a
+    while, or when, past its grace, it comes slower than the minimum rate
+    (`vaecast.server.edge.body_rate`: a steady upload is fine, one that stops or
+    trickles, holding its place, is not). Compressed bodies are refused: latents
+    barely compress, and inflating costs CPU without a bound on the result (the app
+    runs with aiohttp's auto_decompress off).
     """
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise UnsupportedMediaError(
             f"Content-Encoding {encoding[:40]!r} is not accepted; send the file uncompressed"
         )
-    timeout_s = config.body_timeout_s
+    pace = BodyPace(config.body_timeout_s, config.min_body_rate, config.body_rate_grace_s)
+    loop = asyncio.get_running_loop()
+    started, received = loop.time(), 0
     # A chunked upload is read as whatever is buffered, in one piece: `readchunk` stops
     # at each of its chunks, so a body sent in 1-byte chunks would cost this loop a turn
     # per byte (measured: 8x the loop CPU of `readany`). A body with a length has no
@@ -362,17 +372,18 @@ async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncItera
     sized = request.content_length is not None and "Transfer-Encoding" not in request.headers
     while True:
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout_at(pace.next_deadline(loop.time(), started, received)):
                 if sized:
                     chunk, _ = await request.content.readchunk()
                 else:
                     chunk = await request.content.readany()
         except TimeoutError:
-            raise RequestTimeoutError(
-                f"no part of the request body arrived for {timeout_s:g} s"
-            ) from None
+            raise pace.refusal(loop.time(), started, received) from None
+        except (web.RequestPayloadError, ConnectionResetError) as error:  # cut short, say
+            raise MalformedRequestError(f"the request body cannot be read: {error}") from None
         if not chunk:
             return
+        received += len(chunk)
         yield chunk
 
 

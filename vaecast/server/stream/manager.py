@@ -7,10 +7,11 @@ queue; Ray mode's (`vaecast.cluster.runners`) mirror jobs that run in the cluste
 The CLI builds the manager with the runners it wants and hands it to `create_app`.
 
 Admission: `decode_slots` jobs decode at once; up to `max_queued_jobs` more wait in
-FIFO order; past that a request is refused (429 with Retry-After). A request takes
-its place before its body is read (`admit`), so a burst of large uploads or demo
-renders is refused at once instead of being read into memory first. Queue positions
-are the manager's to compute: a job only knows that it waits for a slot.
+FIFO order; past that a request is refused (429 with Retry-After). A request takes a
+place before its body is read (`admit`), in a pool of its own while its body arrives,
+apart from the decode queue (`vaecast.server.stream.admission` counts the places, by
+kind). Queue positions are the manager's to compute: a job only knows that it waits
+for a slot.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,6 @@ from vaecast.errors import (
     JobStateError,
     NotFoundError,
     PayloadTooLargeError,
-    ServerBusyError,
     ShuttingDownError,
     StoreError,
     UnknownModelError,
@@ -40,7 +40,8 @@ from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
-from vaecast.server.metrics import Metrics
+from vaecast.server.metrics import Metrics, ServerState
+from vaecast.server.stream.admission import Admission, Places
 from vaecast.server.stream.durable_jobs import DurableJobs
 from vaecast.server.stream.fanout_sender import FanoutSender
 from vaecast.server.stream.job import Job
@@ -50,59 +51,6 @@ from vaecast.server.stream.retention import EvictionReason, Retention
 from vaecast.server.stream.segment_log import SegmentLog
 
 DEFAULT_RETRY_AFTER_S = 5.0
-
-
-class Admission:
-    """A place reserved for one job while its request is still being read.
-
-    `submit` turns it into a job; leaving the `with` block without submitting gives
-    the place back.
-    """
-
-    def __init__(self, manager: JobManager) -> None:
-        self._manager: JobManager | None = manager
-
-    def __enter__(self) -> Admission:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._give_back()
-
-    def submit(self, request: DecodeRequest | PushRequest) -> Job:
-        manager = self._manager
-        if manager is None:
-            raise RuntimeError("an admission is used once")
-        job = manager._start_job(request)
-        self._give_back()
-        return job
-
-    def submit_batch(self, requests: Sequence[DecodeRequest | PushRequest]) -> list[Job]:
-        """One job per request, all or none: the places for all are taken first (429
-        when the server has fewer left), and each plan checked before any job starts."""
-        manager = self._manager
-        if manager is None:
-            raise RuntimeError("an admission is used once")
-        extra = len(requests) - 1
-        if manager.capacity_left < extra:
-            manager.metrics.jobs_rejected.labels("busy").inc()
-            raise ServerBusyError(
-                f"a batch of {len(requests)} videos needs {len(requests)} job places; "
-                f"this server has {manager.capacity_left + 1} free now; try again later",
-                retry_after_s=manager._retry_after_s(),
-            )
-        manager._reserved += extra
-        try:
-            for request in requests:  # refused here, before any of them runs
-                manager._checked_start(request)
-            return [manager._start_job(request) for request in requests]
-        finally:
-            manager._reserved -= extra
-            self._give_back()
-
-    def _give_back(self) -> None:
-        if self._manager is not None:
-            self._manager._reserved -= 1
-            self._manager = None
 
 
 class JobManager:
@@ -120,6 +68,8 @@ class JobManager:
         self.jobs: dict[str, Job] = {}
         self.draining = False
         self._waiting: list[Job] = []  # FIFO of jobs waiting for a slot
+        # Requests being read and jobs not yet ended, by kind (fair admission).
+        self.places = Places(config, self._retry_after_s, self._refused)
         self.metrics = Metrics(self._state_for_metrics)  # reads the state above
         self.retention = Retention(config, self.metrics, self.jobs)
         # The durable store (--store), opened by `open_store`; None: memory only.
@@ -129,8 +79,6 @@ class JobManager:
         self._spares = SpareEncoders(stages.encoder_factory)
         self._stages = dataclasses.replace(stages, encoder_factory=self._spares)
         self._replenishing: asyncio.Future[None] | None = None
-        self._unfinished = 0  # jobs submitted and not yet ended
-        self._reserved = 0  # admissions whose request is still being read
         self._slots = asyncio.Semaphore(config.decode_slots)
         # One encoder per running job, used by one thread at a time: one thread a slot.
         self._workers = Workers.for_slots(config.decode_slots)
@@ -179,8 +127,7 @@ class JobManager:
 
     def replenish_spare_encoder(self) -> None:
         """Open the next job's encoder ahead, on an encode thread, when no job runs."""
-        busy = self._unfinished > 0 or self._reserved > 0
-        if self.draining or busy or self._replenishing is not None:
+        if self.draining or self.places.busy or self._replenishing is not None:
             return
         loop = asyncio.get_running_loop()
         self._replenishing = loop.run_in_executor(self._workers.encode, self._spares.replenish)
@@ -202,8 +149,8 @@ class JobManager:
 
     @property
     def capacity_left(self) -> int:
-        """Jobs that could still be admitted now."""
-        return max(0, self.capacity - self._unfinished - self._reserved)
+        """Jobs that could still be admitted now (requests being read take none)."""
+        return self.places.decode_left
 
     def replica_health(self) -> dict[str, Any] | None:
         """Decoder replicas elsewhere (Ray mode); None: this process decodes."""
@@ -215,24 +162,15 @@ class JobManager:
         return self._waiting.index(job) + 1 if job in self._waiting else None
 
     def admit(self) -> Admission:
-        """Reserve a place for a job before reading its request (see Admission).
+        """Take a place for a request before reading it (see `admission.Admission`).
 
         Raises ShuttingDownError while draining and ServerBusyError (429) when every
-        slot and queue place is taken, counting requests still being read.
+        slot and queue place is taken, or every place for requests still pending.
         """
         if self.draining:
             self.metrics.jobs_rejected.labels("shutting_down").inc()
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
-        if self.capacity_left == 0:
-            self.metrics.jobs_rejected.labels("busy").inc()
-            waiting = max(0, self._unfinished + self._reserved - self.config.decode_slots)
-            raise ServerBusyError(
-                f"all {self.config.decode_slots} decode slot(s) are busy and "
-                f"{waiting} job(s) are queued; try again later",
-                retry_after_s=self._retry_after_s(),
-            )
-        self._reserved += 1
-        return Admission(self)
+        return self.places.admit(self._start_job, self._checked_start)
 
     def submit(self, request: DecodeRequest) -> Job:
         """Start a job now, outside any admission (tools and tests)."""
@@ -331,7 +269,7 @@ class JobManager:
         job = self.runners.new_job(self, request, plan, decoder)
         if self.durable is not None and job.log.durable:
             self.durable.track(job)
-        self._unfinished += 1
+        self.places.hold(job)
         self._run(job, counted=True)
         return job
 
@@ -364,6 +302,8 @@ class JobManager:
 
     async def settle(self) -> None:
         """After a route created jobs: until they can be found from elsewhere."""
+        if self.durable is not None:
+            await self.durable.settle()
         await self.runners.settle()
 
     @contextlib.asynccontextmanager
@@ -377,12 +317,15 @@ class JobManager:
     def _job_ended(self, task: asyncio.Task[None], job: Job, counted: bool) -> None:
         self._tasks.discard(task)
         if counted:
-            self._unfinished -= 1
+            self.places.release(job)
         if job in self._waiting:  # cancelled while it waited for a slot
             self._waiting.remove(job)
         if not self.draining:  # close() frees everything
             self.retention.job_ended(job)
             self.replenish_spare_encoder()
+
+    def _refused(self, reason: str) -> None:
+        self.metrics.jobs_rejected.labels(reason).inc()
 
     def _retry_after_s(self) -> int:
         """A guess at when a queue place frees up: when a running job ends, about
@@ -448,6 +391,11 @@ class JobManager:
         await asyncio.to_thread(self._workers.shutdown)
         await asyncio.to_thread(self.fanout.close)
 
-    def _state_for_metrics(self) -> tuple[list[str], int, int]:
+    def _state_for_metrics(self) -> ServerState:
         jobs = list(self.jobs.values())
-        return [j.status.value for j in jobs], len(self._waiting), sum(j.viewers for j in jobs)
+        return ServerState(
+            statuses=[j.status.value for j in jobs],
+            queue_depth=len(self._waiting),
+            readers=sum(j.viewers for j in jobs),
+            places={kind.value: count for kind, count in self.places.counts().items()},
+        )
