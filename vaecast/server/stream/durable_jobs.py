@@ -40,6 +40,7 @@ class DurableJobs:
     def __init__(self, store: Store, manager: JobManager) -> None:
         self.store = store
         self._manager = manager
+        self._unsettled = False  # jobs created since the last settle
         registry = manager.metrics.registry
         self.recovered = Counter(
             "vaecast_store_recovered",
@@ -99,6 +100,14 @@ class DurableJobs:
     def track(self, job: Job) -> None:
         """Journal `job` (one whose log writes the store's file)."""
         JobJournal(self.store, job, self._manager.config.retention_s)
+        self._unsettled = True
+
+    async def settle(self) -> None:
+        """After a route created jobs, before it answers: until their rows are
+        committed, so an id a client was given survives a crash."""
+        if self._unsettled:
+            self._unsettled = False
+            await self.store.flush()
 
     def make_room(self) -> None:
         """Before a new job: evict the oldest finished videos while the store is full;
