@@ -249,3 +249,25 @@ def test_a_path_with_an_equals_sign_is_a_path(tmp_path: Path):
     command = ["decode", str(latents), "-o", str(output), "--model", "taehv"]
     assert main([*command, "--weights", str(weights)]) == 0
     assert len(decode_mp4(output.read_bytes())) == 5
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--store-max-gb", "nan"),
+        ("--store-max-gb", "inf"),
+        ("--store-max-gb", "0"),
+        ("--min-body-rate", "-5"),
+        ("--body-rate-grace", "nan"),
+        ("--max-pending", "0"),
+        ("--push-first-block-timeout", "-1"),
+    ],
+)
+def test_store_and_admission_numbers_out_of_range_are_one_usage_line(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", option, value])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"vaecast serve: error: argument {option}: must be a finite number")

@@ -8,6 +8,7 @@ and `decode` share are `vaecast.cli_decode_options`'.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -92,7 +93,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--min-body-rate",
-        type=int,
+        type=at_least(int, 0),
         default=DEFAULTS.min_body_rate,
         metavar="BYTES_PER_S",
         help="answer 408 when a request body, past its grace, has averaged fewer bytes/s "
@@ -100,7 +101,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--body-rate-grace",
-        type=float,
+        type=at_least(float, 0),
         default=DEFAULTS.body_rate_grace_s,
         metavar="SECONDS",
         help="how long a request body may arrive at any rate before --min-body-rate "
@@ -108,7 +109,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-pending",
-        type=int,
+        type=at_least(int, 1),
         default=DEFAULTS.max_pending,
         metavar="N",
         help="requests whose body is still arriving, and push sessions with no block yet, "
@@ -117,7 +118,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--push-first-block-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.push_first_block_timeout_s,
         metavar="SECONDS",
         help="a push session whose first block does not come this long after its start "
@@ -152,7 +153,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--store-max-gb",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.store_max_bytes / 1024**3,
         metavar="GB",
         help="disk the store's videos may take; past it the oldest finished videos go "
@@ -283,6 +284,26 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--timeout", type=float, default=300.0, metavar="SECONDS", help="wait per request"
     )
     return parser
+
+
+def at_least(
+    kind: Callable[[str], float], low: float, above: bool = False
+) -> Callable[[str], float]:
+    """A finite number of `kind` that is at least `low` (more than it, `above`), as an
+    argparse type: 'nan', 'inf' or -1 is one usage line, not a traceback or a server
+    that refuses every job."""
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+        if not math.isfinite(value) or value < low or (above and value == low):
+            bound = f"more than {low:g}" if above else f"at least {low:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text[:40]}")
+        return value
+
+    return convert
 
 
 def option_type(parse: Callable[[str], str]) -> Callable[[str], str]:
