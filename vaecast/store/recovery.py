@@ -54,10 +54,18 @@ class Recovered:
     gone: list[tuple[str, str]] = field(default_factory=list)  # id, why
     counts: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
-            ("completed", "failed", "interrupted", "dropped", "expired", "orphan_files"), 0
+            (
+                "completed",
+                "failed",
+                "cancelled",
+                "interrupted",
+                "dropped",
+                "expired",
+                "orphan_files",
+            ),
+            0,
         )
     )
-    bytes: int = 0  # of the videos kept
 
     def summary(self) -> str:
         return " ".join(f"{name}={count}" for name, count in self.counts.items())
@@ -78,13 +86,13 @@ def recover(
     named: set[str] = set()
     with db.transaction():
         for row in db.kept_jobs():
-            if row.status not in FINAL:
+            interrupted = row.status not in FINAL
+            if interrupted:
                 if row.owner == owner or not owner_gone(folder, row.owner):
                     if row.file:
                         named.add(row.file)  # another front end's running job
                     continue
                 row = _interrupt(db, row, now)
-                found.counts["interrupted"] += 1
             job = _checked(db, videos, row)
             if job is None:
                 db.forget(row.id, LOST_FILE)
@@ -95,11 +103,9 @@ def recover(
                 _remove(job.path)
                 found.counts["expired"] += 1
                 continue
-            if row.status != "interrupted" and row.snapshot["status"] in found.counts:
-                found.counts[row.snapshot["status"]] += 1
+            found.counts["interrupted" if interrupted else row.snapshot["status"]] += 1
             if job.path is not None:
                 named.add(job.path.name)
-                found.bytes += sum(s.length for s in job.segments)
             found.jobs.append(job)
         found.gone = db.gone_jobs(GONE_IDS_KEPT)
     if videos.is_dir():
@@ -121,7 +127,7 @@ def _interrupt(db: JobDatabase, row: JobRow, now: float) -> JobRow:
     data = snapshot(record)
     db.add_event(row.id, len(record.events) - 1, record.events[-1])
     db.update_job(row.id, data, row.size, finished_at=now)
-    return JobRow(row.id, row.owner, "interrupted", data, row.file, row.size, now, None)
+    return JobRow(row.id, row.owner, data["status"], data, row.file, row.size, now, None)
 
 
 def _checked(db: JobDatabase, videos: Path, row: JobRow) -> StoredJob | None:

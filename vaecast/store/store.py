@@ -153,7 +153,6 @@ class Store:
         job_id: str,
         event: tuple[int, dict[str, Any]],
         snapshot: dict[str, Any],
-        size: int,
     ) -> None:
         """The job failed or was cancelled: its record stays, its video (which is never
         served) goes."""

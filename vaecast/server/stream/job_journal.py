@@ -50,6 +50,6 @@ class JobJournal:
             expires_at = time.time() + self._retention_s
             store.completed(job.id, numbered, snapshot(job.record), self._size, expires_at)
         elif isinstance(transition, Ended):
-            store.ended(job.id, numbered, snapshot(job.record), self._size)
+            store.ended(job.id, numbered, snapshot(job.record))
         else:
             store.event(job.id, *numbered, snapshot(job.record), self._size)
