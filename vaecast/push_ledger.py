@@ -128,3 +128,25 @@ def first_block_error(timeout_s: float) -> SessionTimeoutError:
     """A session whose first block did not come in time: it held a pending place
     (vaecast.server.stream.admission), and must free it for others."""
     return SessionTimeoutError(f"the push session received no block within {timeout_s:g} s")
+
+
+def session_timeout(
+    now: float,
+    opened: float,
+    last_push: float,
+    pushing: bool,
+    has_block: bool,
+    idle_timeout_s: float,
+    first_block_timeout_s: float,
+) -> tuple[float, SessionTimeoutError | None]:
+    """When to look again at a push session opened at `opened`, and its error once it
+    has timed out: nothing received for the idle timeout, or no block yet within the
+    first-block timeout of its start. The same rule for a local and a cluster job."""
+    waits = [(idle_left(now, last_push, pushing, idle_timeout_s), idle_error(idle_timeout_s))]
+    if not has_block:
+        left = idle_left(now, opened, pushing, first_block_timeout_s)
+        waits.append((left, first_block_error(first_block_timeout_s)))
+    for left, error in waits:
+        if left is None:
+            return 0.0, error
+    return max(0.01, min(left for left, _ in waits if left is not None)), None

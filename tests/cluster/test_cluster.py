@@ -19,9 +19,10 @@ import aiohttp
 import pytest
 import torch
 
-from tests.cluster.conftest import FrontEnd, RayCluster
+from tests.cluster.conftest import FrontEnd, RayCluster, start_front_end, stop_front_end
 from tests.helpers import decode_mp4, safetensors_bytes
 from tests.helpers.fragment_audio import assert_aligned
+from tests.helpers.serve_process import vaecast_serve
 from tests.server.test_push_audio_alignment import heard, loudness, tone, video_frames
 from vaecast.codecs.aac import AAC_FRAME_SAMPLES, samples_for_duration
 
@@ -329,3 +330,38 @@ async def test_a_killed_front_end_leaves_its_job_running_and_watchable(
         assert len(decode_mp4(video)) == SMALL_FRAMES
         done = await get_json(session, f"{b.url}/v1/videos/{job['id']}")
         assert done["status"] == "completed"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_ray_job_outlives_its_cluster_in_the_store_and_an_empty_session_times_out(
+    ray_cluster: RayCluster, tmp_path
+):
+    """The store (--store) holds a cluster job's video, so a server without Ray serves
+    it later; and the job host applies --push-first-block-timeout as a local server does."""
+    store = tmp_path / "store"
+    c = start_front_end(ray_cluster, "--store", str(store), "--push-first-block-timeout", "2")
+    try:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            empty = await create(session, c, fps=16)
+            job = await create(session, c, latents=SMALL)
+
+            async def ended(job_id: str, status: str) -> bool:
+                found = await get_json(session, f"{c.url}/v1/videos/{job_id}")
+                return found["status"] == status
+
+            await until(lambda: ended(job["id"], "completed"))
+            await until(lambda: ended(empty["id"], "failed"), timeout_s=20)
+            failed = await get_json(session, f"{c.url}/v1/videos/{empty['id']}")
+            assert failed["error"]["type"] == "push_timeout", failed
+            assert "no block within 2 s" in failed["error"]["message"]
+            video = await read_all(session, f"{c.url}/v1/videos/{job['id']}/content")
+    finally:
+        stop_front_end(c)
+    assert len(decode_mp4(video)) == SMALL_FRAMES
+    with vaecast_serve(["--model", "tiny", "--store", str(store)], tmp_path / "plain.log") as url:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            again = await read_all(session, f"{url.rstrip('/')}/v1/videos/{job['id']}/content")
+            found = await get_json(session, f"{url.rstrip('/')}/v1/videos/{empty['id']}")
+    assert again == video
+    assert found["status"] == "failed" and found["error"]["type"] == "push_timeout"

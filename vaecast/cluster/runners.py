@@ -98,6 +98,7 @@ class ClusterRunners:
         settings = JobSettings(
             manager.config.push_queue_blocks,
             manager.config.push_idle_timeout_s,
+            manager.config.push_first_block_timeout_s,
             manager.config.retention_s,
         )
         host = self._host(host_name(job_id))

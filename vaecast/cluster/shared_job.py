@@ -70,7 +70,7 @@ from vaecast.job_record import (
     SegmentAdded,
 )
 from vaecast.job_record import Started as RecordStarted
-from vaecast.push_ledger import idle_error, idle_left
+from vaecast.push_ledger import session_timeout
 
 # Fragments and events per `follow` answer: a late follower catches up in batches.
 FOLLOW_BATCH = 64
@@ -85,6 +85,7 @@ REPLICA_STOP_WAIT_S = 10.0
 class JobSettings:
     push_queue_blocks: int
     push_idle_timeout_s: float
+    push_first_block_timeout_s: float
     retention_s: float
 
 
@@ -386,14 +387,21 @@ class SharedJob:
                 put.cancel()
 
     async def _watch_idle(self) -> None:
-        timeout_s = self._settings.push_idle_timeout_s
+        settings, opened = self._settings, self._last_push
         while not self.finished and self._push is not None and not self._push.ended:
-            pushing = self._pushes_in_flight > 0
-            left = idle_left(time.perf_counter(), self._last_push, pushing, timeout_s)
-            if left is None:
-                await self._stop(idle_error(timeout_s), failed=True)
+            wait_s, error = session_timeout(
+                time.perf_counter(),
+                opened,
+                self._last_push,
+                self._pushes_in_flight > 0,
+                self._first_block.is_set(),
+                settings.push_idle_timeout_s,
+                settings.push_first_block_timeout_s,
+            )
+            if error is not None:
+                await self._stop(error, failed=True)
                 return
-            await asyncio.sleep(max(0.01, left))
+            await asyncio.sleep(wait_s)
 
     async def _expire(self) -> None:
         await asyncio.sleep(self._settings.retention_s)

@@ -42,10 +42,8 @@ from vaecast.pipeline import TimedAudio
 from vaecast.push_ledger import (
     SEQ_HEADER,
     PushLedger,
-    first_block_error,
-    idle_error,
-    idle_left,
     parse_seq,
+    session_timeout,
 )
 from vaecast.server.config import ServerConfig
 from vaecast.server.faces.uploads import read_upload
@@ -282,15 +280,14 @@ class PushSession:
         first_s = self._config.push_first_block_timeout_s
         opened = self._last_push
         while not self.job.finished and not self.feed.ended:
-            now, pushing = time.perf_counter(), self._pushing.locked()
-            waits = [(idle_left(now, self._last_push, pushing, idle_s), idle_error(idle_s))]
-            if self._block_shape is None:
-                waits.append((idle_left(now, opened, pushing, first_s), first_block_error(first_s)))
-            for left, error in waits:
-                if left is None:
-                    self.job.abort(error)
-                    return
-            await asyncio.sleep(max(0.01, min(left for left, _ in waits if left is not None)))
+            has_block, pushing = self._block_shape is not None, self._pushing.locked()
+            wait_s, error = session_timeout(
+                time.perf_counter(), opened, self._last_push, pushing, has_block, idle_s, first_s
+            )
+            if error is not None:
+                self.job.abort(error)
+                return
+            await asyncio.sleep(wait_s)
 
 
 class PushSessions:
