@@ -2,8 +2,10 @@
 
 One run of `python -m benchmarks.reliability --scale ci` (a real server subprocess:
 generated malformed requests, generated valid files, abrupt disconnects, injected
-faults), then one test per pass criterion, so a failure names the criterion and
-lists what broke it: the request, the answer, and what was expected.
+faults; then `vaecast serve` SIGKILLed and restarted on a store, started on a
+damaged store, and held by slow clients), then one test per pass criterion, so a
+failure names the criterion and lists what broke it: the request, the answer, and
+what was expected.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.reliability import blocks, report, suite
+from benchmarks.reliability import blocks, lockout, report, restarts, suite
 from benchmarks.reliability.results import Category
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -71,6 +73,23 @@ def test_worst_event_loop_lag_is_under_the_bound(result: suite.Report) -> None:
 
 def test_shutdown_is_clean_and_the_log_has_no_async_defects(result: suite.Report) -> None:
     _assert_clean(result, "shutdown and server log", 2)
+
+
+def test_sigkills_lose_no_job_and_change_no_finished_video(result: suite.Report) -> None:
+    kills = suite.SCALES["ci"].kills
+    _assert_clean(result, restarts.KILLED, kills + 2)  # a start per kill, the last, more
+    assert result.category(restarts.KILLED).figures["kills"] == kills
+
+
+def test_a_damaged_store_is_repaired_at_startup_and_says_so(result: suite.Report) -> None:
+    _assert_clean(result, restarts.DAMAGED, 10)
+
+
+def test_slow_clients_leave_room_for_a_normal_upload(result: suite.Report) -> None:
+    _assert_clean(result, lockout.TRICKLING, lockout.SLOW_CLIENTS + 5)
+    _assert_clean(result, lockout.EMPTY_PUSH, 2 * lockout.SLOW_CLIENTS + 5)
+    for name in (lockout.TRICKLING, lockout.EMPTY_PUSH):
+        assert result.category(name).figures["admission_ms"]["max"] < 1000
 
 
 def test_the_table_has_a_row_per_category(result: suite.Report) -> None:

@@ -1,7 +1,8 @@
 """`python -m benchmarks.reliability [--scale full|ci] [--json PATH] [--seed N]`
 
-Runs the reliability suite against a fresh server subprocess, prints the Markdown
-table (category | tried | passed | found) and every finding, writes JSON.
+Runs the reliability suite against fresh server subprocesses, prints the Markdown
+table (category | tried | passed | found), every finding and the figures of the
+store and admission categories, writes JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--seed", type=int, default=suite.DEFAULT_SEED)
     parser.add_argument(
-        "--work-dir", type=Path, help="keep the server log and spill dir here (default: a temp dir)"
+        "--work-dir",
+        type=Path,
+        help="keep the server logs, spill dir and stores here (default: a temp dir)",
     )
     args = parser.parse_args(argv)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.reliability import lockout, restarts
 from benchmarks.reliability.results import Category
 from benchmarks.reliability.suite import Report
 
@@ -39,7 +40,9 @@ def details(report: Report) -> str:
             for example in group["examples"]:
                 out.append(f"  - request: {example['request']}")
                 out.append(f"    answer: {example['answer']}")
-    return "\n".join(out) if out else "No findings."
+    findings = "\n".join(out) if out else "No findings."
+    headlines = [f"- **{c.name}**: {c.headline}" for c in report.categories if c.headline]
+    return "\n".join([findings, "", "Figures:", *headlines]) if headlines else findings
 
 
 def summary(report: Report) -> dict[str, Any]:
@@ -51,4 +54,21 @@ def summary(report: Report) -> dict[str, Any]:
         "worst_lag_ms": round(1000 * float(lag["worst_s"]), 1),
         "lag_source": lag["source"],
         "encoder_faults": meta.get("encoder_faults"),
+        **_store_and_admission(report),
     }
+
+
+def _store_and_admission(report: Report) -> dict[str, Any]:
+    """The figures of the kill/restart and fair-admission categories, where they ran."""
+    ran = {c.name: c.figures for c in report.categories}
+    out: dict[str, Any] = {}
+    killed = ran.get(restarts.KILLED)
+    if killed:
+        out["kills"] = killed["kills"]
+        out["restart_median_s"] = killed["start_s"]["median"]
+        out["restart_max_s"] = killed["start_s"]["max"]
+    for name, key in ((lockout.TRICKLING, "trickle"), (lockout.EMPTY_PUSH, "empty_push")):
+        figures = ran.get(name)
+        if figures:
+            out[f"{key}_admission_max_ms"] = figures["admission_ms"]["max"]
+    return out

@@ -27,6 +27,7 @@ class Category:
     passed: int = 0
     findings: list[Finding] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    headline: str = ""  # the figures in one line, for the printed details (optional)
 
     def record(self, finding: Finding | None) -> None:
         """One case: passed when there is no finding."""
@@ -54,9 +55,12 @@ class Category:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        answer = {
             "tried": self.tried,
             "passed": self.passed,
             "figures": self.figures,
             "found": self.groups(),
         }
+        if self.headline:
+            answer["headline"] = self.headline
+        return answer

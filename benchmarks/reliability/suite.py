@@ -1,6 +1,9 @@
 """The whole run: generate the inputs, start the server, run the categories in turn,
 then judge what the server kept (threads, descriptors, files, memory), how late its
-event loop ran, and how it shut down."""
+event loop ran, and how it shut down. Then the categories that need `vaecast serve`
+itself, each with servers of its own: SIGKILL and restart on a durable store, a
+damaged store at startup (`restarts`), and slow clients against fair admission
+(`lockout`)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ from benchmarks.reliability import (
     files,
     hostile,
     injected,
+    lockout,
     malformed,
+    restarts,
     valid,
 )
 from benchmarks.reliability.blocks import Case
@@ -61,11 +66,13 @@ class Scale:
     disconnects: int
     faults: int
     retention_s: float
+    kills: int  # SIGKILLs of `vaecast serve` on one store
+    lockout_rounds: int  # rounds of nine slow clients, per kind
 
 
 SCALES = {
-    "full": Scale("full", 1000, True, None, 3, 1000, 100, 10.0),
-    "ci": Scale("ci", 60, False, 15, 1, 60, 20, 3.0),
+    "full": Scale("full", 1000, True, None, 3, 1000, 100, 10.0, 30, 3),
+    "ci": Scale("ci", 60, False, 15, 1, 60, 20, 3.0, 5, 1),
 }
 
 
@@ -115,6 +122,8 @@ def run(
         report.meta["encoder_faults"] = server.encoder_faults
         asyncio.run(_exercise(server, scale, inputs, seed, report, say))
     report.categories.append(_shutdown(server))
+    report.categories += restarts.run(scale.kills, work_dir, seed, say)
+    report.categories += lockout.run(scale.lockout_rounds, work_dir, seed, say)
     report.meta["seconds"] = round(time.monotonic() - started, 1)
     return report
 
