@@ -7,7 +7,7 @@ with no asyncio, no server and no real clock. Every moment is given explicitly (
 or comes from a `FakeClock` the test controls, so nothing depends on the time of day.
 
 The table of legal transitions is written out here as a literal (`EXPECTED_ALLOWED`),
-not read back from the module's `_ALLOWED`, so that a change to the module's table
+not read back from `vaecast.job_transitions.ALLOWED`, so that a change to the module's table
 fails these tests; every (status, transition type) pair is checked against it: the
 allowed ones succeed, the others raise `IllegalTransition` and change nothing.
 """
@@ -28,18 +28,22 @@ import vaecast.job_record as job_record_module
 from vaecast.errors import VaecastError
 from vaecast.job_record import (
     FINAL_STATUSES,
+    PREVIEW,
     ChunkEncoded,
     Completed,
     Encoding,
     Ended,
+    FinalReady,
     Geometry,
     IllegalTransition,
     JobRecord,
     JobStatus,
     LengthKnown,
     PlanFacts,
+    PreviewProgress,
     SegmentAdded,
     Started,
+    VariantEnded,
     job_timings,
 )
 
@@ -149,9 +153,19 @@ def snapshot(record: JobRecord) -> dict[str, Any]:
 
 # The literal table of what each status allows; a final status allows nothing.
 EXPECTED_ALLOWED: dict[JobStatus, frozenset[type]] = {
-    JobStatus.QUEUED: frozenset({Started, Geometry, LengthKnown, Ended}),
+    JobStatus.QUEUED: frozenset({Started, Geometry, LengthKnown, VariantEnded, Ended}),
     JobStatus.IN_PROGRESS: frozenset(
-        {Encoding, Geometry, SegmentAdded, ChunkEncoded, LengthKnown, Completed, Ended}
+        {
+            Encoding,
+            Geometry,
+            SegmentAdded,
+            ChunkEncoded,
+            LengthKnown,
+            VariantEnded,
+            FinalReady,
+            Completed,
+            Ended,
+        }
     ),
     JobStatus.COMPLETED: frozenset(),
     JobStatus.FAILED: frozenset(),
@@ -165,6 +179,8 @@ ALL_TRANSITION_TYPES: tuple[type, ...] = (
     SegmentAdded,
     ChunkEncoded,
     LengthKnown,
+    VariantEnded,
+    FinalReady,
     Completed,
     Ended,
 )
@@ -172,11 +188,14 @@ ALL_TRANSITION_TYPES: tuple[type, ...] = (
 
 def record_in_status(status: JobStatus) -> JobRecord:
     """A push record (no plan yet, no chunk yet) brought to `status` by legal transitions,
-    so that the sample transition of every allowed type is legal on it. It reads no clock."""
+    so that the sample transition of every allowed type is legal on it. It reads no clock.
+    It has a preview, whose first chunk is in once it runs (so that `FinalReady` may be)."""
     record = make_push_record(clock=forbidden_clock)
+    record.preview = PreviewProgress("linear", None)
     if status is JobStatus.QUEUED:
         return record
     record.apply(Started(at=101.0))
+    record.apply(dataclasses.replace(chunk(0, at=101.5), variant=PREVIEW))
     if status is JobStatus.IN_PROGRESS:
         return record
     if status is JobStatus.COMPLETED:
@@ -199,6 +218,8 @@ def sample_transition(transition_type: type) -> Any:
         SegmentAdded: SegmentAdded(700),
         ChunkEncoded: chunk(0, at=102.0),
         LengthKnown: LengthKnown(PlanFacts(frames=32, chunks=2, width=64, height=32)),
+        VariantEnded: VariantEnded(PREVIEW, JobStatus.COMPLETED, at=103.5),
+        FinalReady: FinalReady(at=103.6),
         Completed: Completed(at=104.0),
         Ended: Ended(JobStatus.CANCELLED, Cancelled("the client cancelled"), at=104.0),
     }
@@ -212,7 +233,7 @@ def test_every_status_is_in_the_expected_table() -> None:
     assert set(EXPECTED_ALLOWED) == set(JobStatus)
 
 
-def test_the_transition_union_is_the_eight_transition_types() -> None:
+def test_the_transition_union_is_every_transition_type() -> None:
     assert set(job_record_module.Transition.__args__) == set(ALL_TRANSITION_TYPES)
 
 
@@ -870,8 +891,9 @@ def test_illegal_transition_is_a_runtime_error_not_a_client_error() -> None:
 # Sans-IO: the module's imports.
 
 
-def test_module_imports_only_the_standard_library_and_vaecast_errors() -> None:
-    source = Path(job_record_module.__file__).read_text(encoding="utf-8")
+@pytest.mark.parametrize("module", ["job_record", "job_transitions", "job_views"])
+def test_module_imports_only_the_standard_library_and_vaecast_errors(module: str) -> None:
+    source = (Path(job_record_module.__file__).parent / f"{module}.py").read_text(encoding="utf-8")
     imported: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -884,7 +906,8 @@ def test_module_imports_only_the_standard_library_and_vaecast_errors() -> None:
     outside = {
         name
         for name in imported
-        if name != "vaecast.errors"
+        if name not in ("vaecast.errors", "vaecast.job_transitions", "vaecast.job_views")
+        and name != "vaecast.job_record"  # the views' type, under TYPE_CHECKING
         and name != "__future__"
         and name.split(".")[0] not in sys.stdlib_module_names
     }

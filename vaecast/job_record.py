@@ -27,147 +27,76 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
 from vaecast.errors import VaecastError
-
-
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-FINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
-
-
-class IllegalTransition(RuntimeError):
-    """A transition the job's state does not allow: the runner that applied it is wrong."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlanFacts:
-    """What the API shows of a decode plan."""
-
-    frames: int
-    chunks: int
-    width: int
-    height: int
-
-
-# Transitions. `at` is a moment of the record's clock; None: now (`apply` fills it in).
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """The job took a decode slot (or a replica took it) and its decode begins."""
-
-    replica: Mapping[str, Any] | None = None  # which replica decodes it (Ray mode)
-    at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Encoding:
-    """The encoder is open: the stream's Content-Type, which names its codecs."""
-
-    content_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class Geometry:
-    """A push session's frame size, known at its first block (its length is not)."""
-
-    width: int
-    height: int
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentAdded:
-    """Bytes of the MP4 appended: the init segment, a fragment, the audio tail."""
-
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkEncoded:
-    """A chunk's fragment is in the MP4 (after its `SegmentAdded`)."""
-
-    index: int
-    total: int
-    frame_start: int
-    frames: int
-    bytes: int
-    encode_s: float
-    decode_wait_s: float
-    latency_s: float | None = None  # from its pushed block's arrival (push sessions)
-    at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LengthKnown:
-    """A push session's last block came: the whole video's plan."""
-
-    plan: PlanFacts
-
-
-@dataclass(frozen=True, slots=True)
-class Completed:
-    at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    """The job ended without completing: failed or cancelled, with the reason."""
-
-    status: JobStatus
-    error: VaecastError
-    decoded_chunks: int | None = None  # chunks its replica decoded (Ray mode)
-    at: float | None = None
-
-
-Transition = (
-    Started | Encoding | Geometry | SegmentAdded | ChunkEncoded | LengthKnown | Completed | Ended
+from vaecast.job_transitions import (
+    ALLOWED,
+    FINAL,
+    FINAL_STATUSES,
+    PREVIEW,
+    VARIANTS,
+    ChunkEncoded,
+    Completed,
+    Encoding,
+    Ended,
+    FinalReady,
+    Geometry,
+    IllegalTransition,
+    JobStatus,
+    LengthKnown,
+    PlanFacts,
+    SegmentAdded,
+    Started,
+    Transition,
+    VariantEnded,
 )
+from vaecast.job_views import job_timings, variants_json
 
-# Which transitions each status allows; a final status allows none.
-_ALLOWED: dict[JobStatus, tuple[type, ...]] = {
-    JobStatus.QUEUED: (Started, Geometry, LengthKnown, Ended),
-    JobStatus.IN_PROGRESS: (
-        Encoding,
-        Geometry,
-        SegmentAdded,
-        ChunkEncoded,
-        LengthKnown,
-        Completed,
-        Ended,
-    ),
-}
+__all__ = [
+    "FINAL",
+    "FINAL_STATUSES",
+    "PREVIEW",
+    "VARIANTS",
+    "ChunkEncoded",
+    "Completed",
+    "Encoding",
+    "Ended",
+    "FinalReady",
+    "Geometry",
+    "IllegalTransition",
+    "JobRecord",
+    "JobStatus",
+    "LengthKnown",
+    "PlanFacts",
+    "PreviewProgress",
+    "SegmentAdded",
+    "Started",
+    "Transition",
+    "VariantEnded",
+    "job_timings",
+]
 
 
-def job_timings(
-    created: float,
-    started: float | None,
-    first_fragment: float | None,
-    finished: float | None,
-    decode_wait_s: float,
-    encode_s: float,
-) -> dict[str, float | None]:
-    """Seconds from the job's creation to each moment (None until it comes)."""
+@dataclass(slots=True)
+class PreviewProgress:
+    """The preview rendition of a job: its decoder, status and counters. The final
+    rendition's are the job's own (`JobRecord.chunks_done` and the rest)."""
 
-    def since_created(moment: float | None) -> float | None:
-        return None if moment is None else round(moment - created, 4)
+    decoder: str
+    chunks: int | None  # its chunk count; None while a push session's length is unknown
+    status: JobStatus = JobStatus.QUEUED
+    error: VaecastError | None = None
+    chunks_done: int = 0
+    frames_done: int = 0
+    bytes: int = 0
+    first_fragment: float | None = None
+    finished: float | None = None
 
-    return {
-        "queued_s": since_created(started),
-        "time_to_first_fragment_s": since_created(first_fragment),
-        "total_s": since_created(finished),
-        "decode_wait_s": round(decode_wait_s, 4),
-        "encode_s": round(encode_s, 4),
-    }
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATUSES
 
 
 @dataclass(slots=True)
@@ -198,6 +127,11 @@ class JobRecord:
     finished: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     transitions: list[Transition] = field(default_factory=list)
+    # A job with a preview decoder: the preview rendition's progress; and how the
+    # final ended while the job went on (`VariantEnded`), and when it was ready.
+    preview: PreviewProgress | None = None
+    final_ended: VariantEnded | None = None
+    final_ready: float | None = None
 
     def __post_init__(self) -> None:
         if self.created is None:
@@ -209,7 +143,7 @@ class JobRecord:
     def apply(self, transition: Transition) -> dict[str, Any] | None:
         """Record `transition` (raises IllegalTransition if the state forbids it);
         returns the event it makes, also appended to `events`, or None."""
-        allowed = _ALLOWED.get(self.status, ())
+        allowed = ALLOWED.get(self.status, ())
         if not isinstance(transition, allowed):
             raise IllegalTransition(
                 f"job {self.id} is {self.status.value}: {type(transition).__name__} is not allowed"
@@ -232,24 +166,109 @@ class JobRecord:
                 self.geometry = t
             return None
         if isinstance(t, SegmentAdded):
-            self.bytes += t.size
+            if t.variant == PREVIEW:
+                self._preview().bytes += t.size
+            else:
+                self.bytes += t.size
             return None
         if isinstance(t, ChunkEncoded):
-            return self._chunk(t)
+            return self._preview_chunk(t) if t.variant == PREVIEW else self._chunk(t)
         if isinstance(t, LengthKnown):
             if self.plan is not None:
                 raise IllegalTransition(f"job {self.id}: its length was known already")
             self.plan = t.plan
+            if self.preview is not None:
+                self.preview.chunks = t.preview_chunks
             return self._emit("length", frames=t.plan.frames, chunks=t.plan.chunks)
+        if isinstance(t, VariantEnded):
+            return self._variant_ended(t)
+        if isinstance(t, FinalReady):
+            return self._final_is_ready(t)
         if isinstance(t, Completed):
             if self.plan is not None and self.chunks_done != self.plan.chunks:
                 raise IllegalTransition(
                     f"job {self.id}: completed after {self.chunks_done} chunks "
                     f"of {self.plan.chunks}"
                 )
+            if self.final_ended is not None and self.final_ended.status is not JobStatus.COMPLETED:
+                raise IllegalTransition(f"job {self.id}: completed after its final ended")
             self.status, self.finished = JobStatus.COMPLETED, t.at
             return self._emit("done", job=self.to_json())
         return self._end(t)
+
+    def _preview(self) -> PreviewProgress:
+        if self.preview is None:
+            raise IllegalTransition(f"job {self.id} has no preview")
+        return self.preview
+
+    def _preview_chunk(self, t: ChunkEncoded) -> dict[str, Any]:
+        preview = self._preview()
+        if preview.is_final or t.index != preview.chunks_done:
+            raise IllegalTransition(
+                f"job {self.id}: preview chunk {t.index} came where "
+                f"{preview.chunks_done} was due ({preview.status.value})"
+            )
+        preview.chunks_done += 1
+        preview.frames_done += t.frames
+        preview.status = JobStatus.IN_PROGRESS
+        if preview.first_fragment is None:
+            preview.first_fragment = t.at
+        return self._emit(
+            "chunk",
+            variant=PREVIEW,
+            index=t.index,
+            total=t.total,
+            frame_start=t.frame_start,
+            frames=t.frames,
+            bytes=t.bytes,
+            frames_done=preview.frames_done,
+            total_bytes=preview.bytes,
+        )
+
+    def _variant_ended(self, t: VariantEnded) -> dict[str, Any]:
+        preview = self._preview()
+        if t.status not in FINAL_STATUSES or (t.status is JobStatus.COMPLETED) != (t.error is None):
+            raise IllegalTransition(f"job {self.id}: {t.variant} ended {t.status} with {t.error}")
+        if t.variant == PREVIEW:
+            if preview.is_final:
+                raise IllegalTransition(f"job {self.id}: its preview ended already")
+            preview.status, preview.error, preview.finished = t.status, t.error, t.at
+        elif t.variant == FINAL:
+            if self.final_ended is not None:
+                raise IllegalTransition(f"job {self.id}: its final ended already")
+            self.final_ended = t
+        else:
+            raise IllegalTransition(f"job {self.id}: no variant {t.variant!r}")
+        if t.error is None:
+            return self._emit(f"{t.variant}_done", variant=t.variant)
+        error = {"type": t.error.type, "message": t.error.message}
+        return self._emit(f"{t.variant}_error", variant=t.variant, error=error)
+
+    def _final_is_ready(self, t: FinalReady) -> dict[str, Any]:
+        preview = self._preview()
+        if self.final_ready is not None or preview.first_fragment is None:
+            raise IllegalTransition(f"job {self.id}: final_ready again, or before the preview")
+        self.final_ready = t.at
+        assert t.at is not None
+        return self._emit(
+            "final_ready",
+            variant=FINAL,
+            frames_done=self.frames_done,
+            after_preview_s=round(t.at - preview.first_fragment, 4),
+        )
+
+    def final_caught_up(self, now: float | None = None) -> bool:
+        """Has the final passed where a viewer of the preview is playing? That viewer
+        started at the preview's first fragment and plays in real time, but never past
+        what the preview has decoded (it stalls there). A finished final always has."""
+        preview = self.preview
+        if preview is None or preview.first_fragment is None or self.final_ready is not None:
+            return False
+        if self.plan is not None and self.chunks_done == self.plan.chunks:
+            return True
+        now = self.clock() if now is None else now
+        playing_s = min(now - preview.first_fragment, float(preview.frames_done / self.fps))
+        return float(self.frames_done / self.fps) >= playing_s and self.frames_done > 0
 
     def _chunk(self, t: ChunkEncoded) -> dict[str, Any]:
         if t.index != self.chunks_done:
@@ -278,6 +297,7 @@ class JobRecord:
             frames_done=self.frames_done,
             total_bytes=self.bytes,
             progress=self.progress,
+            **({} if self.preview is None else {"variant": FINAL}),
         )
 
     def _end(self, t: Ended) -> dict[str, Any]:
@@ -286,6 +306,9 @@ class JobRecord:
                 f"job {self.id}: Ended needs failed or cancelled, not {t.status}"
             )
         self.status, self.error, self.finished = t.status, t.error, t.at
+        if self.preview is not None and not self.preview.is_final:  # it ends with the job
+            self.preview.status, self.preview.error = t.status, t.error
+            self.preview.finished = t.at
         stopped = {} if t.decoded_chunks is None else {"decoded_chunks": t.decoded_chunks}
         error = {"type": t.error.type, "message": t.error.message}
         return self._emit("error", error=error, **stopped)
@@ -365,7 +388,18 @@ class JobRecord:
                 else None
             ),
             "replica": None if self.replica is None else self.replica.get("id"),
+            **({} if self.preview is None else {"variants": self.variants_json()}),
         }
+
+    def final_status(self) -> JobStatus:
+        """The final rendition's status: the job's, unless it ended while the job went on."""
+        if self.final_ended is not None and not self.is_final:
+            return self.final_ended.status
+        return self.status
+
+    def variants_json(self) -> dict[str, Any]:
+        """Each rendition of a job with a preview, as the job object shows it."""
+        return variants_json(self)
 
     def summary(self) -> str:
         """The job's log line, key=value."""

@@ -14,8 +14,17 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from vaecast.errors import JobInterruptedError, error_of_type
-from vaecast.job_record import Ended, Geometry, JobRecord, JobStatus, PlanFacts
+from vaecast.errors import JobInterruptedError, VaecastError, error_of_type
+from vaecast.job_record import (
+    FINAL,
+    Ended,
+    Geometry,
+    JobRecord,
+    JobStatus,
+    PlanFacts,
+    PreviewProgress,
+    VariantEnded,
+)
 
 
 def snapshot(record: JobRecord) -> dict[str, Any]:
@@ -44,6 +53,33 @@ def snapshot(record: JobRecord) -> dict[str, Any]:
         "replica": None if record.replica is None else dict(record.replica),
         "moments": [since(record.started), since(record.first_fragment), since(record.finished)],
         "age_s": record.clock() - record.created,
+        **({} if record.preview is None else _variants(record, since)),
+    }
+
+
+def _error(error: VaecastError | None) -> list[str] | None:
+    return None if error is None else [error.type, error.message]
+
+
+def _variants(record: JobRecord, since: Callable[[float | None], float | None]) -> dict[str, Any]:
+    """A job with a preview: the preview's progress, and how its final stands."""
+    preview, final_ended = record.preview, record.final_ended
+    assert preview is not None
+    return {
+        "preview": {
+            "decoder": preview.decoder,
+            "chunks": preview.chunks,
+            "status": preview.status.value,
+            "error": _error(preview.error),
+            "counts": [preview.chunks_done, preview.frames_done, preview.bytes],
+            "moments": [since(preview.first_fragment), since(preview.finished)],
+        },
+        "final_ended": (
+            None
+            if final_ended is None
+            else [final_ended.status.value, _error(final_ended.error), since(final_ended.at)]
+        ),
+        "final_ready": since(record.final_ready),
     }
 
 
@@ -88,6 +124,24 @@ def from_snapshot(
     )
     record.started, record.first_fragment, record.finished = map(moment, data["moments"])
     record.events = list(events)
+    if (preview := data.get("preview")) is not None:
+        record.preview = PreviewProgress(
+            preview["decoder"],
+            preview["chunks"],
+            JobStatus(preview["status"]),
+            None if preview["error"] is None else error_of_type(*preview["error"]),
+            *preview["counts"],
+            *map(moment, preview["moments"]),
+        )
+        if (ended := data["final_ended"]) is not None:
+            status, final_error, at = ended
+            record.final_ended = VariantEnded(
+                FINAL,
+                JobStatus(status),
+                None if final_error is None else error_of_type(*final_error),
+                moment(at),
+            )
+        record.final_ready = moment(data["final_ready"])
     if not record.is_final:  # its process is gone: end it as a reader would have seen
         error = JobInterruptedError(
             f"the server stopped while the job was {data['status']}; its video "
