@@ -41,6 +41,21 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         f"{DEFAULT_MODEL}): a built-in name, 'diffusers' (the model of the --weights "
         "folder's config.json), or a plugin as package.module:factory",
     )
+    serve.add_argument(
+        "--preview",
+        action="append",
+        default=[],
+        metavar="MODEL=DECODER",
+        help="a model's default preview decoder (repeatable), e.g. wan2.1=taehv: its jobs "
+        "play DECODER's fast decode at once, then the model's own (a request's "
+        '"preview" overrides it, "none" for none). DECODER is a served --model or linear',
+    )
+    serve.add_argument(
+        "--preview-device",
+        default=None,
+        help="torch device of the --preview decoders (default: the --device, where the "
+        "model yields to its preview chunk by chunk)",
+    )
     serve.add_argument("--max-upload-mb", type=int, default=DEFAULTS.limits.max_upload_bytes // MIB)
     serve.add_argument("--max-frames", type=int, default=DEFAULTS.limits.max_frames)
     serve.add_argument(

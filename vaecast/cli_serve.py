@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Any
 
 from vaecast.cli_decode_options import (
     DEFAULT_MODEL,
@@ -40,6 +41,7 @@ def run_serve(args: argparse.Namespace) -> int:
     models = args.model or [DEFAULT_MODEL]
     # Checked before any model loads: a --weights mistake is a usage error.
     models, weights = resolve_diffusers(models, weights_by_model(args.weights, models))
+    previews = preview_pairs(args.preview, models)
     security, warnings = for_bind_address(
         SecurityConfig(
             api_key=args.api_key,
@@ -79,6 +81,8 @@ def run_serve(args: argparse.Namespace) -> int:
         store_max_bytes=int(args.store_max_gb * 1024**3),
         shutdown_grace_s=args.shutdown_grace,
         security=security,
+        previews=previews,
+        preview_device=args.preview_device,
     )
 
     replicas = None if args.ray is None else start_replicas(args, models, weights)
@@ -89,11 +93,21 @@ def run_serve(args: argparse.Namespace) -> int:
             name: await asyncio.to_thread(load_decoder, name, args.device, weights.get(name))
             for name in models
         }
-        manager = None
-        if replicas is not None:  # jobs run in the Ray cluster, mirrored here
-            from vaecast.cluster.runners import ClusterRunners
-
-            manager = JobManager(config, decoders, runners=ClusterRunners(replicas))
+        preview_decoders = None
+        if args.preview_device is not None:  # a copy of each --preview decoder there
+            preview_decoders = {
+                name: await asyncio.to_thread(
+                    load_decoder, name, args.preview_device, weights.get(name)
+                )
+                for name in sorted({decoder for _, decoder in previews})
+            }
+        manager = JobManager(
+            config,
+            decoders,
+            runners=None if replicas is None else cluster_runners(replicas),
+            preview_decoders=preview_decoders,
+        )
+        manager.previews.check_defaults()  # before the port opens: one line, exit 2
         app = create_app(config, decoders, manager=manager, warm_demo=True)
 
         def announce(host: str, port: int) -> None:
@@ -115,6 +129,30 @@ def run_serve(args: argparse.Namespace) -> int:
 
     run_loop(serve())
     return 0
+
+
+def preview_pairs(specs: list[str], models: list[str]) -> tuple[tuple[str, str], ...]:
+    """Each `--preview MODEL=DECODER`, of a served model, once per model."""
+    pairs: dict[str, str] = {}
+    for spec in specs:
+        model, equals, decoder = spec.partition("=")
+        if not equals or not model or not decoder:
+            raise InvalidRequestError(f"--preview {spec!r}: give MODEL=DECODER, e.g. wan2.1=taehv")
+        if model not in models:
+            raise InvalidRequestError(
+                f"--preview {spec!r}: model {model!r} is not served (--model {', '.join(models)})"
+            )
+        if model in pairs:
+            raise InvalidRequestError(f"--preview: model {model!r} is given twice")
+        pairs[model] = decoder
+    return tuple(pairs.items())
+
+
+def cluster_runners(replicas: Any) -> Any:
+    """Jobs that run in the Ray cluster, mirrored here (imports Ray only then)."""
+    from vaecast.cluster.runners import ClusterRunners
+
+    return ClusterRunners(replicas)
 
 
 def store_dir(option: str | None) -> str | None:

@@ -24,6 +24,12 @@ block from the job's host actor, None after the last), and the feed then runs a 
 on its loop that pulls each block and `put`s it, waiting for room as a producer's
 put does, until the end, a cancel, or a failed pull (which fails the feed). Either
 way the queue, the decode thread's side, the audio and `feed_state` are this one.
+
+A job with a preview decodes the same blocks twice. `tap()` gives the second decoder
+a reader of its own (a `FeedTap`: its own queue of the same blocks, its own audio and
+cancel), fed by every put. A put waits for room in each reader's queue, so the
+slower decoder holds the producer back, as a lone one does. A tap that is cancelled
+stops counting; cancelling or failing the feed stops every reader.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -79,20 +85,14 @@ class LatentFeed:
         """`pull`: where the blocks come from when they are not `put` here (module
         docstring); the pump starts at once, so construct the feed on `loop`."""
         self._loop = loop
-        # Unbounded as a queue; `put` keeps it at `max_blocks` unless told not to wait.
-        self._queue: asyncio.Queue[_Block | _End] = asyncio.Queue()
         self._max_blocks = max_blocks
-        self._taken = asyncio.Event()  # pulsed each time the decoder takes a block
-        self.held_bytes = 0  # of the blocks queued and not yet taken
+        self._taken = asyncio.Event()  # pulsed each time a decoder takes a block
         self._cancelled = threading.Event()
         self._error: VaecastError | None = None
         self._first: asyncio.Future[tuple[int, ...]] = loop.create_future()
-        self._audio: list[TimedAudio] = []  # arrived, not yet handed to the encoder
         self._ended = False
-        # Per chunk published, when the newest block the decoder had taken by then
-        # arrived: where that chunk's block-to-viewer latency starts.
-        self._taken_arrival: float | None = None
-        self.chunk_arrivals: dict[int, float] = {}
+        self._main = _Reader(self)  # the decoder's; taps are the others'
+        self._taps: list[FeedTap] = []
         self.latent_frames = 0
         self._puts_held = 0  # puts waiting for room in the queue
         self._version = 0  # of `feed_state`
@@ -135,27 +135,56 @@ class LatentFeed:
         self.latent_frames += int(latents.shape[2])
         if not self._first.done():
             self._first.set_result(tuple(latents.shape))
+        readers = self._readers()
         if audio is not None:
-            self._audio.append(audio)
+            for reader in readers:
+                reader.audio.append(audio)
         block = _Block(latents, arrived)
-        if wait_for_room and self._queue.qsize() >= self._max_blocks:
+        if wait_for_room and self._fullest() >= self._max_blocks:
             self._puts_held += 1
             self._changed_now()
             try:
-                while self._queue.qsize() >= self._max_blocks:
+                while self._fullest() >= self._max_blocks:
                     await self._taken.wait()
             finally:
                 self._puts_held -= 1
-        self._queue.put_nowait(block)
-        self.held_bytes += _nbytes(latents)
+        for reader in self._readers():
+            reader.offer(block)
         self._changed_now()
+
+    def _readers(self) -> list[_Reader]:
+        """Those still reading: the decoder's, and every tap not cancelled."""
+        return [self._main, *(tap.reader for tap in self._taps if not tap.reader.stopped)]
+
+    def _fullest(self) -> int:
+        return max(reader.queue.qsize() for reader in self._readers())
+
+    @property
+    def held_bytes(self) -> int:
+        """Of the blocks queued and not yet taken by the decoder that is furthest behind."""
+        return max(reader.held_bytes for reader in self._readers())
+
+    @property
+    def chunk_arrivals(self) -> dict[int, float]:
+        """Per chunk the decoder published, when the newest block it had taken by then
+        arrived: where that chunk's block-to-viewer latency starts."""
+        return self._main.chunk_arrivals
+
+    def tap(self) -> FeedTap:
+        """A second reader of every block put from now on (a preview's decoder)."""
+        if self.latent_frames:
+            raise RuntimeError("a tap must come before the first block")
+        tap = FeedTap(self)
+        self._taps.append(tap)
+        return tap
 
     async def end(self) -> None:
         """No more blocks: the decoder finishes what it has."""
         if self._ended:
             return
         self._ended = True
-        self._queue.put_nowait(_End())  # a mark, not a block: the bound is for blocks
+        for reader in self._readers():
+            reader.queue.put_nowait(_End())  # a mark, not a block: the bound is for blocks
         self._changed_now()
         if not self._first.done():
             self._set_first_error(DecodeCancelled("the session ended before any block"))
@@ -174,8 +203,7 @@ class LatentFeed:
         self.cancel()
 
     def take_audio(self) -> list[TimedAudio]:
-        audio, self._audio = self._audio, []
-        return audio
+        return self._main.take_audio()
 
     async def shared_state(self) -> None:
         """What this feed keeps elsewhere for its session (nothing: it is all here)."""
@@ -230,6 +258,82 @@ class LatentFeed:
             self._loop.call_soon_threadsafe(self._cancel_first)
 
     def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
+        self._main.decode(decoder, on_chunk)
+
+    def _cancel_first(self) -> None:
+        self._set_first_error(self._error or DecodeCancelled("cancelled"))
+
+    def _set_first_error(self, error: VaecastError) -> None:
+        if not self._first.done():
+            self._first.set_exception(error)
+            self._first.exception()  # nobody may be waiting: do not warn that none looked
+
+
+class FeedTap:
+    """Another decoder's reader of a feed's blocks (`LatentFeed.tap`): a latent source
+    whose cancel stops only this reader. Its `waiting` hook, if set, is told on the
+    decode thread when the reader starts (True) and stops (False) waiting for a block."""
+
+    def __init__(self, feed: LatentFeed) -> None:
+        self._feed = feed
+        self.reader = _Reader(feed)
+        self.waiting: Callable[[bool], None] | None = None
+
+    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
+        self.reader.waiting = self.waiting
+        self.reader.decode(decoder, on_chunk)
+
+    def cancel(self) -> None:
+        """Callable from any thread: this reader stops; the feed and its decoder go on."""
+        self.reader.stop()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._feed._loop.call_soon_threadsafe(self._feed._changed_now)
+
+    def take_audio(self) -> list[TimedAudio]:
+        return self.reader.take_audio()
+
+    def feed_state(self) -> FeedState:
+        state = self._feed.feed_state()
+        return replace(state, stopped=state.stopped or self.reader.stopped)
+
+    async def feed_changed(self, version: int) -> None:
+        await self._feed.feed_changed(version)
+
+
+class _Reader:
+    """One decoder's side of a feed: its queue of the blocks, the audio not yet handed
+    to its encoder, and where its chunks' latency starts. Its thread never hangs:
+    while it waits it looks at the cancel flags (its own and the feed's) and at the
+    loop every `GET_POLL_S`."""
+
+    def __init__(self, feed: LatentFeed) -> None:
+        self._feed = feed
+        # Unbounded as a queue; the feed's `put` keeps it at `max_blocks` unless told not to.
+        self.queue: asyncio.Queue[_Block | _End] = asyncio.Queue()
+        self.held_bytes = 0  # of the blocks queued and not yet taken
+        self.audio: list[TimedAudio] = []  # arrived, not yet handed to the encoder
+        self._stopped = threading.Event()
+        self._taken_arrival: float | None = None
+        self.chunk_arrivals: dict[int, float] = {}
+        self.waiting: Callable[[bool], None] | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def offer(self, block: _Block) -> None:
+        """On the loop: the next block, for this reader."""
+        self.queue.put_nowait(block)
+        self.held_bytes += _nbytes(block.latents)
+
+    def take_audio(self) -> list[TimedAudio]:
+        audio, self.audio = self.audio, []
+        return audio
+
+    def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
         def on_chunk_timed(chunk: DecodedChunk) -> None:
             if self._taken_arrival is not None:
                 self.chunk_arrivals[chunk.index] = self._taken_arrival
@@ -247,34 +351,33 @@ class LatentFeed:
 
     async def _next(self) -> _Block | _End:
         """On the loop: the next block, making room for a held-back put."""
-        item = await self._queue.get()
+        item = await self.queue.get()
         if isinstance(item, _Block):
             self.held_bytes -= _nbytes(item.latents)
-        self._taken.set()  # wakes the held-back puts; each checks the room again
-        self._taken.clear()
+        self._feed._taken.set()  # wakes the held-back puts; each checks the room again
+        self._feed._taken.clear()
         return item
 
     def _get(self) -> _Block | _End:
-        future = asyncio.run_coroutine_threadsafe(self._next(), self._loop)
-        while True:
-            try:
-                return future.result(timeout=GET_POLL_S)
-            except concurrent.futures.TimeoutError:
-                if self._cancelled.is_set() or not self._loop.is_running():
-                    future.cancel()
-                    if self._error is not None:
-                        raise self._error.detached() from None
-                    raise DecodeCancelled("decode cancelled") from None
-            except concurrent.futures.CancelledError:
-                raise DecodeCancelled("event loop stopped") from None
-
-    def _cancel_first(self) -> None:
-        self._set_first_error(self._error or DecodeCancelled("cancelled"))
-
-    def _set_first_error(self, error: VaecastError) -> None:
-        if not self._first.done():
-            self._first.set_exception(error)
-            self._first.exception()  # nobody may be waiting: do not warn that none looked
+        feed = self._feed
+        if self.waiting is not None:
+            self.waiting(True)
+        future = asyncio.run_coroutine_threadsafe(self._next(), feed._loop)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=GET_POLL_S)
+                except concurrent.futures.TimeoutError:
+                    if feed._cancelled.is_set() or self.stopped or not feed._loop.is_running():
+                        future.cancel()
+                        if feed._error is not None:
+                            raise feed._error.detached() from None
+                        raise DecodeCancelled("decode cancelled") from None
+                except concurrent.futures.CancelledError:
+                    raise DecodeCancelled("event loop stopped") from None
+        finally:
+            if self.waiting is not None:
+                self.waiting(False)
 
 
 def _nbytes(latents: torch.Tensor) -> int:

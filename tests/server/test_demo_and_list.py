@@ -57,7 +57,7 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
             {**SMALL_DEMO, "colour": "red"},
             422,
             "unknown field(s) colour; a demo request takes: "
-            "fps, frames, height, live, model, scene, seed, sound, width",
+            "fps, frames, height, live, model, preview, scene, seed, sound, width",
         ),
         (
             {**SMALL_DEMO, "frames": 13},
@@ -71,7 +71,7 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
                 422,
                 'a demo request names its scene: "scene" (one of showcase, shapes, gradient, '
                 "texture, text, landscape, fade, noise); frames, width, height, seed, fps, "
-                'model, sound and live are optional; {"input": "push"} starts a push '
+                'model, sound, live and preview are optional; {"input": "push"} starts a push '
                 "session instead",
             )
             for body in ({}, {"frames": 5, "width": 64, "height": 48})

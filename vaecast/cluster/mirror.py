@@ -189,7 +189,7 @@ class MirrorRunner:
     def abort(self, job: Job, error: VaecastError) -> None:
         self._in_background(job, self.shared.fail(error.detached()))
 
-    def length_known(self, job: Job, plan: DecodePlan) -> None:
+    def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
         """A push session's last block came through here: the shared job gets the plan
         with the end of the feed (and its record the length)."""
         job.plan = plan

@@ -35,6 +35,7 @@ from vaecast.cluster.records import (
     host_name,
 )
 from vaecast.cluster.replica import replica_states
+from vaecast.errors import InvalidRequestError
 from vaecast.job_record import JobRecord
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
@@ -92,7 +93,13 @@ class ClusterRunners:
         request: DecodeRequest | PushRequest,
         plan: DecodePlan | None,
         decoder: ChunkedDecoder,
+        preview: ChunkedDecoder | None = None,
     ) -> Job:
+        if preview is not None:
+            raise InvalidRequestError(
+                f"preview decoder {preview.name!r}: previews are decoded by a server "
+                "without --ray; a cluster job decodes its final only"
+            )
         job_id = "video_" + secrets.token_hex(12)
         spec, call = _describe(job_id, request, plan, manager.config)
         settings = JobSettings(

@@ -37,6 +37,7 @@ class CroppedDecoder(ChunkedDecoder):
         self.inner = inner
         self.width, self.height = width, height
         self.name = inner.name
+        self.latent_space = getattr(inner, "latent_space", inner.name)
         self.latent_channels = inner.latent_channels
         self.value_range = inner.value_range
         self.device = inner.device

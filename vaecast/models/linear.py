@@ -32,6 +32,7 @@ class LinearDecoder(StreamingDecoder):
     """`linear` under the chunk contract; parameter-free, hence no `from_weights`."""
 
     name = "linear"
+    latent_space = None  # any latents of its geometry (vaecast.models.latent_space)
     latent_channels = LATENT_CHANNELS
     value_range = (-1.0, 1.0)
 

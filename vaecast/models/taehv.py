@@ -191,6 +191,7 @@ class TAEHVDecoder(StreamingDecoder):
     """
 
     name = "taehv"
+    latent_space = None  # its weights' (taew2_1: Wan 2.1's); vaecast.models.latent_space
     value_range = (0.0, 1.0)
 
     def __init__(

@@ -68,6 +68,11 @@ class ServerConfig:
     body_rate_grace_s: float = 5.0
     max_pending: int = 16  # above the default decode places (9): a batch of 9 fits
     push_first_block_timeout_s: float = 15.0
+    # Preview-then-final: a model's default preview decoder (model, decoder) pairs, as
+    # `--preview wan2.1=taehv` gives them; a request's "preview" overrides it ("none":
+    # no preview). preview_device: where preview decoders run; None: with the model.
+    previews: tuple[tuple[str, str], ...] = ()
+    preview_device: str | None = None
     # On SIGTERM/SIGINT: refuse new jobs, let running ones finish this long, then cancel.
     shutdown_grace_s: float = 30.0
     # API key, host names answered to, CORS origins (vaecast.server.edge.security).

@@ -119,6 +119,19 @@ class Metrics:
             buckets=SECONDS_BUCKETS,
             registry=r,
         )
+        self.variant_time_to_first_fragment = Histogram(
+            "vaecast_variant_time_to_first_fragment_seconds",
+            "Jobs with a preview: from creation to each rendition's first fragment",
+            ["variant"],
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.final_ready_seconds = Histogram(
+            "vaecast_preview_to_final_ready_seconds",
+            "Jobs with a preview: from the preview's first fragment to final_ready",
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
         self.decode_seconds = Histogram(
             "vaecast_decode_seconds",
             "From a job's start to its last chunk",

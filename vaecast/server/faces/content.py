@@ -4,6 +4,10 @@ While the job decodes, the MP4 goes out as it grows (200, chunked), and a range 
 the bytes committed so far (206 with `/*`: the complete length is not known yet);
 once the job is complete, the MP4 is a plain file: length, ETag, ranges, HEAD, 304.
 Every body is read from the job's segment log, the only copy of the video.
+
+A job with a preview has two renditions (`?variant=preview|final`, final by
+default, so a client that knows nothing of previews gets the video it always did):
+each is an MP4 of its own, with its own log, broadcast, ETag and end.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from vaecast.errors import JobStateError, VaecastError
+from vaecast.job_record import FINAL, PREVIEW
 from vaecast.server.edge.http_errors import error_response
 from vaecast.server.edge.http_ranges import (
     ByteRange,
@@ -24,7 +29,7 @@ from vaecast.server.edge.http_ranges import (
     growing_range,
     parse_range,
 )
-from vaecast.server.stream.job import Job, JobStatus
+from vaecast.server.stream.job import Job, JobStatus, Rendition
 
 log = logging.getLogger("vaecast.http")
 
@@ -45,36 +50,50 @@ async def send_content(request: web.Request, job: Job) -> web.StreamResponse:
       cancelled, 409 like any request for its content;
     - `bytes=-0`, which no length can satisfy: 416 at once.
     """
-    while not job.log.complete:
-        refuse_if_broken(job)
+    rendition = rendition_of(request, job)
+    log = rendition.log
+    while not log.complete:
+        refuse_if_broken(job, rendition)
         try:
-            plan = growing_range(request.headers.get("Range"), job.log.size)
+            plan = growing_range(request.headers.get("Range"), log.size)
         except Unsatisfiable:  # no end of the video could satisfy it: said at once
             return error_response(416, "range_not_satisfiable", "the range selects no bytes")
         if plan is None:
-            return await send_stream(request, job)
+            return await send_stream(request, job, rendition=rendition)
         if isinstance(plan, ByteRange):
-            return await _send_committed(request, job, plan)
+            return await _send_committed(request, job, rendition, plan)
         # A log that breaks meanwhile is refused at the top, as any request for it.
         with contextlib.suppress(VaecastError):
-            await job.log.wait_for_size(plan.size)
-    return await _send_file(request, job)
+            await log.wait_for_size(plan.size)
+    return await _send_file(request, job, rendition)
 
 
-def refuse_if_broken(job: Job) -> None:
-    """Refuse a request for the content of a job that failed or was cancelled (409,
-    naming the job's error), or whose bytes are gone."""
-    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-        assert job.error is not None
-        raise JobStateError(
-            f"video {job.id} has no content: {job.status.value}: {job.error.message}"
-        )
-    if job.log.error is not None:  # its bytes are gone (evicted, shut down)
-        raise job.log.error.detached()
+def rendition_of(request: web.Request, job: Job) -> Rendition:
+    """The rendition `?variant=` names: the final (the video) by default."""
+    return job.rendition(request.query.get("variant", FINAL))
+
+
+def refuse_if_broken(job: Job, rendition: Rendition | None = None) -> None:
+    """Refuse a request for the content of a job (or a rendition of it) that failed or
+    was cancelled (409, naming the error), or whose bytes are gone."""
+    rendition = rendition or job.final
+    preview = job.record.preview
+    if rendition.variant == PREVIEW and preview is not None:
+        status, error = preview.status, preview.error
+    else:
+        status, error = job.record.final_status(), job.error
+        if job.record.final_ended is not None and job.record.final_ended.error is not None:
+            error = job.record.final_ended.error
+    if status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        assert error is not None
+        what = f"video {job.id}" if rendition.variant == FINAL else f"the preview of {job.id}"
+        raise JobStateError(f"{what} has no content: {status.value}: {error.message}")
+    if rendition.log.error is not None:  # its bytes are gone (evicted, shut down)
+        raise rendition.log.error.detached()
 
 
 async def _send_committed(
-    request: web.Request, job: Job, byte_range: ByteRange
+    request: web.Request, job: Job, rendition: Rendition, byte_range: ByteRange
 ) -> web.StreamResponse:
     """Bytes of a running job that are already in its log: 206, length unknown (`/*`)."""
     response = web.StreamResponse(
@@ -90,14 +109,16 @@ async def _send_committed(
     await response.prepare(request)
     if request.method != "HEAD":
         await _write_parts(
-            request, response, job, job.log.read_range(byte_range.first, byte_range.last)
+            request, response, job, rendition.log.read_range(byte_range.first, byte_range.last)
         )
     return response
 
 
-async def _send_file(request: web.Request, job: Job) -> web.StreamResponse:
-    size = job.log.size
-    etag = f'"{job.id}-{size}"'
+async def _send_file(request: web.Request, job: Job, rendition: Rendition) -> web.StreamResponse:
+    size = rendition.log.size
+    # The final's ETag is the one a job without a preview has (and had before one).
+    variant = "" if rendition.variant == FINAL else f"-{rendition.variant}"
+    etag = f'"{job.id}{variant}-{size}"'
     headers = {
         "Content-Type": job.content_type,
         "Accept-Ranges": "bytes",
@@ -122,13 +143,16 @@ async def _send_file(request: web.Request, job: Job) -> web.StreamResponse:
     await response.prepare(request)
     if request.method != "HEAD":
         await _write_parts(
-            request, response, job, job.log.read_range(byte_range.first, byte_range.last)
+            request, response, job, rendition.log.read_range(byte_range.first, byte_range.last)
         )
     return response
 
 
 async def send_stream(
-    request: web.Request, job: Job, extra_headers: dict[str, str] | None = None
+    request: web.Request,
+    job: Job,
+    extra_headers: dict[str, str] | None = None,
+    rendition: Rendition | None = None,
 ) -> web.StreamResponse:
     """Write the job's MP4 as it grows; cut the connection if the job breaks midway.
 
@@ -137,7 +161,8 @@ async def send_stream(
     cannot change the status, so the connection is closed without the terminating
     chunk: clients see a truncated transfer, and the job object says why.
     """
-    await wait_for_init(job)  # the Content-Type names the codec: known from then on
+    rendition = rendition or job.final
+    await wait_for_init(job, rendition)  # the Content-Type names the codec: known from then on
     response = web.StreamResponse(
         headers={
             "Content-Type": job.content_type,
@@ -148,27 +173,28 @@ async def send_stream(
     response.enable_chunked_encoding()
     writer = await response.prepare(request)
     if request.method != "HEAD":
-        broadcast = job.broadcast
+        broadcast, log = rendition.broadcast, rendition.log
         timeout_s = job.config.reader_write_timeout_s
         await _serve_viewer(
             request,
             response,
             job,
-            lambda: broadcast.follow(job.log, response, writer, timeout_s),
+            lambda: broadcast.follow(log, response, writer, timeout_s),
         )
     return response
 
 
-async def wait_for_init(job: Job) -> None:
+async def wait_for_init(job: Job, rendition: Rendition | None = None) -> None:
     """Until the job's init segment exists. A job that fails without one is refused as
     any request for a failed job's content (409 naming its error), not with its error's
     own status: a push session's producer that timed out (408) is no fault of its
     viewer. A cancelled job's error stays as it is (503 for a shutdown: try elsewhere)."""
+    rendition = rendition or job.final
     try:
-        await job.log.wait_for_init()
+        await rendition.log.wait_for_init()
     except VaecastError:
-        if job.status is JobStatus.FAILED:
-            refuse_if_broken(job)
+        if job.status is JobStatus.FAILED or rendition.variant == PREVIEW:
+            refuse_if_broken(job, rendition)
         raise
 
 

@@ -10,6 +10,9 @@ fragment is copied. Media URIs are files of their own (`hls/init.mp4`,
 FFmpeg's HLS demuxer refuses a URI without a media extension, and over byte ranges of
 a remote `/content` it lost a frame where the same layout as files decoded whole.
 
+A job with a preview has a media playlist per rendition, and `multivariant_playlist`
+lists them: the final ranked above the preview (`SCORE`), both of one resolution.
+
 `PartIndex` learns each part's duration and whether it starts with a keyframe from
 the fragment's own boxes as the job appends it (a moof is a few hundred bytes).
 """
@@ -134,6 +137,45 @@ def media_playlist(
         lines.append("#EXT-X-ENDLIST")
     else:
         lines.append(f'#EXT-X-PRELOAD-HINT:TYPE=PART,URI="hls/part/{len(parts)}.m4s"')
+    return "\n".join(lines) + "\n"
+
+
+# A rendition's bandwidth before it has a part to measure: what a multivariant
+# playlist must name (BANDWIDTH is required); players re-measure as they play.
+DEFAULT_BITS_PER_SECOND = 2_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One rendition as the multivariant playlist lists it."""
+
+    uri: str
+    name: str
+    codecs: str | None
+    width: int | None
+    height: int | None
+    fps: float
+    bits_per_second: float | None  # measured so far; None before the first part
+    score: float  # a player prefers the higher (HLS SCORE)
+
+
+def multivariant_playlist(variants: list[Variant]) -> str:
+    """The multivariant (master) playlist of a job's renditions, best first."""
+    lines = ["#EXTM3U", f"#EXT-X-VERSION:{PLAYLIST_VERSION}", "#EXT-X-INDEPENDENT-SEGMENTS"]
+    for variant in variants:
+        bandwidth = round(variant.bits_per_second or DEFAULT_BITS_PER_SECOND)
+        attributes = [f"BANDWIDTH={bandwidth}", f"AVERAGE-BANDWIDTH={bandwidth}"]
+        if variant.codecs:
+            attributes.append(f'CODECS="{variant.codecs}"')
+        if variant.width and variant.height:
+            attributes.append(f"RESOLUTION={variant.width}x{variant.height}")
+        attributes += [
+            f"FRAME-RATE={variant.fps:.3f}",
+            f"SCORE={variant.score:g}",
+            f'STABLE-VARIANT-ID="{variant.name}"',
+        ]
+        lines.append(f"#EXT-X-STREAM-INF:{','.join(attributes)}")
+        lines.append(variant.uri)
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,10 @@
 - `GET .../hls/init.mp4`, `.../hls/part/{n}.m4s`, `.../hls/segment/{k}.m4s`: the init
   segment, fragment n, and the fragments of segment k, read from the log. A part that
   does not exist yet (the playlist's preload hint) is answered when it does.
+- The same under `/v1/videos/{id}/preview/` for a job's preview rendition (a job with
+  a preview decoder): a media playlist of its own, its media relative to it.
+- `GET /v1/videos/{id}/master.m3u8`: the multivariant playlist, listing the final
+  rendition (and the preview, ranked below it by `SCORE`).
 """
 
 from __future__ import annotations
@@ -18,16 +22,19 @@ import re
 from aiohttp import web
 
 from vaecast.errors import MalformedRequestError, NotFoundError, VaecastError
+from vaecast.job_record import FINAL, FINAL_STATUSES, PREVIEW
 from vaecast.params import leading_int
 from vaecast.server.faces.content import end_response, refuse_if_broken, wait_for_init
 from vaecast.server.faces.hls import (
     MEDIA_TYPE,
+    Variant,
     media_playlist,
+    multivariant_playlist,
     part_position,
     segments,
     too_far_ahead,
 )
-from vaecast.server.stream.job import Job, JobStatus
+from vaecast.server.stream.job import Job, JobStatus, Rendition
 from vaecast.server.stream.manager import JobManager
 
 MEDIA_NUMBER = re.compile(r"[0-9]{1,9}")
@@ -37,108 +44,173 @@ BLOCK_TARGET_DURATIONS = 3
 
 
 def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
-    def manager(request: web.Request) -> JobManager:
-        return request.app[manager_key]
+    def found(request: web.Request, variant: str) -> tuple[Job, Rendition]:
+        job = request.app[manager_key].get(request.match_info["video_id"])
+        return job, job.rendition(variant)
 
-    async def playlist(request: web.Request) -> web.Response:
-        job = manager(request).get(request.match_info["video_id"])
-        msn = _hls_number(request, "_HLS_msn")
-        part = _hls_number(request, "_HLS_part")
-        if part is not None and msn is None:
-            raise MalformedRequestError("_HLS_part needs _HLS_msn")
-        if msn is not None:
-            if too_far_ahead(job.parts.parts, job.finished, msn):
-                raise MalformedRequestError(
-                    f"_HLS_msn={msn} is more than two segments past the playlist's last"
-                )
-            await _until_listed(job, msn, part)
+    def routes(variant: str, prefix: str) -> None:
+        async def playlist(request: web.Request) -> web.Response:
+            job, rendition = found(request, variant)
+            msn = _hls_number(request, "_HLS_msn")
+            part = _hls_number(request, "_HLS_part")
+            if part is not None and msn is None:
+                raise MalformedRequestError("_HLS_part needs _HLS_msn")
+            if msn is not None:
+                if too_far_ahead(rendition.parts.parts, _ended(job, rendition), msn):
+                    raise MalformedRequestError(
+                        f"_HLS_msn={msn} is more than two segments past the playlist's last"
+                    )
+                await _until_listed(job, rendition, msn, part)
+            return web.Response(
+                text=_playlist_text(job, rendition),
+                content_type=MEDIA_TYPE,
+                headers={"Cache-Control": "no-cache"},
+            )
+
+        async def init(request: web.Request) -> web.StreamResponse:
+            job, rendition = found(request, variant)
+            await wait_for_init(job, rendition)
+            return await _send_segments(request, job, rendition, [0])
+
+        async def part(request: web.Request) -> web.StreamResponse:
+            job, rendition = found(request, variant)
+            index = _media_number(request)
+            await _until_parts(job, rendition, index + 1)
+            if index >= len(rendition.parts.parts):
+                # A job that failed first: its error, as for /content.
+                refuse_if_broken(job, rendition)
+                raise NotFoundError(f"video {job.id} has no part {index}")
+            return await _send_segments(request, job, rendition, [index + 1])
+
+        async def segment(request: web.Request) -> web.StreamResponse:
+            job, rendition = found(request, variant)
+            number = _media_number(request)
+            grouped = segments(rendition.parts.parts, _ended(job, rendition))
+            if number >= len(grouped) or not grouped[number].complete:
+                raise NotFoundError(f"video {job.id} has no complete segment {number}")
+            chosen = grouped[number]
+            first = chosen.first_part + 1  # log segment 0 is the init segment
+            indexes = list(range(first, first + len(chosen.parts)))
+            return await _send_segments(request, job, rendition, indexes)
+
+        app.router.add_get(f"{prefix}/playlist.m3u8", playlist)
+        app.router.add_get(f"{prefix}/hls/init.mp4", init)
+        app.router.add_get(f"{prefix}/hls/part/{{number}}.m4s", part)
+        app.router.add_get(f"{prefix}/hls/segment/{{number}}.m4s", segment)
+
+    async def master(request: web.Request) -> web.Response:
+        job = request.app[manager_key].get(request.match_info["video_id"])
+        variants = [_variant(job, rendition) for rendition in reversed(job.renditions)]
         return web.Response(
-            text=_playlist_text(job),
+            text=multivariant_playlist(variants),
             content_type=MEDIA_TYPE,
             headers={"Cache-Control": "no-cache"},
         )
 
-    async def init(request: web.Request) -> web.StreamResponse:
-        job = manager(request).get(request.match_info["video_id"])
-        await wait_for_init(job)
-        return await _send_segments(request, job, [0])
-
-    async def part(request: web.Request) -> web.StreamResponse:
-        job = manager(request).get(request.match_info["video_id"])
-        index = _media_number(request)
-        await _until_parts(job, index + 1)
-        if index >= len(job.parts.parts):
-            refuse_if_broken(job)  # a job that failed first: its error, as for /content
-            raise NotFoundError(f"video {job.id} has no part {index}")
-        return await _send_segments(request, job, [index + 1])
-
-    async def segment(request: web.Request) -> web.StreamResponse:
-        job = manager(request).get(request.match_info["video_id"])
-        number = _media_number(request)
-        grouped = segments(job.parts.parts, job.finished)
-        if number >= len(grouped) or not grouped[number].complete:
-            raise NotFoundError(f"video {job.id} has no complete segment {number}")
-        chosen = grouped[number]
-        first = chosen.first_part + 1  # log segment 0 is the init segment
-        return await _send_segments(request, job, list(range(first, first + len(chosen.parts))))
-
     base = "/v1/videos/{video_id}"
-    app.router.add_get(f"{base}/playlist.m3u8", playlist)
-    app.router.add_get(f"{base}/hls/init.mp4", init)
-    app.router.add_get(f"{base}/hls/part/{{number}}.m4s", part)
-    app.router.add_get(f"{base}/hls/segment/{{number}}.m4s", segment)
+    routes(FINAL, base)
+    routes(PREVIEW, f"{base}/{PREVIEW}")
+    app.router.add_get(f"{base}/master.m3u8", master)
 
 
-def _playlist_text(job: Job) -> str:
+def _status(job: Job, rendition: Rendition) -> JobStatus:
+    preview = job.record.preview
+    if rendition.variant == PREVIEW and preview is not None:
+        return preview.status
+    return job.record.final_status()
+
+
+def _ended(job: Job, rendition: Rendition) -> bool:
+    """The rendition will have no more parts (the job may go on: its other one)."""
+    return _status(job, rendition) in FINAL_STATUSES or job.finished
+
+
+def _variant(job: Job, rendition: Rendition) -> Variant:
+    """A rendition as the multivariant playlist lists it."""
+    size = job.record.plan or job.record.geometry
+    parts = rendition.parts.parts
+    seconds = sum(part.duration_s for part in parts)
+    measured = rendition.log.size * 8 / seconds if seconds > 0 else None
+    uri = "playlist.m3u8" if rendition.variant == FINAL else f"{PREVIEW}/playlist.m3u8"
+    return Variant(
+        uri=uri,
+        name=rendition.variant,
+        codecs=_codecs(job.content_type),
+        width=None if size is None else size.width,
+        height=None if size is None else size.height,
+        fps=float(job.fps),
+        bits_per_second=measured,
+        score=2.0 if rendition.variant == FINAL else 1.0,
+    )
+
+
+def _codecs(content_type: str) -> str | None:
+    """`avc1.640028,mp4a.40.2` from `video/mp4; codecs="avc1.640028, mp4a.40.2"`."""
+    match = re.search(r'codecs="([^"]+)"', content_type)
+    return None if match is None else ",".join(c.strip() for c in match.group(1).split(","))
+
+
+def _playlist_text(job: Job, rendition: Rendition) -> str:
     settings = job.config.encoder
     longest_chunk = 4  # frames, until the job knows its chunks
     if job.plan is not None:
         longest_chunk = max(job.plan.chunk_frames)
     elif job.stream_plan is not None:  # a push session: its length is not known yet
         longest_chunk = max(job.stream_plan.first_chunk_frames, job.stream_plan.chunk_frames)
+    parts = rendition.parts.parts
     part_target_s = float(longest_chunk / job.fps)
-    if job.plan is None and job.stream_plan is None and job.finished and job.parts.parts:
-        # A job restored from the store: its parts are all it knows of its chunks.
-        part_target_s = max(part.duration_s for part in job.parts.parts)
+    if rendition.variant == PREVIEW or (
+        job.plan is None and job.stream_plan is None and job.finished
+    ):
+        # A preview's chunks are its own decoder's; a job restored from the store
+        # knows its chunks only by its parts. The longest so far bounds them.
+        part_target_s = max([part_target_s, *(part.duration_s for part in parts)])
+    status = _status(job, rendition)
+    ended = _ended(job, rendition)
     return media_playlist(
-        job.parts.parts,
-        finished=job.status is JobStatus.COMPLETED,
-        ended_early=job.finished and job.status is not JobStatus.COMPLETED,
+        parts,
+        finished=status is JobStatus.COMPLETED,
+        ended_early=ended and status is not JobStatus.COMPLETED,
         target_duration_s=settings.keyframe_interval_s,
         part_target_s=part_target_s,
     )
 
 
-async def _until_listed(job: Job, msn: int, part: int | None) -> None:
-    needed = part_position(job.parts.parts, job.finished, msn, part)
+async def _until_listed(job: Job, rendition: Rendition, msn: int, part: int | None) -> None:
+    needed = part_position(rendition.parts.parts, _ended(job, rendition), msn, part)
     if needed is not None:
-        await _until_parts(job, needed)
+        await _until_parts(job, rendition, needed)
 
 
-async def _until_parts(job: Job, count: int) -> None:
-    """Until the job has `count` parts or has ended; bounded by a few target durations."""
+async def _until_parts(job: Job, rendition: Rendition, count: int) -> None:
+    """Until the rendition has `count` parts or has ended; bounded by a few target
+    durations."""
     timeout_s = BLOCK_TARGET_DURATIONS * max(1.0, job.config.encoder.keyframe_interval_s)
+    parts = rendition.parts.parts
     # A log that breaks ends the wait: what the job has is answered, its end shown.
     with contextlib.suppress(TimeoutError, VaecastError):
         async with asyncio.timeout(timeout_s):
-            while len(job.parts.parts) < count and not job.finished:
-                await job.log.wait_for_segments(len(job.parts.parts) + 2)
+            while len(parts) < count and not _ended(job, rendition):
+                await rendition.log.wait_for_segments(len(parts) + 2)
 
 
-async def _send_segments(request: web.Request, job: Job, indexes: list[int]) -> web.StreamResponse:
+async def _send_segments(
+    request: web.Request, job: Job, rendition: Rendition, indexes: list[int]
+) -> web.StreamResponse:
     """Log segments `indexes`, in order, as one MP4 body."""
-    if job.log.released:
+    log = rendition.log
+    if log.released:
         raise NotFoundError(f"video {job.id} is no longer kept")
     response = web.StreamResponse(
         headers={"Content-Type": "video/mp4", "Cache-Control": "max-age=3600"}
     )
-    response.content_length = sum(job.log.segment_size(i) for i in indexes)
+    response.content_length = sum(log.segment_size(i) for i in indexes)
     await response.prepare(request)
     if request.method != "HEAD":
         try:
             async with job.viewer():
                 for index in indexes:
-                    await response.write(await job.log.read_segment(index))
+                    await response.write(await log.read_segment(index))
         except ConnectionError:  # the player left (it often does, between parts)
             return response
     await end_response(response)

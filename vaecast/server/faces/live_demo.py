@@ -63,9 +63,11 @@ class LiveDemoRequest:
     fps: Fraction
     sound: bool
     device: str
+    preview: str | None = None
 
     def session(self) -> PushRequest:
-        return PushRequest(self.model, self.fps, DEMO_AUDIO if self.sound else None)
+        audio = DEMO_AUDIO if self.sound else None
+        return PushRequest(self.model, self.fps, audio, preview=self.preview)
 
 
 def start_producer(job: Job, demo: LiveDemoRequest) -> None:
@@ -96,7 +98,8 @@ async def _produce(job: Job, demo: LiveDemoRequest) -> None:
             first_latent += int(block.shape[2])
             shape = tuple(block.shape)
         assert shape is not None, "a scene has at least one frame"
-        job.length_known(job.decoder.plan((1, shape[1], first_latent, *shape[3:])))
+        total = (1, shape[1], first_latent, *shape[3:])
+        job.length_known(job.decoder.plan(total), total)
         await feed.end()
     except asyncio.CancelledError:
         raise  # the job ended first (cancelled, failed): nothing more to make

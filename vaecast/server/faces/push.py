@@ -177,7 +177,7 @@ class PushSession:
             await self.feed.end()  # nothing was pushed: the job ends, cancelled
             return
         total = (1, self._block_shape[1], self.feed.latent_frames, *self._block_shape[3:])
-        self.job.length_known(self.job.decoder.plan(total))
+        self.job.length_known(self.job.decoder.plan(total), total)
         await self.feed.end()
 
     def _parse_block(

@@ -11,7 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.errors import InvalidRequestError, NotFoundError
+from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
+from vaecast.job_record import PREVIEW
 from vaecast.params import leading_int, parse_int
 from vaecast.server.faces.content import end_response, send_content, send_stream
 from vaecast.server.faces.hls_routes import add_hls_routes
@@ -37,6 +38,8 @@ PUSH_SESSIONS = web.AppKey("push_sessions", PushSessions)
 LIST_DEFAULT = 20
 LIST_MAX = 100
 SSE_RETRY_MS = 2000
+# A DELETE ?variant= is answered once that rendition stopped: at its next chunk.
+STOP_WAIT_S = 30.0
 STATIC_DIR = Path(str(importlib.resources.files("vaecast.static")))
 # The page's assets by name: the folder is also a Python package, whose other files
 # (__init__.py, caches) are nobody's business.
@@ -149,23 +152,52 @@ def job_json(job: Job, manager: JobManager) -> dict[str, Any]:
 
 
 def with_links(job_object: dict[str, Any], queue_position: int | None = None) -> dict[str, Any]:
-    return {**job_object, "queue_position": queue_position, "urls": job_urls(job_object["id"])}
+    urls = job_urls(job_object["id"])
+    if "variants" in job_object:  # a job with a preview: each rendition's, and the master
+        base = urls["self"]
+        urls |= {
+            "preview_content": f"{base}/content?variant={PREVIEW}",
+            "preview_playlist": f"{base}/{PREVIEW}/playlist.m3u8",
+            "master_playlist": f"{base}/master.m3u8",
+        }
+    return {**job_object, "queue_position": queue_position, "urls": urls}
 
 
 async def delete_video(request: web.Request) -> web.Response:
     """Cancel a queued or running job (it stays, cancelled); delete a finished one.
 
     As in OpenAI's videos API, DELETE of a finished video deletes it: its bytes are
-    freed and its id answers 410 from then on.
+    freed and its id answers 410 from then on. `?variant=final` (or `preview`) of a
+    running job with a preview stops that rendition only: "the preview looks wrong,
+    stop the full decode" keeps the preview; answered once it has stopped.
     """
     manager = request.app[MANAGER]
     job = manager.get(request.match_info["video_id"])
+    variant = request.query.get("variant")
+    if variant is not None:
+        return await _stop_variant(job, variant, manager)
     if not job.finished:
         job.cancel("cancelled by request")
         await job.wait()
         return web.json_response(job_json(job, manager))
     await manager.delete(job)
     return web.json_response({"id": job.id, "object": "video.deleted", "deleted": True})
+
+
+async def _stop_variant(job: Job, variant: str, manager: JobManager) -> web.Response:
+    rendition = job.rendition(variant)  # 404 for a preview the job does not have
+    if job.preview is None:
+        raise InvalidRequestError(
+            f"video {job.id} has one rendition: DELETE it without ?variant to cancel it"
+        )
+    if job.finished:
+        raise JobStateError(f"video {job.id} has ended: {job.status.value}")
+    job.cancel_variant(variant, f"the {variant} rendition was stopped by request")
+    # Answered once it has stopped (at its next chunk), as a DELETE of the job is.
+    async with asyncio.timeout(STOP_WAIT_S):
+        while not (job.finished or rendition.log.closed):
+            await job.events.wait_for(len(job.events.items()) + 1)
+    return web.json_response(job_json(job, manager))
 
 
 async def get_content(request: web.Request) -> web.StreamResponse:

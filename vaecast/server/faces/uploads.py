@@ -60,10 +60,12 @@ READ_CHUNK_BYTES = 256 * 1024
 MAX_FIELD_BYTES = 1024
 MAX_FORM_PARTS = 32
 MAX_JSON_BYTES = 64 * 1024
-DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound", "live"}
+DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound", "live", "preview"}
+MAX_PREVIEW_NAME = 200  # a plugin's "package.module:factory" fits
 PUSH_FIELDS = frozenset(
     {
         "input",
+        "preview",
         "batch",
         "kind",
         "fps",
@@ -113,6 +115,8 @@ async def read_decode_request(
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
         if body.get("input") == "push":
+            if "preview" in request.query and "preview" not in body:
+                body = {**body, "preview": request.query["preview"]}
             return _push_request(body, config)
         return await _demo_request(body, config)
     upload = await read_upload(request, config)
@@ -145,6 +149,7 @@ async def read_decode_request(
             fps=parse_fps(params.get("fps"), config.default_fps),
             soundtrack=soundtrack,
             crop=_crop(params),
+            preview=preview_name(params.get("preview")),
         )
         for entry, soundtrack in enumerate(soundtracks)
     )
@@ -212,6 +217,7 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
     elif value_range is not None:
         raise InvalidRequestError('value_range is for frames sessions ("kind": "frames")')
     return PushRequest(
+        preview=preview_name(_text_field(body, "preview")),
         model=model or config.default_model,
         fps=fps,
         audio_format=audio_format,
@@ -225,6 +231,18 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
             config.decode_slots + config.max_queued_jobs,
         ),
     )
+
+
+def preview_name(text: str | None) -> str | None:
+    """A request's `preview`: a decoder's name (or "none"), as a name can be."""
+    if text is None:
+        return None
+    if not text or len(text) > MAX_PREVIEW_NAME or not text.isprintable():
+        raise InvalidRequestError(
+            f"preview must name a decoder (at most {MAX_PREVIEW_NAME} characters), "
+            f"got {echo(text)!r}"
+        )
+    return text
 
 
 def _value_range(value: Any) -> tuple[float, float]:
@@ -270,7 +288,7 @@ async def _demo_request(
     if "scene" not in body:  # `{}` would otherwise render the largest demo there is
         raise InvalidRequestError(
             f'a demo request names its scene: "scene" (one of {", ".join(SCENE_NAMES)}); '
-            f"frames, width, height, seed, fps, model, sound and live are optional; "
+            f"frames, width, height, seed, fps, model, sound, live and preview are optional; "
             '{"input": "push"} starts a push session instead'
         )
     spec = parse_scene_spec(body)
@@ -293,15 +311,22 @@ async def _demo_request(
     live = body.get("live", False)
     if not isinstance(live, bool):
         raise InvalidRequestError(f"live must be true or false, got {live!r}")
+    preview = preview_name(_text_field(body, "preview"))
     if live:  # produced block by block inside a push session (vaecast.server.faces.live_demo)
-        return LiveDemoRequest(spec, model, fps, sound, config.device)
+        return LiveDemoRequest(spec, model, fps, sound, config.device, preview)
     # Rendering and encoding take seconds of CPU: never on the loop.
     latents = await asyncio.to_thread(scene_latents, spec, config.device)
     soundtrack = None
     if sound:
         waveform = await asyncio.to_thread(scene_audio, spec, fps)
         soundtrack = Soundtrack(waveform, DEFAULT_SAMPLE_RATE_HZ)
-    return DecodeRequest(latents=latents, model=model, fps=fps, soundtrack=soundtrack)
+    return DecodeRequest(
+        latents=latents,
+        model=model,
+        fps=fps,
+        soundtrack=soundtrack,
+        preview=preview,
+    )
 
 
 def _text_field(body: Mapping[str, Any], name: str, numbers: bool = False) -> str | None:

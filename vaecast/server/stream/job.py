@@ -26,9 +26,17 @@ from contextlib import AbstractAsyncContextManager
 from fractions import Fraction
 from typing import Any, Protocol
 
-from vaecast.errors import VaecastError
+from vaecast.errors import (
+    DecodeCancelled,
+    InvalidRequestError,
+    JobStateError,
+    NotFoundError,
+    VaecastError,
+)
 from vaecast.job_record import (
+    FINAL,
     FINAL_STATUSES,
+    PREVIEW,
     Ended,
     JobRecord,
     JobStatus,
@@ -81,8 +89,9 @@ class JobRunner(Protocol):
     def abort(self, job: Job, error: VaecastError) -> None:
         """End the job as failed with `error` (a push session gone idle, say)."""
 
-    def length_known(self, job: Job, plan: DecodePlan) -> None:
-        """A push session's last block came through this process."""
+    def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
+        """A push session's last block came through this process (`preview_chunks`:
+        the preview's chunk count, for a job with a preview)."""
 
     def interrupted(self, job: Job) -> None:
         """The job's task ended without ending the job (cancelled before it ran)."""
@@ -104,11 +113,14 @@ class Job:
         fanout: FanoutSender | None = None,
         push_kind: PushKind | None = None,
         log: SegmentLog | None = None,
+        preview: ChunkedDecoder | None = None,
     ) -> None:
         """`plan` is None for a push session: its length is known at its last block.
         `fanout`: the server's thread for its viewers' sends (None: the loop sends).
         `log`: its MP4's log when it has one already (a durable store's file, or a
-        restored video); by default a new one in memory, spilling to a temp file."""
+        restored video); by default a new one in memory, spilling to a temp file.
+        `preview`: the preview decoder of a job with two renditions (its record has
+        a `preview`); its MP4 is kept in memory and a temp file, not in the store."""
         self.record = record
         self.decoder = decoder
         self.plan = plan
@@ -118,13 +130,29 @@ class Job:
         self.metrics = metrics
         self.runner = runner
         self.push_kind = push_kind  # what a push session's blocks are
-        self.log = (
-            log if log is not None else SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+        # The video: the final rendition, the model's own decode. Its log, broadcast
+        # and parts are the job's (`log`, `broadcast`, `parts`).
+        self.final = Rendition(
+            FINAL,
+            decoder,
+            log if log is not None else SegmentLog(config.spill_threshold_bytes, config.spill_dir),
+            metrics,
+            fanout,
         )
-        # Its caught-up live viewers, sent each segment in one batch.
-        self.broadcast = Broadcast(self.log, metrics.bytes_sent, fanout)
-        # Each part's duration and keyframe, for the HLS playlist of the same bytes.
-        self.parts = PartIndex()
+        self.log, self.broadcast = self.final.log, self.final.broadcast
+        self.parts = self.final.parts
+        # A job with a preview: the preview decoder's rendition of the same latents.
+        self.preview = (
+            None
+            if preview is None
+            else Rendition(
+                PREVIEW,
+                preview,
+                SegmentLog(config.spill_threshold_bytes, config.spill_dir),
+                metrics,
+                fanout,
+            )
+        )
         # The record's events (queued, started, chunk..., then done or error), for
         # GET /v1/videos/{id}/events; closed when the job ends.
         self.events: FollowableLog[dict[str, Any]] = FollowableLog()
@@ -267,9 +295,22 @@ class Job:
         if not self.finished:
             self.runner.abort(self, error)
 
-    def length_known(self, plan: DecodePlan) -> None:
-        """A push session's last block came: the whole video's plan."""
-        self.runner.length_known(self, plan)
+    def length_known(self, plan: DecodePlan, latent_shape: tuple[int, ...]) -> None:
+        """A push session's last block came: the whole video's plan, of latents of
+        `latent_shape` in all."""
+        preview = None if self.preview is None else self.preview.decoder.plan(latent_shape)
+        self.runner.length_known(self, plan, None if preview is None else preview.chunks)
+
+    def cancel_variant(self, variant: str, reason: str) -> None:
+        """Stop one rendition of a job with a preview; the other goes on (stopping the
+        last one still running stops the job)."""
+        self.rendition(variant)  # raises for one the job does not have
+        if self.preview is None or self.finished:
+            return
+        stop = getattr(self.runner, "cancel_variant", None)
+        if stop is None:
+            raise JobStateError(f"video {self.id}: its renditions cannot be stopped apart here")
+        stop(self, variant, DecodeCancelled(reason))
 
     def on_end(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the job has ended (at once if it has)."""
@@ -282,6 +323,44 @@ class Job:
         if self._task is not None:
             await asyncio.shield(self._task)
 
+    # The renditions.
+
+    def rendition(self, variant: str) -> Rendition:
+        """`final` (the video) or, on a job with a preview, `preview`."""
+        if variant == FINAL:
+            return self.final
+        if variant == PREVIEW and self.preview is not None:
+            return self.preview
+        if variant == PREVIEW:
+            raise NotFoundError(f"video {self.id} has no preview rendition")
+        shown = variant if len(variant) <= 20 else f"{variant[:20]}..."
+        raise InvalidRequestError(f"variant must be preview or final, got {shown!r}")
+
+    @property
+    def renditions(self) -> list[Rendition]:
+        return [self.final] if self.preview is None else [self.preview, self.final]
+
+    @property
+    def memory_bytes(self) -> int:
+        """What the job's videos hold in memory."""
+        return sum(rendition.log.memory_bytes for rendition in self.renditions)
+
+    async def release(self) -> None:
+        """Free every rendition's bytes (the job is being evicted, or cannot be served)."""
+        for rendition in self.renditions:
+            await rendition.log.release()
+
+    async def release_unservable(self) -> None:
+        """Free the bytes of each rendition that ended without completing: they can
+        never be served (a stopped final's job keeps its completed preview)."""
+        if self.status is not JobStatus.COMPLETED and not self.log.released:
+            await self.log.release()
+        rendition, progress = self.preview, self.record.preview
+        failed = progress is not None and progress.is_final
+        failed = failed and progress.status is not JobStatus.COMPLETED  # type: ignore[union-attr]
+        if rendition is not None and failed and not rendition.log.released:
+            await rendition.log.release()
+
     # The pipeline's sink.
 
     async def append(self, segment: bytes) -> None:
@@ -289,13 +368,19 @@ class Job:
         self.parts.add(segment)
         self.apply(SegmentAdded(len(segment)))
 
+    def sink(self, variant: str) -> Any:
+        """Where the fragments of rendition `variant` go (the job itself for the final)."""
+        return self if variant == FINAL else _PreviewSink(self)
+
     # Endings.
 
     def end(self, status: JobStatus, error: VaecastError) -> None:
-        """End the job failed or cancelled with `error`; its log's readers hear why."""
+        """End the job failed or cancelled with `error`; its logs' readers hear why."""
         error = error.detached()
         self.apply(Ended(status, error))
-        self.log.abort(error)
+        for rendition in self.renditions:
+            if not rendition.log.closed:
+                rendition.log.abort(error)
 
     def _after_task(self, task: asyncio.Task[None]) -> None:
         # A task cancelled before its first step never enters `run`, so nothing
@@ -312,3 +397,38 @@ class Job:
         self.events.finish()
         self.metrics.jobs_finished.labels(self.status.value).inc()
         log.info("job %s", self.record.summary())
+
+
+class Rendition:
+    """One rendition of a job's latents: its decoder, and its MP4 as a log that any
+    number of viewers follow at their own pace, the broadcast that sends caught-up
+    viewers each segment, and the HLS parts of the same bytes."""
+
+    def __init__(
+        self,
+        variant: str,
+        decoder: ChunkedDecoder,
+        log: SegmentLog,
+        metrics: Metrics,
+        fanout: FanoutSender | None,
+    ) -> None:
+        self.variant = variant
+        self.decoder = decoder
+        self.log = log
+        # Its caught-up live viewers, sent each segment in one batch.
+        self.broadcast = Broadcast(log, metrics.bytes_sent, fanout)
+        # Each part's duration and keyframe, for the HLS playlist of the same bytes.
+        self.parts = PartIndex()
+
+
+class _PreviewSink:
+    """The preview rendition's fragments, into its log and parts, counted as its own."""
+
+    def __init__(self, job: Job) -> None:
+        assert job.preview is not None
+        self._job, self._preview = job, job.preview
+
+    async def append(self, segment: bytes) -> None:
+        await self._preview.log.append(segment)
+        self._preview.parts.add(segment)
+        self._job.apply(SegmentAdded(len(segment), variant=PREVIEW))

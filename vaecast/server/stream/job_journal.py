@@ -5,6 +5,8 @@ record as it is then (`vaecast.job_snapshot`), each segment's place in the video
 file with its HLS part, and its end. A completed job's `done` goes with the order
 to fsync its file first (`Store.completed`); a failed or cancelled one's video is
 dropped, as in memory. Only jobs whose log writes the store's file are journalled.
+A job's preview rendition is not: only its record's counters are, so after a
+restart only its final video is served.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vaecast.job_record import Completed, Ended, SegmentAdded, Transition
+from vaecast.job_record import FINAL, Completed, Ended, SegmentAdded, Transition
 from vaecast.job_snapshot import snapshot
 from vaecast.server.stream.job import Job
 from vaecast.store import Store, StoredSegment
@@ -29,7 +31,8 @@ class JobJournal:
 
     def applied(self, transition: Transition, event: dict[str, Any] | None) -> None:
         job, store = self._job, self._store
-        if isinstance(transition, SegmentAdded):
+        if isinstance(transition, SegmentAdded) and transition.variant == FINAL:
+            # (A preview's bytes are kept in memory only: the store keeps the video.)
             index = len(job.log) - 1
             part = job.parts.parts[index - 1] if index > 0 else None
             self._size += transition.size

@@ -31,6 +31,7 @@ class DecodeRequest:
     fps: Fraction
     soundtrack: Soundtrack | None = None
     crop: tuple[int, int] | None = None  # (width, height): the decoded frames' top-left
+    preview: str | None = None  # its preview decoder; None: the server's default for model
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +53,8 @@ class PushRequest:
     value_range: tuple[float, float] = (0.0, 1.0)  # of float frames
     crop: tuple[int, int] | None = None
     batch: int = 1  # videos pushed together (a job each)
+    preview: str | None = None  # its preview decoder; None: the server's default for model
+
+
+# A request's "preview" that asks for none, whatever the server's default.
+NO_PREVIEW = "none"

@@ -15,11 +15,11 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vaecast.job_record import JobRecord
+from vaecast.job_record import JobRecord, PreviewProgress
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
-from vaecast.server.stream.local_runner import LocalRunner
+from vaecast.server.stream.local_runner import LocalRunner, PreviewSetup
 
 if TYPE_CHECKING:
     from vaecast.server.stream.manager import JobManager
@@ -37,8 +37,10 @@ class JobRunners(Protocol):
         request: DecodeRequest | PushRequest,
         plan: DecodePlan | None,
         decoder: ChunkedDecoder,
+        preview: ChunkedDecoder | None = None,
     ) -> Job:
-        """A new job of `request`, with its runner (checked, admitted: it will run)."""
+        """A new job of `request`, with its runner (checked, admitted: it will run);
+        `preview`: its preview decoder, for a job with two renditions."""
 
     def start(self, manager: JobManager) -> None:
         """On the running loop, when the manager starts."""
@@ -70,6 +72,7 @@ class LocalRunners:
         request: DecodeRequest | PushRequest,
         plan: DecodePlan | None,
         decoder: ChunkedDecoder,
+        preview: ChunkedDecoder | None = None,
     ) -> Job:
         push = isinstance(request, PushRequest)
         job_id = "video_" + secrets.token_hex(12)
@@ -81,8 +84,16 @@ class LocalRunners:
             _audio_json(request),
             None if plan is None else plan_facts(plan),
             created_at=time.time(),
+            preview=None
+            if preview is None
+            else PreviewProgress(preview.name, _chunks(preview, request)),
         )
-        runner = LocalRunner(request, manager.config, manager.workers, manager.stages)
+        setup = None
+        if preview is not None:
+            # On the model's device, the final yields to it (vaecast.preview_first).
+            first = preview.device == decoder.device
+            setup = PreviewSetup(preview, manager.previews.workers(manager.workers), first)
+        runner = LocalRunner(request, manager.config, manager.workers, manager.stages, setup)
         return Job(
             record,
             decoder,
@@ -93,6 +104,7 @@ class LocalRunners:
             manager.fanout,
             request.kind if push else None,
             log=manager.new_log(job_id),
+            preview=preview,
         )
 
     def start(self, manager: JobManager) -> None:
@@ -112,6 +124,13 @@ class LocalRunners:
 
     def replica_health(self) -> dict[str, Any] | None:
         return None
+
+
+def _chunks(preview: ChunkedDecoder, request: DecodeRequest | PushRequest) -> int | None:
+    """The preview's chunk count: an upload's now, a push session's at its end."""
+    if isinstance(request, PushRequest):
+        return None
+    return preview.plan(tuple(request.latents.shape)).chunks
 
 
 def _audio_json(request: DecodeRequest | PushRequest) -> dict[str, int] | None:

@@ -7,6 +7,15 @@ job's record what happens: started, the encoder's Content-Type, each chunk, and 
 the run ended (completed, failed, cancelled). The latents and the waveform are
 dropped when the job ends: a finished job keeps only its MP4, which retention
 accounts for.
+
+A job with a preview (`PreviewSetup`) runs two pipelines in its one slot, over the
+same latents (a push session's blocks reach the preview through a `FeedTap`): the
+preview decoder's into the job's preview rendition, on a decode thread of its own,
+and the model's, the final, into the job's video. On one device the final yields
+to the preview chunk by chunk (`vaecast.preview_first`). Each rendition ends on its
+own (`VariantEnded`; `cancel_variant` stops one); the job ends once both have, as
+its final did. The final's observer sends `final_ready` once the final has passed
+a viewer of the preview (`JobRecord.final_caught_up`).
 """
 
 from __future__ import annotations
@@ -15,20 +24,25 @@ import asyncio
 import logging
 import time
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from vaecast.errors import CancelledByShutdown, DecodeCancelled, DecodeFailedError, VaecastError
 from vaecast.job_record import (
+    FINAL,
+    PREVIEW,
     ChunkEncoded,
     Completed,
     Encoding,
+    FinalReady,
     Geometry,
     JobStatus,
     LengthKnown,
     Started,
+    VariantEnded,
 )
 from vaecast.latent_feed import LatentFeed
-from vaecast.models.base import DecodePlan
+from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.pipeline import (
     FragmentDone,
     LatentSource,
@@ -38,11 +52,35 @@ from vaecast.pipeline import (
     Workers,
     run_pipeline,
 )
+from vaecast.preview_first import FinalSide, PreviewFirst, PreviewSide
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
 
 log = logging.getLogger("vaecast.jobs")
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewSetup:
+    """A job's preview: its decoder, the threads it runs on (a decode thread of its
+    own: a push session's preview waits there for blocks), and whether the final
+    yields to it (`first`: both decode on one device)."""
+
+    decoder: ChunkedDecoder
+    workers: Workers
+    first: bool
+
+
+@dataclass(slots=True)
+class _RenditionRun:
+    """One rendition's pipeline in a job's run."""
+
+    variant: str
+    source: LatentSource
+    output: VideoOutput
+    workers: Workers
+    stop: VaecastError | None = None  # why `cancel_variant` stopped it
+    task: asyncio.Task[None] | None = None
 
 
 class LocalRunner:
@@ -54,6 +92,7 @@ class LocalRunner:
         config: ServerConfig,
         workers: Workers,
         stages: Stages,
+        preview: PreviewSetup | None = None,
     ) -> None:
         self._workers, self._stages = workers, stages
         self._queue_chunks = config.queue_chunks
@@ -73,6 +112,29 @@ class LocalRunner:
         self._job: Job | None = None
         self.stop_error: VaecastError | None = None  # a cancel or abort on its way
         self._stop_status = JobStatus.CANCELLED  # how a cancelled task ends the job
+        self._renditions: dict[str, _RenditionRun] = {}
+        # The latents' shape (a push session's first block's, once it has come).
+        self._latent_shape: tuple[int, ...] | None = (
+            tuple(request.latents.shape) if isinstance(request, DecodeRequest) else None
+        )
+        if preview is not None:
+            assert self._source is not None and self._output is not None
+            source = self._source if self.feed is None else self.feed.tap()
+            gate = PreviewFirst() if preview.first else None
+            self._renditions = {
+                PREVIEW: _RenditionRun(
+                    PREVIEW,
+                    source if gate is None else PreviewSide(source, gate),
+                    self._output,
+                    preview.workers,
+                ),
+                FINAL: _RenditionRun(
+                    FINAL,
+                    self._source if gate is None else FinalSide(self._source, gate),
+                    self._output,
+                    workers,
+                ),
+            }
 
     async def run(self, job: Job, slot: AbstractAsyncContextManager[Any]) -> None:
         self._job = job
@@ -80,7 +142,7 @@ class LocalRunner:
             source, output = self._source, self._output
             assert source is not None and output is not None, "a job runs once"
             if self.feed is not None:
-                first_shape = await self.feed.first_block_shape()
+                first_shape = self._latent_shape = await self.feed.first_block_shape()
                 job.stream_plan = job.decoder.plan_stream(first_shape)
                 job.apply(Geometry(job.stream_plan.width, job.stream_plan.height))
             async with slot:
@@ -88,19 +150,18 @@ class LocalRunner:
                 started = time.perf_counter()
                 plan = job.plan or job.stream_plan
                 assert plan is not None
-                await run_pipeline(
-                    source,
-                    job.decoder,
-                    plan,
-                    output,
-                    job,  # the sink: the log, and the HLS parts
-                    self._workers,
-                    stages=self._stages,
-                    observer=self,
-                    queue_chunks=self._queue_chunks,
-                )
-            job.apply(Completed())
-            job.log.finish()
+                if self._renditions:
+                    await self._run_renditions(job, plan)
+                else:
+                    await self._pipeline(job, source, job.decoder, plan, output, self._workers)
+                    job.apply(Completed())
+                    job.log.finish()
+            if not job.finished:  # a job with a preview ends as its final did
+                final = job.record.final_ended
+                if final is not None and final.error is not None:
+                    job.end(final.status, final.error)
+                else:
+                    job.apply(Completed())
             job.metrics.decode_seconds.observe(time.perf_counter() - started)
         except asyncio.CancelledError:
             job.end(self._stop_status, self.stop_error or DecodeCancelled("cancelled"))
@@ -114,6 +175,107 @@ class LocalRunner:
         finally:
             self._source = self._output = None
 
+    async def _pipeline(
+        self,
+        job: Job,
+        source: LatentSource,
+        decoder: ChunkedDecoder,
+        plan: DecodePlan | StreamPlan,
+        output: VideoOutput,
+        workers: Workers,
+        variant: str = FINAL,
+    ) -> None:
+        await run_pipeline(
+            source,
+            decoder,
+            plan,
+            output,
+            job.sink(variant),  # the log, and the HLS parts
+            workers,
+            stages=self._stages,
+            observer=self if variant == FINAL else _PreviewObserver(job),
+            queue_chunks=self._queue_chunks,
+        )
+
+    async def _run_renditions(self, job: Job, plan: DecodePlan | StreamPlan) -> None:
+        """Both renditions, each to its own end; cancelled, both stop."""
+        assert job.preview is not None
+        runs = [run for run in self._renditions.values() if run.stop is None]
+        for run in runs:
+            decoder = job.rendition(run.variant).decoder
+            own_plan = plan if run.variant == FINAL else self._preview_plan(decoder)
+            run.task = asyncio.create_task(self._rendition(job, run, decoder, own_plan))
+        tasks = [run.task for run in runs if run.task is not None]
+        try:
+            await asyncio.wait(tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _rendition(
+        self,
+        job: Job,
+        run: _RenditionRun,
+        decoder: ChunkedDecoder,
+        plan: DecodePlan | StreamPlan,
+    ) -> None:
+        """One rendition's pipeline, and how it ended (`VariantEnded`)."""
+        variant, log = run.variant, job.rendition(run.variant).log
+        try:
+            await self._pipeline(job, run.source, decoder, plan, run.output, run.workers, variant)
+        except asyncio.CancelledError:
+            if run.stop is None:
+                raise  # the job is being stopped: it records how
+            self._variant_ended(job, variant, JobStatus.CANCELLED, run.stop)
+        except VaecastError as error:
+            self._variant_ended(job, variant, JobStatus.FAILED, error)
+        except Exception as error:
+            log_message = "job %s: its %s rendition failed"
+            log.exception(log_message, job.id, variant)
+            failed = DecodeFailedError(f"internal error: {error}")
+            self._variant_ended(job, variant, JobStatus.FAILED, failed)
+        else:
+            if variant == FINAL and job.record.final_caught_up():
+                job.apply(FinalReady())
+            job.apply(VariantEnded(variant, JobStatus.COMPLETED))
+            log.finish()
+
+    def _variant_ended(
+        self, job: Job, variant: str, status: JobStatus, error: VaecastError
+    ) -> None:
+        error = error.detached()
+        job.apply(VariantEnded(variant, status, error))
+        job.rendition(variant).log.abort(error)
+
+    def _preview_plan(self, decoder: ChunkedDecoder) -> DecodePlan | StreamPlan:
+        """The preview decoder's plan of the job's latents (a push session's stream plan)."""
+        assert self._latent_shape is not None
+        if self.feed is not None:
+            return decoder.plan_stream(self._latent_shape)
+        return decoder.plan(self._latent_shape)
+
+    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+        """Stop one rendition (DELETE ?variant=); the other goes on. Stopping the
+        last one running stops the job."""
+        run = self._renditions[variant]
+        other = self._renditions[PREVIEW if variant == FINAL else FINAL]
+        other_ended = (
+            job.record.final_ended is not None
+            if other.variant == FINAL
+            else job.record.preview is not None and job.record.preview.is_final
+        )
+        if other_ended or other.stop is not None:
+            self.cancel(job, error.message, by_shutdown=False)
+            return
+        if run.stop is not None:
+            return
+        run.stop = error
+        if run.task is not None:
+            run.task.cancel()
+        elif job.record.status is JobStatus.QUEUED:  # it never starts
+            self._variant_ended(job, variant, JobStatus.CANCELLED, error)
+
     def cancel(self, job: Job, reason: str, by_shutdown: bool) -> None:
         self.stop_error = CancelledByShutdown(reason) if by_shutdown else DecodeCancelled(reason)
         job.stop_task()
@@ -124,9 +286,9 @@ class LocalRunner:
             self.feed.fail(error)
         job.stop_task()
 
-    def length_known(self, job: Job, plan: DecodePlan) -> None:
+    def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
         job.plan = plan
-        job.apply(LengthKnown(plan_facts(plan)))
+        job.apply(LengthKnown(plan_facts(plan), preview_chunks))
 
     def interrupted(self, job: Job) -> None:
         job.end(self._stop_status, self.stop_error or DecodeCancelled("cancelled"))
@@ -147,6 +309,10 @@ class LocalRunner:
         if job.chunks_done == 0:
             assert job.record.created is not None
             metrics.time_to_first_fragment.observe(now - job.record.created)
+            if job.preview is not None:
+                metrics.variant_time_to_first_fragment.labels(FINAL).observe(
+                    now - job.record.created
+                )
         arrived = None if self.feed is None else self.feed.chunk_arrivals.pop(done.index, None)
         if arrived is not None:
             metrics.block_to_fragment_seconds.observe(now - arrived)
@@ -161,5 +327,52 @@ class LocalRunner:
                 decode_wait_s=done.decode_wait_s,
                 latency_s=None if arrived is None else now - arrived,
                 at=now,
+                variant=FINAL,
             )
         )
+        _check_final_ready(job)
+
+
+class _PreviewObserver:
+    """The preview rendition's pipeline observer: its chunks, as the preview's."""
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+
+    def started(self, content_type: str) -> None:
+        # The final's encoder has the same settings: the same Content-Type. The preview
+        # usually opens first, and its viewers' answers name the codecs from then on.
+        if "codecs=" not in self._job.record.content_type:
+            self._job.apply(Encoding(content_type))
+
+    def fragment(self, done: FragmentDone) -> None:
+        job = self._job
+        preview = job.record.preview
+        assert preview is not None and job.record.created is not None
+        now = time.perf_counter()
+        if preview.chunks_done == 0:
+            job.metrics.variant_time_to_first_fragment.labels(PREVIEW).observe(
+                now - job.record.created
+            )
+        job.apply(
+            ChunkEncoded(
+                index=done.index,
+                total=done.total,
+                frame_start=done.frame_start,
+                frames=done.frames,
+                bytes=done.bytes,
+                encode_s=done.encode_s,
+                decode_wait_s=done.decode_wait_s,
+                at=now,
+                variant=PREVIEW,
+            )
+        )
+        _check_final_ready(job)
+
+
+def _check_final_ready(job: Job) -> None:
+    record = job.record
+    if record.preview is not None and record.final_caught_up():
+        job.apply(FinalReady())
+        assert record.final_ready is not None and record.preview.first_fragment is not None
+        job.metrics.final_ready_seconds.observe(record.final_ready - record.preview.first_fragment)

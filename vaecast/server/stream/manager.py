@@ -47,6 +47,7 @@ from vaecast.server.stream.fanout_sender import FanoutSender
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_requests import DecodeRequest, PushKind, PushRequest
 from vaecast.server.stream.job_runners import JobRunners, LocalRunners
+from vaecast.server.stream.previews import Previews
 from vaecast.server.stream.retention import EvictionReason, Retention
 from vaecast.server.stream.segment_log import SegmentLog
 
@@ -60,11 +61,16 @@ class JobManager:
         decoders: Mapping[str, ChunkedDecoder],
         stages: Stages = Stages(),  # noqa: B008 (frozen, immutable)
         runners: JobRunners | None = None,
+        preview_decoders: Mapping[str, ChunkedDecoder] | None = None,
     ) -> None:
-        """`runners`: how jobs run (`LocalRunners()` by default)."""
+        """`runners`: how jobs run (`LocalRunners()` by default). `preview_decoders`:
+        those a job may name as its preview (by default the served ones and `linear`;
+        `--preview-device` gives its own)."""
         self.config = config
         self.runners: JobRunners = runners or LocalRunners()
         self.decoders = dict(decoders)
+        # Which preview decoder a new job gets, and the threads previews decode on.
+        self.previews = Previews(config, self.decoders, preview_decoders)
         self.jobs: dict[str, Job] = {}
         self.draining = False
         self._waiting: list[Job] = []  # FIFO of jobs waiting for a slot
@@ -243,9 +249,10 @@ class JobManager:
 
     def _checked_start(
         self, request: DecodeRequest | PushRequest
-    ) -> tuple[DecodePlan | None, ChunkedDecoder]:
+    ) -> tuple[DecodePlan | None, ChunkedDecoder, ChunkedDecoder | None]:
         """What every new job needs first: its plan within the limits (an upload; a push
-        session's comes with its first block), a server still taking jobs, its decoder."""
+        session's comes with its first block), a server still taking jobs, its decoder
+        and its preview decoder, if any."""
         plan = None
         if isinstance(request, DecodeRequest):
             plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
@@ -258,15 +265,18 @@ class JobManager:
             decoder = FramesDecoder(request.value_range, self.config.device)
         else:
             _, decoder = self.decoder_for(request.model)
+        preview = self.previews.preview_for(request, decoder)
         if request.crop is not None:
             decoder = CroppedDecoder(decoder, *request.crop)
             if isinstance(request, DecodeRequest):  # refused now if larger than the video
                 plan = decoder.plan(tuple(request.latents.shape))
-        return plan, decoder
+            if preview is not None:
+                preview = CroppedDecoder(preview, *request.crop)
+        return plan, decoder, preview
 
     def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
-        plan, decoder = self._checked_start(request)
-        job = self.runners.new_job(self, request, plan, decoder)
+        plan, decoder, preview = self._checked_start(request)
+        job = self.runners.new_job(self, request, plan, decoder, preview)
         if self.durable is not None and job.log.durable:
             self.durable.track(job)
         self.places.hold(job)
@@ -384,11 +394,12 @@ class JobManager:
         await self.runners.close()
         await self.retention.close()
         for job in list(self.jobs.values()):
-            await job.log.release()
+            await job.release()
         if self.durable is not None:  # after every job's last rows were handed over
             await self.durable.close()
         self._spares.close()  # a replenish still running closes what it opens
         await asyncio.to_thread(self._workers.shutdown)
+        await asyncio.to_thread(self.previews.shutdown)
         await asyncio.to_thread(self.fanout.close)
 
     def _state_for_metrics(self) -> ServerState:

@@ -42,7 +42,7 @@ class RestoredRunner:
     def abort(self, job: Job, error: VaecastError) -> None:
         pass
 
-    def length_known(self, job: Job, plan: DecodePlan) -> None:
+    def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
         pass
 
     def interrupted(self, job: Job) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from vaecast.errors import GoneError
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
-from vaecast.server.stream.job import Job, JobStatus
+from vaecast.server.stream.job import Job
 
 if TYPE_CHECKING:
     from vaecast.server.stream.durable_jobs import DurableJobs
@@ -96,29 +96,30 @@ class Retention:
         now = time.perf_counter()
         for job in self._evictable():
             assert job.finished_at is not None
-            if job.status is not JobStatus.COMPLETED and not job.log.released:
-                await job.log.release()
+            await job.release_unservable()
             if now - job.finished_at >= self._config.retention_s:
                 await self.evict(job, EvictionReason.AGE)
         self.evict_over_budget()
 
     def job_ended(self, job: Job) -> None:
         """A job just ended: free what it can never serve, and keep within the budget."""
-        if job.status is not JobStatus.COMPLETED and job.viewers == 0:
-            # A failed or cancelled job's bytes can never be served (409): free them
-            # now. With a viewer attached, the next sweep does it.
-            self._in_background(job.log.release())
+        if job.viewers == 0:
+            # A failed or cancelled rendition's bytes can never be served (409): free
+            # them now. With a viewer attached, the next sweep does it.
+            self._in_background(job.release_unservable())
         self.evict_over_budget()
 
     def evict_over_budget(self) -> None:
         budget = self._config.retention_memory_bytes
-        held = sum(j.log.memory_bytes for j in self._jobs.values() if j.finished)
+        held = sum(j.memory_bytes for j in self._jobs.values() if j.finished)
         for job in self._evictable():
             if held <= budget:
                 break
-            held -= job.log.memory_bytes
+            held -= job.memory_bytes
             if job.log.durable:  # still served from the store, until its retention ends
                 job.log.drop_memory()
+                if job.preview is not None:  # kept in memory only: it goes
+                    self._in_background(job.preview.log.release())
             else:
                 self._in_background(self.evict(job, EvictionReason.MEMORY))
 
@@ -128,11 +129,11 @@ class Retention:
             if not full():
                 return
             if self._forget(job, EvictionReason.STORE):
-                self._in_background(job.log.release())
+                self._in_background(job.release())
 
     async def evict(self, job: Job, reason: EvictionReason) -> None:
         if self._forget(job, reason):
-            await job.log.release()
+            await job.release()
 
     def _forget(self, job: Job, reason: EvictionReason) -> bool:
         if self._jobs.pop(job.id, None) is None:

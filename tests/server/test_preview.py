@@ -1,0 +1,289 @@
+"""Preview, then final, in one job: real HTTP, real encodes. A job names a preview
+decoder beside its model; the preview's fragments come first, both renditions decode
+to the full video, the final is byte for byte the job without a preview, and
+`final_ready` comes once the final has passed a viewer of the preview."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents
+from tests.helpers.server import Server, StartServer
+from tests.server.test_push import create_session, push
+from vaecast.models.linear import LinearDecoder
+from vaecast.models.registry import get_decoder
+
+LATENTS = smooth_latents(frames=6, height=6, width=8)  # 21 frames of 64x48
+FRAMES = 21
+
+
+def tiny_and_linear() -> dict[str, Any]:
+    return {"tiny": get_decoder("tiny"), "linear": LinearDecoder()}
+
+
+async def upload(server: Server, latents: torch.Tensor = LATENTS, **fields: str) -> dict:
+    form = aiohttp.FormData()
+    form.add_field("file", safetensors_bytes(latents=latents), filename="z.safetensors")
+    for name, value in fields.items():
+        form.add_field(name, value)
+    async with server.client.post("/v1/videos", data=form) as response:
+        assert response.status == 201, await response.text()
+        return await response.json()
+
+
+async def events_of(server: Server, job_id: str) -> list[dict]:
+    """Every event of a job, to its end (`done` or `error`)."""
+    events, name = [], None
+    async with server.client.get(f"/v1/videos/{job_id}/events") as response:
+        assert response.status == 200
+        async for raw in response.content:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: ") and name != "state":
+                event = json.loads(line[6:])
+                events.append(event)
+                if event["event"] in ("done", "error"):
+                    return events
+    return events
+
+
+async def content(server: Server, job_id: str, variant: str | None = None) -> bytes:
+    params = {} if variant is None else {"variant": variant}
+    async with server.client.get(f"/v1/videos/{job_id}/content", params=params) as response:
+        assert response.status == 200, await response.text()
+        return await response.read()
+
+
+async def test_the_preview_plays_first_and_the_final_is_the_job_without_one(
+    start_server: StartServer,
+):
+    server = await start_server(decoders=tiny_and_linear(), default_model="tiny")
+    job = await upload(server, preview="linear")
+    assert job["variants"]["preview"]["decoder"] == "linear"
+    assert job["variants"]["final"]["decoder"] == "tiny"
+    assert job["urls"]["preview_content"] == f"/v1/videos/{job['id']}/content?variant=preview"
+    events = await events_of(server, job["id"])
+    names = [(e["event"], e.get("variant")) for e in events]
+    chunks = [e for e in events if e["event"] == "chunk"]
+    first_preview = next(i for i, e in enumerate(chunks) if e["variant"] == "preview")
+    first_final = next(i for i, e in enumerate(chunks) if e["variant"] == "final")
+    assert first_preview < first_final  # the preview's first fragment came first
+    assert ("preview_done", "preview") in names and ("final_done", "final") in names
+    assert names.count(("final_ready", "final")) == 1
+    ready = names.index(("final_ready", "final"))
+    assert ready < names.index(("final_done", "final")) < names.index(("done", None))
+    done = events[-1]["job"]
+    assert done["status"] == "completed"
+    assert done["variants"]["preview"]["status"] == "completed"
+    assert done["variants"]["final"]["ready_after_preview_s"] is not None
+    preview = await content(server, job["id"], "preview")
+    final = await content(server, job["id"], "final")
+    assert final == await content(server, job["id"])  # the default is the final
+    async with server.client.get(job["urls"]["preview_content"]) as response:
+        assert 'codecs="avc1.' in response.headers["Content-Type"]
+    assert len(decode_mp4(preview)) == len(decode_mp4(final)) == FRAMES
+    # The same latents without a preview, and decoded by the preview's decoder alone.
+    alone = await upload(server, preview="none")
+    assert "variants" not in alone
+    await events_of(server, alone["id"])
+    assert await content(server, alone["id"]) == final
+    linear = await upload(server, model="linear")
+    await events_of(server, linear["id"])
+    assert await content(server, linear["id"]) == preview
+    metrics = await (await server.client.get("/metrics")).text()
+    assert 'vaecast_variant_time_to_first_fragment_seconds_count{variant="preview"} 1.0' in metrics
+    assert "vaecast_preview_to_final_ready_seconds_count 1.0" in metrics
+
+
+async def test_a_server_default_preview_and_each_rendition_over_hls(start_server: StartServer):
+    server = await start_server(
+        decoders=tiny_and_linear(), default_model="tiny", previews=(("tiny", "linear"),)
+    )
+    job = await upload(server)
+    assert job["variants"]["preview"]["decoder"] == "linear"
+    await events_of(server, job["id"])
+    async with server.client.get(job["urls"]["master_playlist"]) as response:
+        master = await response.text()
+    assert master.index("playlist.m3u8") < master.index("preview/playlist.m3u8")
+    assert 'STABLE-VARIANT-ID="final"' in master and "SCORE=2" in master
+    for playlist, variant in (("playlist.m3u8", "final"), ("preview/playlist.m3u8", "preview")):
+        async with server.client.get(f"/v1/videos/{job['id']}/{playlist}") as response:
+            text = await response.text()
+        assert text.rstrip().endswith("#EXT-X-ENDLIST")
+        base = f"/v1/videos/{job['id']}/{playlist.removesuffix('playlist.m3u8')}"
+        parts = [
+            line.split('URI="')[1].split('"')[0] for line in text.splitlines() if "PART:" in line
+        ]
+        body = await (await server.client.get(base + "hls/init.mp4")).read()
+        for uri in parts:
+            async with server.client.get(base + uri) as response:
+                assert response.status == 200
+                body += await response.read()
+        assert body == await content(server, job["id"], variant)
+
+
+async def test_stopping_the_final_keeps_the_preview_complete_and_playable(
+    start_server: StartServer,
+):
+    gated = GatedDecoder(hold_at=1)
+    server = await start_server(decoders={"gated": gated, "linear": LinearDecoder()})
+    job = await upload(server, model="gated", preview="linear")
+    await asyncio.to_thread(gated.holding.wait, 30)  # the final holds at its chunk 1
+
+    async def preview_done() -> bool:
+        async with server.client.get(f"/v1/videos/{job['id']}") as response:
+            return (await response.json())["variants"]["preview"]["status"] == "completed"
+
+    for _ in range(300):
+        if await preview_done():
+            break
+        await asyncio.sleep(0.02)
+    stopping = asyncio.create_task(
+        server.client.delete(f"/v1/videos/{job['id']}", params={"variant": "final"})
+    )
+    await asyncio.sleep(0.2)
+    gated.gate.set()
+    async with await stopping as response:
+        assert response.status == 200, await response.text()
+        stopped = await response.json()
+    assert stopped["status"] == "cancelled"
+    assert stopped["variants"]["final"]["status"] == "cancelled"
+    assert stopped["variants"]["preview"]["status"] == "completed"
+    assert "stopped by request" in stopped["error"]["message"]
+    preview = await content(server, job["id"], "preview")
+    assert len(decode_mp4(preview)) == FRAMES
+    async with server.client.get(f"/v1/videos/{job['id']}/content") as response:
+        assert response.status == 409
+        assert (await response.json())["error"]["type"] == "conflict"
+
+
+async def test_a_push_session_feeds_both_renditions(start_server: StartServer):
+    server = await start_server(decoders=tiny_and_linear(), default_model="tiny")
+    session = await create_session(server, fps=8, preview="linear")
+    assert session["variants"]["preview"]["chunks"]["total"] is None
+    for start, end in ((0, 2), (2, 5), (5, 6)):
+        status, _ = await push(server, session, LATENTS[:, :, start:end], final=end == 6)
+        assert status == 202
+    events = await events_of(server, session["id"])
+    done = events[-1]["job"]
+    assert done["status"] == "completed", done
+    assert done["variants"]["preview"]["chunks"]["total"] == 6
+    preview = await content(server, session["id"], "preview")
+    final = await content(server, session["id"])
+    assert len(decode_mp4(preview)) == len(decode_mp4(final)) == FRAMES
+    # The final is what the same blocks make without a preview.
+    alone = await create_session(server, fps=8)
+    for start, end in ((0, 2), (2, 5), (5, 6)):
+        await push(server, alone, LATENTS[:, :, start:end], final=end == 6)
+    await events_of(server, alone["id"])
+    assert await content(server, alone["id"]) == final
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "message"),
+    [
+        ({"preview": "mochi"}, 404, "preview decoder 'mochi' is not served here"),
+        ({"preview": "tiny", "model": "linear"}, 201, None),
+        ({"preview": "x" * 500}, 422, "preview must name a decoder (at most 200 characters)"),
+        ({"preview": "x" * 5000}, 413, "form field 'preview' is over 1024 bytes"),
+    ],
+)
+async def test_a_preview_the_server_cannot_use_is_refused(
+    start_server: StartServer, fields: dict, status: int, message: str | None
+):
+    server = await start_server(decoders=tiny_and_linear(), default_model="tiny")
+    form = aiohttp.FormData()
+    form.add_field("file", safetensors_bytes(latents=LATENTS), filename="z.safetensors")
+    for name, value in fields.items():
+        form.add_field(name, value)
+    async with server.client.post("/v1/videos", data=form) as response:
+        body = await response.json()
+        assert response.status == status, body
+    if message is not None:
+        assert message in body["error"]["message"]
+
+
+async def test_a_preview_of_another_latent_space_names_both(start_server: StartServer):
+    decoders = {**tiny_and_linear(), "gated": GatedDecoder()}
+    server = await start_server(decoders=decoders, default_model="tiny")
+    form = aiohttp.FormData()
+    form.add_field("file", safetensors_bytes(latents=LATENTS), filename="z.safetensors")
+    form.add_field("preview", "gated")
+    async with server.client.post("/v1/videos", data=form) as response:
+        body = await response.json()
+    assert response.status == 422
+    assert body["error"]["message"] == (
+        "the preview decoder 'gated' cannot preview model 'tiny': it reads gated's latent "
+        "space, the model tiny's"
+    )
+    variant = await server.client.get("/v1/videos/nope/content", params={"variant": "x"})
+    assert variant.status == 404
+
+
+async def test_variant_requests_on_a_job_without_a_preview(start_server: StartServer):
+    server = await start_server()
+    job = await upload(server)
+    await events_of(server, job["id"])
+    async with server.client.get(job["urls"]["content"], params={"variant": "preview"}) as r:
+        assert r.status == 404
+    async with server.client.get(job["urls"]["content"], params={"variant": "best"}) as r:
+        assert r.status == 422
+    async with server.client.delete(f"/v1/videos/{job['id']}", params={"variant": "final"}) as r:
+        assert r.status == 422
+
+
+@pytest.mark.slow
+async def test_wan_with_a_taehv_preview_on_random_tiny_weights(
+    start_server: StartServer, tmp_path: Path
+):
+    from tests.server.test_real_decoders import load_decoders
+
+    decoders = load_decoders(tmp_path)
+    server = await start_server(decoders=decoders, default_model="wan2.1")
+    latents = torch.randn(1, 16, 3, 4, 4, generator=torch.Generator().manual_seed(3))
+    job = await upload(server, latents, preview="taehv")
+    events = await events_of(server, job["id"])
+    chunks = [e["variant"] for e in events if e["event"] == "chunk"]
+    assert chunks.index("preview") < chunks.index("final")
+    assert events[-1]["job"]["status"] == "completed"
+    preview = await content(server, job["id"], "preview")
+    final = await content(server, job["id"])
+    assert len(decode_mp4(preview)) == len(decode_mp4(final)) == 9
+    alone = await upload(server, latents, preview="none")
+    await events_of(server, alone["id"])
+    assert await content(server, alone["id"]) == final
+    # MiniMax's 4 latent channels cannot be previewed by a 16-channel TAEHV: named both.
+    refused = aiohttp.FormData()
+    minimax_latents = torch.randn(1, 4, 3, 4, 4)
+    refused.add_field("file", safetensors_bytes(latents=minimax_latents), filename="z.safetensors")
+    refused.add_field("model", "minimax-h3")
+    refused.add_field("preview", "taehv")
+    async with server.client.post("/v1/videos", data=refused) as response:
+        body = await response.json()
+    assert response.status == 422, body
+    assert body["error"]["message"] == (
+        "the preview decoder 'taehv' cannot preview model 'minimax-h3': it takes 16 latent "
+        "channels, the model 4"
+    )
+
+
+async def test_a_live_demo_takes_a_preview(start_server: StartServer):
+    server = await start_server(decoders=tiny_and_linear(), default_model="tiny")
+    demo = {"scene": "gradient", "frames": 9, "width": 64, "height": 64, "sound": False}
+    async with server.client.post(
+        "/v1/videos", json={**demo, "live": True, "preview": "linear"}
+    ) as response:
+        assert response.status == 201, await response.text()
+        job = await response.json()
+    assert job["input"] == "push" and job["variants"]["preview"]["decoder"] == "linear"
+    events = await events_of(server, job["id"])
+    assert events[-1]["job"]["variants"]["preview"]["status"] == "completed"
+    assert len(decode_mp4(await content(server, job["id"], "preview"))) == 9
