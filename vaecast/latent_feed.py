@@ -25,11 +25,12 @@ on its loop that pulls each block and `put`s it, waiting for room as a producer'
 put does, until the end, a cancel, or a failed pull (which fails the feed). Either
 way the queue, the decode thread's side, the audio and `feed_state` are this one.
 
-A job with a preview decodes the same blocks twice. `tap()` gives the second decoder
-a reader of its own (a `FeedTap`: its own queue of the same blocks, its own audio and
-cancel), fed by every put. A put waits for room in each reader's queue, so the
-slower decoder holds the producer back, as a lone one does. A tap that is cancelled
-stops counting; cancelling or failing the feed stops every reader.
+A job with a preview decodes the same blocks twice. `split(2)` gives each decoder a
+reader of its own (a `FeedTap`: its own queue of the same blocks, its own audio and
+cancel), fed by every put; the feed's own `decode` is then unused. A put waits for
+room in each reader's queue, so the slower decoder holds the producer back, as a lone
+one does. A tap that is cancelled (one rendition stopped) stops counting, and the
+other decoder goes on; cancelling or failing the feed stops every reader.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class LatentFeed:
         self._error: VaecastError | None = None
         self._first: asyncio.Future[tuple[int, ...]] = loop.create_future()
         self._ended = False
-        self._main = _Reader(self)  # the decoder's; taps are the others'
+        self._main: _Reader | None = _Reader(self)  # the decoder's, unless split
         self._taps: list[FeedTap] = []
         self.latent_frames = 0
         self._puts_held = 0  # puts waiting for room in the queue
@@ -154,29 +155,36 @@ class LatentFeed:
 
     def _readers(self) -> list[_Reader]:
         """Those still reading: the decoder's, and every tap not cancelled."""
-        return [self._main, *(tap.reader for tap in self._taps if not tap.reader.stopped)]
+        main = [] if self._main is None else [self._main]
+        return [*main, *(tap.reader for tap in self._taps if not tap.reader.stopped)]
 
     def _fullest(self) -> int:
-        return max(reader.queue.qsize() for reader in self._readers())
+        return max((reader.queue.qsize() for reader in self._readers()), default=0)
 
     @property
     def held_bytes(self) -> int:
         """Of the blocks queued and not yet taken by the decoder that is furthest behind."""
-        return max(reader.held_bytes for reader in self._readers())
+        return max((reader.held_bytes for reader in self._readers()), default=0)
 
     @property
     def chunk_arrivals(self) -> dict[int, float]:
-        """Per chunk the decoder published, when the newest block it had taken by then
-        arrived: where that chunk's block-to-viewer latency starts."""
-        return self._main.chunk_arrivals
+        """Per chunk the decoder published (a split feed's: its first reader's), when
+        the newest block it had taken by then arrived: where that chunk's
+        block-to-viewer latency starts."""
+        return self._first_reader().chunk_arrivals
 
-    def tap(self) -> FeedTap:
-        """A second reader of every block put from now on (a preview's decoder)."""
+    def split(self, count: int) -> list[FeedTap]:
+        """`count` readers of every block put from now on, one per decoder (a job
+        with a preview: its final's, then its preview's); the feed's own `decode`
+        is unused from then on."""
         if self.latent_frames:
-            raise RuntimeError("a tap must come before the first block")
-        tap = FeedTap(self)
-        self._taps.append(tap)
-        return tap
+            raise RuntimeError("a feed is split before its first block")
+        self._main = None
+        self._taps = [FeedTap(self) for _ in range(count)]
+        return list(self._taps)
+
+    def _first_reader(self) -> _Reader:
+        return self._main if self._main is not None else self._taps[0].reader
 
     async def end(self) -> None:
         """No more blocks: the decoder finishes what it has."""
@@ -203,7 +211,7 @@ class LatentFeed:
         self.cancel()
 
     def take_audio(self) -> list[TimedAudio]:
-        return self._main.take_audio()
+        return self._first_reader().take_audio()
 
     async def shared_state(self) -> None:
         """What this feed keeps elsewhere for its session (nothing: it is all here)."""
@@ -223,6 +231,12 @@ class LatentFeed:
         held back or let through, a cancel); cancelling the caller stops the wait."""
         while self._version == version:
             await self._changed.wait()
+
+    def _reader_gone(self) -> None:
+        """On the loop: a tap stopped. A put held back for room in its queue may go."""
+        self._taken.set()
+        self._taken.clear()
+        self._changed_now()
 
     def _changed_now(self) -> None:
         """On the loop: a new `feed_state`; wake whoever waits for one."""
@@ -258,6 +272,8 @@ class LatentFeed:
             self._loop.call_soon_threadsafe(self._cancel_first)
 
     def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
+        if self._main is None:
+            raise RuntimeError("a split feed is decoded through its taps")
         self._main.decode(decoder, on_chunk)
 
     def _cancel_first(self) -> None:
@@ -287,7 +303,7 @@ class FeedTap:
         """Callable from any thread: this reader stops; the feed and its decoder go on."""
         self.reader.stop()
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self._feed._loop.call_soon_threadsafe(self._feed._changed_now)
+            self._feed._loop.call_soon_threadsafe(self._feed._reader_gone)
 
     def take_audio(self) -> list[TimedAudio]:
         return self.reader.take_audio()

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 import torch
 
-from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents
+from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import Server, StartServer
 from tests.server.test_push import create_session, push
 from vaecast.models.linear import LinearDecoder
@@ -287,3 +287,42 @@ async def test_a_live_demo_takes_a_preview(start_server: StartServer):
     events = await events_of(server, job["id"])
     assert events[-1]["job"]["variants"]["preview"]["status"] == "completed"
     assert len(decode_mp4(await content(server, job["id"], "preview"))) == 9
+
+
+async def test_stopping_a_push_sessions_final_keeps_its_preview_fed(start_server: StartServer):
+    # The final holds at its chunk 1 while the producer goes on: its queue fills, and
+    # the producer waits for it. Once it is stopped, the preview alone reads the blocks.
+    gated = GatedDecoder(hold_at=1)
+    server = await start_server(
+        decoders={"gated": gated, "linear": LinearDecoder()}, push_queue_blocks=1
+    )
+    session = await create_session(server, model="gated", preview="linear", fps=8)
+
+    async def produce() -> list[int]:
+        return [
+            (await push(server, session, LATENTS[:, :, i : i + 1], final=i == 5))[0]
+            for i in range(6)
+        ]
+
+    pushing = asyncio.create_task(produce())
+    await asyncio.to_thread(gated.holding.wait, 30)
+    feed = server.manager.jobs[session["id"]].feed
+    await until(lambda: feed.feed_state().held_back)  # by the final's full queue alone
+    stopping = asyncio.create_task(
+        server.client.delete(f"/v1/videos/{session['id']}", params={"variant": "final"})
+    )
+    await asyncio.sleep(0.2)
+    gated.gate.set()
+    async with await stopping as response:
+        assert response.status == 200, await response.text()
+    assert await asyncio.wait_for(pushing, 30) == [202] * 6
+    for _ in range(500):
+        async with server.client.get(f"/v1/videos/{session['id']}") as response:
+            job = await response.json()
+        if job["status"] not in ("queued", "in_progress"):
+            break
+        await asyncio.sleep(0.02)
+    assert job["status"] == "cancelled", job
+    assert job["variants"]["final"]["status"] == "cancelled"
+    assert job["variants"]["preview"]["status"] == "completed"
+    assert len(decode_mp4(await content(server, session["id"], "preview"))) == FRAMES

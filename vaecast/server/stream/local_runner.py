@@ -119,18 +119,22 @@ class LocalRunner:
         )
         if preview is not None:
             assert self._source is not None and self._output is not None
-            source = self._source if self.feed is None else self.feed.tap()
+            # A push session's blocks, to each through a tap of its own: stopping one
+            # rendition must not stop the feed the other reads.
+            final_source, preview_source = (
+                (self._source, self._source) if self.feed is None else self.feed.split(2)
+            )
             gate = PreviewFirst() if preview.first else None
             self._renditions = {
                 PREVIEW: _RenditionRun(
                     PREVIEW,
-                    source if gate is None else PreviewSide(source, gate),
+                    preview_source if gate is None else PreviewSide(preview_source, gate),
                     self._output,
                     preview.workers,
                 ),
                 FINAL: _RenditionRun(
                     FINAL,
-                    self._source if gate is None else FinalSide(self._source, gate),
+                    final_source if gate is None else FinalSide(final_source, gate),
                     self._output,
                     workers,
                 ),
