@@ -4,8 +4,8 @@
 // which session is shown, the forms, the jobs list, and window.vaecast.
 //
 //   app.js ── ui.js        DOM: forms, rendering, jobs table, key form
-//          ├─ session.js   one job: fetch + EventSource + its state
-//          │    ├─ player.js   <video>: MSE append queue, <video src> fallback
+//          ├─ session.js   one job: fetch + EventSource + its state (preview, then final)
+//          │    ├─ player.js   <video>: MSE append queue, <video src> fallback, hand-over
 //          │    └─ boxes.js    MP4 byte stream -> boxes -> segments (pure)
 //          └─ api.js       fetch with the API key (header + cookie), 401 -> ask
 
@@ -19,6 +19,8 @@ const SCENES = ["showcase", "shapes", "gradient", "texture", "text", "landscape"
 const RECENT_JOBS = 10;
 
 const player = new Player(document.getElementById("video"));
+// Behind it: a job's final while its preview plays in front (session.js).
+const spare = new Player(document.getElementById("video-final"));
 
 // The page's own state. Everything about the job shown is in `session.state`.
 const page = {
@@ -40,13 +42,23 @@ function view() {
 }
 
 function render() {
-  ui.render(view(), page.submitting === null && Boolean(page.session?.cancellable));
+  const idle = page.submitting === null;
+  ui.render(view(), {
+    cancellable: idle && Boolean(page.session?.cancellable),
+    finalStoppable: idle && Boolean(page.session?.finalStoppable),
+    video: shownVideo(),
+  });
+}
+
+// The <video> in front.
+function shownVideo() {
+  return page.session?.shownVideo ?? player.video;
 }
 
 // Replaces the job shown; the previous one keeps running on the server.
 function show(job, clickedAt) {
   page.session?.close();
-  const session = new Session(job, { player, clickedAt });
+  const session = new Session(job, { player, spare, clickedAt });
   page.session = session;
   page.requestErrors = [];
   session.addEventListener("change", render);
@@ -85,6 +97,13 @@ async function cancel() {
   relist();
 }
 
+async function stopFinal() {
+  const session = page.session;
+  if (!session) return;
+  await session.stopFinal(); // its first "change" disables the button at once
+  relist();
+}
+
 async function refreshJobs() {
   const list = await getJson(`/v1/videos?limit=${RECENT_JOBS}`);
   ui.renderJobs(list.data, (job) => show(job, performance.now()));
@@ -96,7 +115,9 @@ function relist() {
 }
 
 async function loadModels() {
-  ui.fillModels((await getJson("/healthz")).models);
+  const { models } = await getJson("/healthz");
+  ui.fillModels(models);
+  ui.fillPreviews(models);
 }
 
 function setup() {
@@ -106,9 +127,12 @@ function setup() {
   ui.onSubmit("demo-form", (form) => submit("submitting", ui.demoRequest(form)));
   ui.onSubmit("upload-form", (form) => submit("uploading", ui.uploadRequest(form)));
   ui.onClick("cancel", cancel);
+  ui.onClick("stop-final", stopFinal);
   ui.onClick("refresh", relist);
   for (const type of ["progress", "timeupdate", "waiting", "playing", "ended"]) {
-    player.video.addEventListener(type, () => ui.renderBuffered(view().seconds));
+    for (const each of [player, spare]) {
+      each.video.addEventListener(type, () => ui.renderBuffered(view().seconds, shownVideo()));
+    }
   }
   // Read by the browser tests (tests/browser): a snapshot, never the live object.
   window.vaecast = Object.freeze({

@@ -1,7 +1,11 @@
-// The page's one <video>, played through Media Source Extensions (segments appended
-// as they arrive, so playback starts after the first decoded chunk) or, where the
-// browser has no MediaSource, through a plain <video src>. Knows nothing of jobs or
-// HTTP: the Session decides what to play and what a failure means.
+// One of the page's <video>s, played through Media Source Extensions (segments
+// appended as they arrive, so playback starts after the first decoded chunk) or,
+// where the browser has no MediaSource, through a plain <video src>. Knows nothing
+// of jobs or HTTP: the Session decides what to play and what a failure means.
+//
+// The page has two, stacked: the one in front is seen, the other (class "behind")
+// is invisible. A job with a preview plays its preview in front while its final
+// loads behind; handOver() then swaps them at the same playback time.
 
 // Feeds a SourceBuffer one segment at a time (appendBuffer throws while `updating`).
 class AppendQueue {
@@ -73,9 +77,9 @@ export class Player {
     this.#handlers = handlers;
     const generation = this.#generation;
     if ("requestVideoFrameCallback" in HTMLVideoElement.prototype) {
-      const onFrame = () => {
+      const onFrame = (now, metadata) => {
         if (generation !== this.#generation) return;
-        handlers.frame();
+        handlers.frame(metadata.mediaTime);
         this.video.requestVideoFrameCallback(onFrame);
       };
       this.video.requestVideoFrameCallback(onFrame);
@@ -118,4 +122,117 @@ export class Player {
     this.video.removeAttribute("src");
     this.video.load();
   }
+
+  // Puts the video in front (seen, with controls) or behind (invisible, paused).
+  setFront(front) {
+    this.video.classList.toggle("behind", !front);
+    this.video.controls = front;
+    this.video.setAttribute("aria-hidden", String(!front));
+  }
+
+  get front() {
+    return !this.video.classList.contains("behind");
+  }
+}
+
+// ------------------------------------------------------------ hand-over
+
+const HAVE_CURRENT_DATA = 2;
+const HAVE_FUTURE_DATA = 3;
+const POLL_MS = 4;
+const SEEK_TIMEOUT_MS = 5000;
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Playing on (not paused by the user, not at its end, not stalled for data).
+function moving(video) {
+  return !video.paused && !video.ended && video.readyState >= HAVE_FUTURE_DATA;
+}
+
+// Whether `video` holds [t, t + need] (the intersection of its tracks, as MSE buffers).
+function holds(video, t, need) {
+  const ranges = video.buffered;
+  for (let i = 0; i < ranges.length; i += 1) {
+    if (ranges.start(i) <= t + 1e-3 && ranges.end(i) >= t + need - 1e-3) return true;
+  }
+  return false;
+}
+
+// Seeks the (paused) video to `t`; true once it shows the frame there.
+async function seekTo(video, t, stop) {
+  const seeked = new Promise((resolve) => video.addEventListener("seeked", resolve, { once: true }));
+  video.currentTime = t;
+  const deadline = performance.now() + SEEK_TIMEOUT_MS;
+  let done = false;
+  seeked.then(() => (done = true));
+  while (!done || video.readyState < HAVE_CURRENT_DATA) {
+    if (stop() || performance.now() > deadline) return false;
+    await sleep(POLL_MS);
+  }
+  return true;
+}
+
+// Swaps `from` (in front, playing) for `to` (behind, loading the same video in
+// another rendition) at the same playback time, with no jump back and no restart:
+// `to` is seeked, paused and invisible, to the middle of a frame a little ahead
+// of `from` (`leadS`), and brought to the front, playing, when `from` presents
+// that very frame. When `from` does not move (paused by the user, stalled on data
+// it lacks, ended), `to` takes over where it stands. `frameS` is one frame's
+// duration; `stop()` true abandons the hand-over (then null). Resolves to
+// {before, after, at, played}: each video's currentTime at the swap, its
+// performance.now(), and the promise of `to`'s play() (resolved if it was paused).
+export async function handOver(from, to, { frameS, leadS = 0.3, stop = () => false }) {
+  const a = from.video;
+  const b = to.video;
+  b.muted = true; // behind, it stays silent even if something plays it
+  for (;;) {
+    // 1. Where `to` will take over: the middle of a frame, once `to` holds it.
+    let target;
+    for (;;) {
+      if (stop()) return null;
+      if (moving(a)) {
+        const frame = Math.ceil((a.currentTime + leadS) / frameS);
+        target = (frame + 0.5) * frameS;
+        if (holds(b, target, frameS)) break;
+      } else {
+        target = a.currentTime;
+        if (holds(b, target, 0)) break;
+      }
+      await sleep(POLL_MS * 5);
+    }
+    // 2. Show that frame behind.
+    if (!(await seekTo(b, target, stop))) {
+      if (stop()) return null;
+      continue;
+    }
+    // 3. Wait for `from` to reach the frame `to` shows; aim again if it stops short
+    // of it or (timers held back) passes it.
+    const first = target - frameS / 2;
+    const last = target + frameS / 2;
+    for (;;) {
+      if (stop()) return null;
+      const t = a.currentTime;
+      if (t >= first - 1e-3 && t < last) return swap(from, to);
+      if (t >= last || !moving(a)) {
+        if (!moving(a) && Math.abs(t - target) < 1e-3) return swap(from, to);
+        break;
+      }
+      await sleep(POLL_MS);
+    }
+  }
+}
+
+function swap(from, to) {
+  const a = from.video;
+  const b = to.video;
+  const before = a.currentTime;
+  const playing = !a.paused && !a.ended;
+  b.volume = a.volume;
+  b.playbackRate = a.playbackRate;
+  b.muted = a.muted;
+  to.setFront(true);
+  from.setFront(false);
+  const played = playing ? b.play() : Promise.resolve();
+  a.pause();
+  return { before, after: b.currentTime, at: performance.now(), played };
 }

@@ -6,11 +6,38 @@
 //   "finished" the job reached its end on the server (the jobs list is stale)
 // close() tears the session down (fetch aborted, EventSource closed, video emptied)
 // and silences it: callbacks still in flight see #closed and do nothing.
+//
+// A job with a preview (its object has `variants`) has two renditions of the same
+// latents. The preview plays at once in the front <video>; once the server says the
+// final has caught up with its viewer (`final_ready`, else `final_done`), the final
+// loads into the <video> behind and player.js's handOver() swaps them at the same
+// playback time. "Stop full decode" (stopFinal) stops the final only: the preview
+// plays on to its end (handed back to, if the final was already in front).
 
 import { apiFetch, errorMessage, fetchJson, getJson } from "./api.js";
 import { Segmenter } from "./boxes.js";
+import { handOver } from "./player.js";
 
 const LIVE = ["queued", "in_progress"];
+const PREVIEW = "preview";
+const FINAL = "final";
+
+// One rendition of a job with a preview, as the page knows it.
+function blankRendition(decoder) {
+  return {
+    decoder,
+    status: "queued",       // its variants[...].status, as the server last reported it
+    chunksDone: 0,
+    chunksTotal: null,
+    framesDone: 0,
+    fragmentsAppended: 0,
+    bytesReceived: 0,
+    loading: false,         // its content is being fetched into a <video>
+    streamEnded: false,
+    ended: false,           // preview_done / final_done (or _error) heard
+    error: null,
+  };
+}
 
 // What the page shows before any job (also the starting point of each session).
 export function blankState() {
@@ -33,6 +60,19 @@ export function blankState() {
     framesShown: 0,         // requestVideoFrameCallback calls while this job played
     streamEnded: false,     // the content fetch ended and endOfStream() was called
     errors: [],
+    // A job with a preview. The figures above (fragmentsAppended, bytesReceived,
+    // streamEnded) are then those of the rendition in front; chunks and frames the final's.
+    rendition: null,        // "preview" / "final": in front; null: a job without a preview
+    renditions: null,       // {preview, final}: blankRendition() each, final with `ready`
+    finalReady: false,      // final_ready heard (or the job object says so)
+    finalReadyAt: null,     // performance.now() then
+    finalStopped: false,    // the user stopped the full decode
+    switchedAt: null,       // performance.now() of the switch to the final
+    timeBefore: null,       // the preview's currentTime just before that switch
+    timeAfter: null,        // the final's just after it
+    switches: [],           // every swap: {from, to, reason, at, before, after}
+    lastMediaTime: null,    // the frame last presented in front (requestVideoFrameCallback)
+    backwardSteps: 0,       // presented frames earlier than the one before, seeks aside
   };
 }
 
@@ -41,18 +81,50 @@ export class Session extends EventTarget {
   #events = null;   // the EventSource
   #rate = null;     // {at, frames}: where the decode-speed estimate starts
   #closed = false;
+  #previewAbort = null; // the preview's own fetch (ended once the final is in for good)
+  #finalAbort = null;   // the final's own fetch (stopped with it)
+  #handingOver = false; // a handOver() is under way
+  #finalAlone = false;  // a finished preview job: its final plays alone, in front
 
-  constructor(job, { player, clickedAt }) {
+  constructor(job, { player, spare = null, clickedAt }) {
     super();
     this.job = job;
     this.id = job.id;
-    this.player = player;
+    this.player = player; // in front: the job, or its preview
+    this.spare = spare;   // behind: a preview's final, until the swap
     this.cancelled = false; // the user cancelled: the cut stream that follows is no fault
     this.state = { ...blankState(), jobId: job.id, clickedAt };
+    if (job.variants && spare) {
+      this.state.rendition = PREVIEW;
+      this.state.renditions = {
+        [PREVIEW]: blankRendition(job.variants.preview.decoder),
+        [FINAL]: { ...blankRendition(job.variants.final.decoder), ready: false },
+      };
+      // Finished already (watched from the list): the final alone, nothing to switch.
+      if (job.variants.final.status === "completed") {
+        this.state.rendition = FINAL;
+        this.#finalAlone = true;
+      }
+    }
   }
 
   get cancellable() {
     return !this.#closed && !this.cancelled && LIVE.includes(this.state.status);
+  }
+
+  // "Stop full decode" applies: a preview job whose final still runs.
+  get finalStoppable() {
+    const final = this.state.renditions?.[FINAL];
+    return Boolean(final) && this.cancellable && !this.state.finalStopped && !final.ended;
+  }
+
+  // The <video> in front (what the buffered bar measures).
+  get shownVideo() {
+    return this.#front().video;
+  }
+
+  #front() {
+    return this.spare?.front ? this.spare : this.player;
   }
 
   // Shows the job and plays it; settles when its content stream has ended. Never
@@ -60,20 +132,60 @@ export class Session extends EventTarget {
   async start() {
     this.#applyJob(this.job);
     this.#changed();
-    this.player.attach({
-      frame: () => {
-        this.state.framesShown += 1;
-        if (this.state.firstFrameAt === null) this.#firstFrame();
+    this.player.setFront(true);
+    this.spare?.setFront(false);
+    this.#attach(this.player);
+    this.#followEvents();
+    const renditions = this.state.renditions;
+    if (renditions === null) {
+      await this.#playCaught(this.job.urls.content, this.player, this.state, this.#abort.signal, true);
+      return;
+    }
+    if (this.#finalAlone) {
+      await this.#playCaught(this.job.urls.content, this.player, renditions[FINAL], this.#abort.signal, true);
+      return;
+    }
+    // This job object may already say the final is ready.
+    this.#maybeStartFinal("ready at start");
+    this.#previewAbort = new AbortController();
+    const signal = AbortSignal.any([this.#abort.signal, this.#previewAbort.signal]);
+    await this.#playCaught(this.job.urls.preview_content, this.player, renditions[PREVIEW], signal, true);
+  }
+
+  #attach(player) {
+    player.attach({
+      frame: (mediaTime) => {
+        if (!player.front) return; // the final behind, seeking
+        const state = this.state;
+        state.framesShown += 1;
+        if (state.lastMediaTime !== null && mediaTime < state.lastMediaTime - 1e-3) {
+          state.backwardSteps += 1;
+        }
+        state.lastMediaTime = mediaTime;
+        if (state.firstFrameAt === null) this.#firstFrame();
       },
       firstPlaying: () => this.#firstFrame(),
       error: (message) => this.fail(message),
     });
-    this.#followEvents();
+    // A seek by the user is no backward step.
+    player.video.onseeking = () => {
+      if (player.front && !this.#handingOver) this.state.lastMediaTime = null;
+    };
+  }
+
+  async #playCaught(url, player, into, signal, autoplay) {
     try {
-      await this.#play(this.job.urls.content);
+      await this.#play(url, player, into, signal, autoplay);
     } catch (error) {
-      if (error.name !== "AbortError" && !this.cancelled) this.fail(error.message);
+      if (error.name !== "AbortError" && !this.cancelled && !this.#stopped(into)) {
+        this.fail(error.message);
+      }
     }
+  }
+
+  // The final's cut or refused stream is no fault once the user stopped it.
+  #stopped(into) {
+    return this.state.finalStopped && into === this.state.renditions?.[FINAL];
   }
 
   // Asks the server to cancel the job. The server then ends the content stream and
@@ -96,6 +208,30 @@ export class Session extends EventTarget {
     this.#abort.abort();
     this.#events?.close();
     this.player.reset();
+    this.player.setFront(true);
+    this.spare?.reset();
+    this.spare?.setFront(false);
+  }
+
+  // Stops the full decode and keeps the preview: it plays on to its end (handed
+  // back to at once if the final was in front). The server answers the DELETE once
+  // the final has stopped, at its next chunk; the page does not wait for that.
+  async stopFinal() {
+    if (!this.finalStoppable) return;
+    const state = this.state;
+    state.finalStopped = true;
+    this.#finalAbort?.abort();
+    this.#changed();
+    if (state.rendition === FINAL) this.#handBack();
+    else if (!this.#handingOver) this.spare.reset(); // a hand-over ends itself (#handOver)
+    try {
+      this.#applyJob(
+        await fetchJson(`/v1/videos/${this.id}?variant=${FINAL}`, { method: "DELETE" }),
+      );
+    } catch (error) {
+      this.fail(error.message);
+    }
+    this.#changed();
   }
 
   fail(message) {
@@ -108,7 +244,15 @@ export class Session extends EventTarget {
   }
 
   #changed() {
-    if (!this.#closed) this.dispatchEvent(new Event("change"));
+    if (this.#closed) return;
+    const state = this.state;
+    if (state.renditions) {
+      const front = state.renditions[state.rendition];
+      state.fragmentsAppended = front.fragmentsAppended;
+      state.bytesReceived = front.bytesReceived;
+      state.streamEnded = front.streamEnded;
+    }
+    this.dispatchEvent(new Event("change"));
   }
 
   #firstFrame() {
@@ -121,61 +265,149 @@ export class Session extends EventTarget {
 
   // ------------------------------------------------------------ playback
 
-  async #play(contentUrl) {
+  // Plays (autoplay) or loads `contentUrl` into `player`; its figures go to `into`
+  // (the state itself, or one of state.renditions).
+  async #play(contentUrl, player, into, signal, autoplay) {
     const state = this.state;
-    if (!this.player.hasMediaSource) {
+    into.loading = true;
+    if (!player.hasMediaSource) {
       state.playback = "src";
-      await this.player.playUrl(contentUrl).catch((error) => this.fail(`playback: ${error.message}`));
+      if (autoplay) {
+        await player.playUrl(contentUrl).catch((error) => this.fail(`playback: ${error.message}`));
+      } else {
+        player.video.preload = "auto";
+        player.video.src = contentUrl;
+      }
       return;
     }
-    const response = await apiFetch(contentUrl, { signal: this.#abort.signal });
+    const response = await apiFetch(contentUrl, { signal });
     if (!response.ok) throw new Error(await errorMessage(response));
+    const segmenter = new Segmenter();
+    const reader = response.body.getReader();
+    let cut = false;
+    // The next segments, [] at the stream's end or cut (`cut` then says so).
+    const next = async () => {
+      for (;;) {
+        let chunk;
+        try {
+          chunk = await reader.read();
+        } catch (error) {
+          // A cancelled job's stream is cut by the server; any other cut is a fault
+          // whose reason the job object holds.
+          cut = true;
+          if (!this.cancelled && !this.#closed && !signal.aborted && !this.#stopped(into)) {
+            this.fail(await this.#streamCutReason(error));
+          }
+          return [];
+        }
+        if (chunk.done || this.#closed || signal.aborted) return [];
+        into.bytesReceived += chunk.value.length;
+        let segments;
+        try {
+          segments = segmenter.push(chunk.value);
+        } catch (error) {
+          this.#abort.abort();
+          throw error;
+        }
+        if (segments.length) return segments;
+      }
+    };
     const type = response.headers.get("Content-Type");
     state.contentType = type;
-    if (!this.player.canStream(type)) {
+    if (!player.canStream(type)) {
       this.#abort.abort();
       throw new Error(`this browser cannot play ${type}`);
     }
     state.playback = "mse";
-    const stream = await this.player.openStream(type, () => {
-      state.fragmentsAppended += 1;
-      if (state.fragmentsAppended === 1) {
-        this.player.play().catch((error) => this.fail(`playback: ${error.message}`));
+    const stream = await player.openStream(type, () => {
+      into.fragmentsAppended += 1;
+      if (into.fragmentsAppended === 1 && autoplay) {
+        player.play().catch((error) => this.fail(`playback: ${error.message}`));
       }
       this.#changed();
     });
-    if (this.#closed || stream === null) return;
-    const segmenter = new Segmenter();
-    const reader = response.body.getReader();
-    let cut = false;
-    for (;;) {
-      let chunk;
-      try {
-        chunk = await reader.read();
-      } catch (error) {
-        // A cancelled job's stream is cut by the server; any other cut is a fault
-        // whose reason the job object holds.
-        cut = true;
-        if (!this.cancelled && !this.#closed) this.fail(await this.#streamCutReason(error));
-        break;
-      }
-      if (chunk.done || this.#closed) break;
-      state.bytesReceived += chunk.value.length;
-      let segments;
-      try {
-        segments = segmenter.push(chunk.value);
-      } catch (error) {
-        this.#abort.abort();
-        throw error;
-      }
+    if (this.#closed || stream === null || signal.aborted) return;
+    let segments = await next();
+    while (segments.length) {
       for (const segment of segments) stream.append(segment.bytes, segment.media);
       this.#changed();
+      segments = await next();
     }
-    if (this.#closed) return;
-    if (segmenter.holding && !cut && !this.cancelled) this.fail("the stream ended inside an MP4 box");
-    state.streamEnded = true;
+    if (this.#closed || signal.aborted) return;
+    if (segmenter.holding && !cut && !this.cancelled && !this.#stopped(into)) {
+      this.fail("the stream ended inside an MP4 box");
+    }
+    into.streamEnded = true;
     stream.end();
     this.#changed();
+    this.#unloadPreview(); // the final's whole: the preview behind is needed no more
+  }
+
+  // ------------------------------------------------------------ preview, then final
+
+  // Loads the final behind and hands over to it, once: on final_ready, or the
+  // final's end when ready never came, or the preview's failure.
+  #maybeStartFinal(reason) {
+    const renditions = this.state.renditions;
+    const final = renditions?.[FINAL];
+    if (!final || this.#closed || this.cancelled || this.state.finalStopped || final.loading) return;
+    if (this.#finalAlone) return;
+    if (final.error !== null) return;
+    const due = final.ready || final.status === "completed" || renditions[PREVIEW].error !== null;
+    if (!due) return;
+    this.#finalAbort = new AbortController();
+    const signal = AbortSignal.any([this.#abort.signal, this.#finalAbort.signal]);
+    this.#attach(this.spare);
+    this.#playCaught(this.job.urls.content, this.spare, final, signal, false);
+    this.#handOver(this.player, this.spare, FINAL, reason, () => signal.aborted);
+  }
+
+  // Back to the preview (kept behind, still buffered) where the final stands.
+  #handBack() {
+    this.#handOver(this.spare, this.player, PREVIEW, "final stopped", () => this.#abort.signal.aborted);
+  }
+
+  async #handOver(from, to, rendition, reason, stop) {
+    // One at a time: a hand-back waits for a hand-over still looking for its moment
+    // (which the stop that caused the hand-back ends).
+    while (this.#handingOver) await new Promise((resolve) => setTimeout(resolve, 10));
+    if (this.#closed || stop()) return;
+    this.#handingOver = true;
+    let swapped;
+    try {
+      swapped = await handOver(from, to, { frameS: 1 / this.job.fps, stop: () => this.#closed || stop() });
+    } finally {
+      this.#handingOver = false;
+    }
+    if (this.#closed) return;
+    const state = this.state;
+    if (swapped === null) {
+      if (rendition === FINAL && state.finalStopped) this.spare.reset();
+      return;
+    }
+    const previous = state.rendition;
+    state.rendition = rendition;
+    state.switches.push({ from: previous, to: rendition, reason, at: swapped.at, before: swapped.before, after: swapped.after });
+    if (rendition === FINAL && state.switchedAt === null) {
+      state.switchedAt = swapped.at;
+      state.timeBefore = swapped.before;
+      state.timeAfter = swapped.after;
+    }
+    swapped.played.catch((error) => this.fail(`playback: ${error.message}`));
+    this.#changed();
+    // Stopped in the instant of the swap: back again.
+    if (rendition === FINAL && state.finalStopped) this.#handBack();
+    this.#unloadPreview();
+  }
+
+  // The preview behind is kept until the final can no longer be stopped or fail
+  // (a hand-back needs it), then emptied and its fetch ended.
+  #unloadPreview() {
+    const renditions = this.state.renditions;
+    if (this.#finalAlone || this.state.rendition !== FINAL || !renditions[FINAL].streamEnded) return;
+    if (renditions[FINAL].status !== "completed" || this.#previewAbort?.signal.aborted) return;
+    this.#previewAbort?.abort();
+    this.player.reset();
   }
 
   async #streamCutReason(error) {
@@ -211,16 +443,35 @@ export class Session extends EventTarget {
       state.status = event.status;
       this.#rate = { at: performance.now(), frames: 0 };
     });
+    on("length", (event) => {
+      state.framesPlanned = event.frames;
+      state.seconds = event.frames / this.job.fps;
+      state.chunksTotal = event.chunks;
+      if (state.renditions) state.renditions[FINAL].chunksTotal = event.chunks;
+    });
     on("chunk", (event) => {
       state.status = event.status;
+      if (event.variant !== undefined && state.renditions) {
+        const rendition = state.renditions[event.variant];
+        rendition.status = "in_progress";
+        rendition.chunksDone = event.index + 1;
+        rendition.chunksTotal = event.total ?? rendition.chunksTotal;
+        rendition.framesDone = event.frames_done;
+        if (event.variant === PREVIEW) return;
+      }
       state.chunksDone = event.index + 1;
-      state.chunksTotal = event.total;
+      state.chunksTotal = event.total ?? state.chunksTotal;
       state.framesDone = event.frames_done;
       if (this.#rate) {
         const seconds = (performance.now() - this.#rate.at) / 1000;
         state.decodeFps = (event.frames_done - this.#rate.frames) / seconds;
       }
     });
+    on("final_ready", () => this.#finalIsReady("final_ready"));
+    for (const variant of [PREVIEW, FINAL]) {
+      on(`${variant}_done`, () => this.#renditionEnded(variant, null));
+      on(`${variant}_error`, (event) => this.#renditionEnded(variant, event.error));
+    }
     on("done", (event) => {
       events.close();
       this.#applyJob(event.job);
@@ -229,9 +480,46 @@ export class Session extends EventTarget {
     on("error", (event) => {
       events.close();
       state.status = event.status;
-      if (!this.cancelled) this.fail(event.error.message);
+      if (!this.#expectedEnd(event.status)) this.fail(event.error.message);
       this.dispatchEvent(new Event("finished"));
     });
+  }
+
+  // A job the user cancelled, or whose full decode the user stopped, ends
+  // cancelled: no fault of the job's.
+  #expectedEnd(status) {
+    return this.cancelled || (this.state.finalStopped && status === "cancelled");
+  }
+
+  #finalIsReady(reason) {
+    const final = this.state.renditions?.[FINAL];
+    if (!final || final.ready) return;
+    final.ready = true;
+    this.state.finalReady = true;
+    this.state.finalReadyAt = performance.now();
+    this.#maybeStartFinal(reason);
+  }
+
+  #renditionEnded(variant, error) {
+    const renditions = this.state.renditions;
+    if (!renditions) return;
+    const rendition = renditions[variant];
+    rendition.ended = true;
+    if (error === null) {
+      rendition.status = "completed";
+    } else {
+      // The final's "error" when the user stopped it is what was asked for.
+      const asked = this.cancelled || (this.state.finalStopped && variant === FINAL);
+      rendition.status = asked ? "cancelled" : "failed"; // the event's status is the job's
+      rendition.error = error.message;
+      if (!asked) this.fail(`the ${variant} rendition failed: ${error.message}`);
+    }
+    if (variant === FINAL && error !== null && this.state.rendition === FINAL && !this.#finalAlone) {
+      this.#handBack();
+    }
+    // The final's end (ready never came), or the preview's failure: switch now.
+    this.#maybeStartFinal(`${variant}_${error === null ? "done" : "error"}`);
+    this.#unloadPreview();
   }
 
   // Takes what a job object says (a `state` event, a `done` event, a POST or DELETE answer).
@@ -247,6 +535,22 @@ export class Session extends EventTarget {
     if (job.status === "completed" && queued !== null && total > queued) {
       state.decodeFps = job.frames / (total - queued); // the server's own clock
     }
-    if (job.error && !this.cancelled) this.fail(job.error.message);
+    if (job.error && !this.#expectedEnd(job.status)) this.fail(job.error.message);
+    const renditions = state.renditions;
+    if (!renditions || !job.variants) return;
+    for (const variant of [PREVIEW, FINAL]) {
+      const from = job.variants[variant];
+      const into = renditions[variant];
+      into.status = from.status;
+      into.chunksDone = from.chunks.done;
+      into.chunksTotal = from.chunks.total;
+      into.framesDone = from.frames_done;
+      into.error = from.error?.message ?? null;
+      if (!LIVE.includes(from.status)) into.ended = true;
+    }
+    // Joined late: final_ready came before this page listened.
+    if (job.variants.final.ready_after_preview_s !== null) this.#finalIsReady("ready on joining");
+    this.#maybeStartFinal("final ended on joining");
+    this.#unloadPreview();
   }
 }

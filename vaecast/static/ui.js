@@ -16,6 +16,20 @@ export function fillModels(models) {
   }
 }
 
+// The preview decoders offered (demo and upload): none, `linear` (it reads any
+// model's latents: the server refuses what does not fit) and the served models.
+// "" is the server's default (`vaecast serve --preview MODEL=DECODER`): nothing sent.
+export function fillPreviews(models) {
+  const names = ["linear", ...models.filter((m) => m !== "linear")];
+  for (const select of document.querySelectorAll("select.preview")) {
+    select.replaceChildren(
+      new Option("server default", ""),
+      new Option("none", "none"),
+      ...names.map((name) => new Option(name)),
+    );
+  }
+}
+
 // Runs `task(form)` on submit, with the form's button disabled until it settles.
 export function onSubmit(id, task) {
   $(id).addEventListener("submit", (event) => {
@@ -45,13 +59,16 @@ export function demoRequest(form) {
     live: true,
   };
   if (data.get("model")) body.model = data.get("model");
+  // A fast preview first, then the model's final, switched to where the viewer is.
+  if (data.get("preview")) body.preview = data.get("preview");
   return { headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
 }
 
-// The upload form as multipart; an empty model means the server's default.
+// The upload form as multipart; an empty model or preview means the server's default.
 export function uploadRequest(form) {
   const data = new FormData(form);
   if (!data.get("model")) data.delete("model");
+  if (!data.get("preview")) data.delete("preview");
   return { body: data };
 }
 
@@ -81,8 +98,9 @@ export function showError(message) {
   $("error").textContent = message || "";
 }
 
-// `state` is what window.vaecast.state returns; `cancellable` enables the button.
-export function render(state, cancellable) {
+// `state` is what window.vaecast.state returns; `cancellable` and `finalStoppable`
+// enable their buttons; `video` is the <video> in front.
+export function render(state, { cancellable, finalStoppable, video }) {
   $("job-id").textContent = state.jobId || "–";
   $("job-id").title = state.jobId || "";
   $("status").textContent = state.status.replace("_", " ");
@@ -93,13 +111,43 @@ export function render(state, cancellable) {
   $("decode-fps").textContent = state.decodeFps === null ? "–" : `${state.decodeFps.toFixed(1)} frames/s`;
   // With the <video src> fallback the browser fetches the stream, out of the page's sight.
   $("bytes").textContent = state.playback === "mse" ? formatBytes(state.bytesReceived) : "–";
-  renderBuffered(state.seconds);
+  renderBuffered(state.seconds, video);
   $("cancel").disabled = !cancellable;
+  renderRenditions(state, finalStoppable);
 }
 
-// The buffered bar: how much of the video's `seconds` the <video> holds.
-export function renderBuffered(seconds) {
-  const ranges = $("video").buffered;
+// A job with a preview: which rendition is on screen, each one's progress, and the
+// "stop full decode" button. Hidden for a job without one.
+function renderRenditions(state, finalStoppable) {
+  const renditions = state.renditions;
+  const badge = $("rendition");
+  badge.hidden = renditions === null;
+  $("renditions-figure").hidden = renditions === null;
+  $("stop-final").hidden = renditions === null;
+  $("stop-final").disabled = !finalStoppable;
+  if (renditions === null) return;
+  const { preview, final } = renditions;
+  let label;
+  let note = "";
+  if (state.rendition === "final") {
+    label = `final · ${final.decoder}`;
+  } else {
+    label = `preview · ${preview.decoder}`;
+    if (state.finalStopped) note = "full decode stopped";
+    else if (final.status === "failed") note = "full decode failed";
+    else if (final.ready) note = "switching to the final…";
+    else if (!final.ended) note = `final decoding (${final.decoder})`;
+  }
+  badge.textContent = note ? `${label} — ${note}` : label;
+  badge.dataset.rendition = state.rendition;
+  badge.classList.toggle("stopped", state.finalStopped);
+  const progress = (r) => `${r.chunksDone}${r.chunksTotal === null ? "" : ` / ${r.chunksTotal}`} ${r.status.replace("_", " ")}`;
+  $("renditions").textContent = `preview ${progress(preview)} · final ${progress(final)}`;
+}
+
+// The buffered bar: how much of the video's `seconds` the <video> in front holds.
+export function renderBuffered(seconds, video) {
+  const ranges = video.buffered;
   const end = ranges.length ? ranges.end(ranges.length - 1) : 0;
   $("buffer-bar").value = seconds ? Math.min(1, end / seconds) : 0;
 }

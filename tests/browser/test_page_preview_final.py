@@ -1,0 +1,191 @@
+"""The page's preview-then-final playback in real headless Chromium, against a real server.
+
+A demo asked for with a fast preview (`"preview": "linear"`) plays its preview at
+once; once the server says the final has caught up (`final_ready`), the page loads
+the final into a second, invisible <video> and swaps it in at the same playback
+time. "Stop full decode" stops the final and keeps the preview playing to its end.
+
+The final is the gated `tiny` decoder (tests/helpers/browser.py): holding it back
+while the ungated `linear` preview runs makes both orders deterministic, the
+preview on screen first and `final_ready` arriving live, after the page listens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.browser import (
+    PLAY_TIMEOUT_S,
+    STATE,
+    Server,
+    assert_no_script_errors,
+    start_demo,
+    until_set,
+)
+from tests.helpers.cdp import Page
+from vaecast.demo.sources import SceneSpec
+
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
+
+DEMO = SceneSpec("showcase", frames=49, width=256, height=160)
+DEMO_FPS = 16
+FRAME_S = 1 / DEMO_FPS
+HOLD_AT = 0  # the final publishes nothing (so cannot be ready) until the test says
+
+# What Chromium reports about a <video>, by id.
+FACTS = """(v => ({
+  id: v.id,
+  front: !v.classList.contains("behind"),
+  currentTime: v.currentTime,
+  paused: v.paused,
+  ended: v.ended,
+  duration: v.duration,
+  error: v.error && v.error.message,
+  totalVideoFrames: v.getVideoPlaybackQuality().totalVideoFrames,
+  src: v.getAttribute("src"),
+}))(document.getElementById(%r))"""
+FRONT = "document.querySelector('.screen video:not(.behind)')"
+BADGE = "document.getElementById('rendition').textContent"
+
+
+async def open_page(page: Page, server: Server) -> None:
+    await page.navigate(server.url + "/")
+    await page.wait_for("window.vaecast && window.vaecast.state.ready")
+
+
+async def start_with_preview(page: Page, preview: str = "linear") -> None:
+    offered = await page.evaluate(
+        "Array.from(document.getElementById('demo-form').preview.options, (o) => o.value)"
+    )
+    assert {"", "none", "linear"} <= set(offered)
+    await page.evaluate(f"document.getElementById('demo-form').preview.value = {preview!r}")
+    await start_demo(page, DEMO, DEMO_FPS)
+
+
+async def preview_playing(page: Page) -> dict:
+    """The state once the preview shows frames and has played a little, in front."""
+    return await page.wait_for(
+        f"""(s => s.rendition === 'preview' && s.firstFrameAt !== null && s.framesShown > 2
+              && document.getElementById('video').currentTime > 0.1
+              && !document.getElementById('video').classList.contains('behind') && s)({STATE})""",
+        PLAY_TIMEOUT_S,
+    )
+
+
+async def job_json(server: Server, job_id: str) -> dict:
+    async with server.client.get(f"/v1/videos/{job_id}") as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def test_the_preview_plays_first_then_the_final_takes_over_in_place(
+    server: Server, page: Page
+) -> None:
+    server.decoder.hold(HOLD_AT)
+    await open_page(page, server)
+    await start_with_preview(page)
+
+    await until_set(server.decoder.holding)
+    state = await preview_playing(page)
+    # The final is held: what plays is the preview alone.
+    assert not server.decoder.gate.is_set()
+    assert state["renditions"]["preview"]["decoder"] == "linear"
+    assert state["renditions"]["final"]["decoder"] == "tiny"
+    assert (state["finalReady"], state["switchedAt"]) == (False, None)
+    assert state["renditions"]["final"]["loading"] is False
+    assert (await page.evaluate(BADGE)).startswith("preview")
+    job = server.job(state["jobId"])
+    assert job.status.value == "in_progress"
+
+    server.decoder.release()
+    state = await page.wait_for(f"(s => s.switchedAt !== null && s)({STATE})", PLAY_TIMEOUT_S)
+    assert state["finalReady"]
+    assert state["finalReadyAt"] <= state["switchedAt"]
+    assert [s["reason"] for s in state["switches"]] == ["final_ready"]
+    assert state["rendition"] == "final"
+    print(
+        f"switched {state['timeBefore']:.3f} s -> {state['timeAfter']:.3f} s, "
+        f"{state['switchedAt'] - state['finalReadyAt']:.0f} ms after final_ready"
+    )
+    # No jump back (half a frame at most, inside the same frame), and not far ahead.
+    assert state["timeAfter"] >= state["timeBefore"] - FRAME_S
+    assert state["timeAfter"] - state["timeBefore"] <= FRAME_S
+    assert state["timeAfter"] > 0.1  # no second start from 0
+    final = await page.evaluate(FACTS % "video-final")
+    assert final["front"]
+    assert (await page.evaluate(FACTS % "video"))["front"] is False
+    assert (await page.evaluate(BADGE)) == "final · tiny"
+
+    await page.wait_for(f"{FRONT}.ended", PLAY_TIMEOUT_S)
+    final = await page.evaluate(FACTS % "video-final")
+    state = await page.wait_for(f"(s => s.status === 'completed' && s)({STATE})")
+    assert final["error"] is None
+    assert final["front"]
+    assert final["duration"] == pytest.approx(DEMO.frames / DEMO_FPS, abs=0.05)
+    assert final["currentTime"] == pytest.approx(final["duration"], abs=1e-3)
+    # Every frame presented in front came after the one before: the swap included.
+    assert state["backwardSteps"] == 0
+    assert state["lastMediaTime"] >= (DEMO.frames - 1) / DEMO_FPS - 1e-3
+    assert state["rendition"] == "final"
+    assert state["renditions"]["final"]["status"] == "completed"
+    assert state["renditions"]["preview"]["status"] == "completed"
+    assert state["renditions"]["final"]["streamEnded"]
+    assert state["streamEnded"]
+    # The preview, no longer needed once the final is complete, is unloaded.
+    assert (await page.evaluate(FACTS % "video"))["src"] is None
+    assert state["errors"] == []
+    assert await page.evaluate("document.getElementById('error').hidden")
+    assert await page.evaluate("document.getElementById('stop-final').disabled")
+    assert_no_script_errors(page)
+
+
+async def test_stop_full_decode_keeps_the_preview_playing_to_its_end(
+    server: Server, page: Page
+) -> None:
+    server.decoder.hold(HOLD_AT)
+    await open_page(page, server)
+    await start_with_preview(page)
+    await until_set(server.decoder.holding)
+    state = await preview_playing(page)
+    assert await page.evaluate("!document.getElementById('stop-final').disabled")
+
+    await page.evaluate("document.getElementById('stop-final').click()")
+    await page.wait_for(f"{STATE}.finalStopped")
+    # The final's decode thread notices the stop when it publishes its next chunk.
+    server.decoder.release()
+
+    await page.wait_for(f"{FRONT}.ended", PLAY_TIMEOUT_S)
+    state = await page.wait_for(f"(s => s.status === 'cancelled' && s)({STATE})", PLAY_TIMEOUT_S)
+    job = await job_json(server, state["jobId"])
+    assert job["status"] == "cancelled"
+    assert job["variants"]["preview"]["status"] == "completed"
+    assert job["variants"]["final"]["status"] == "cancelled"
+
+    preview = await page.evaluate(FACTS % "video")
+    assert preview["front"]
+    assert preview["error"] is None
+    assert preview["totalVideoFrames"] == DEMO.frames  # played from its start to its end
+    assert preview["duration"] == pytest.approx(DEMO.frames / DEMO_FPS, abs=0.05)
+    assert state["rendition"] == "preview"
+    assert (state["switchedAt"], state["switches"]) == (None, [])
+    assert state["renditions"]["preview"]["status"] == "completed"
+    assert state["renditions"]["final"]["status"] == "cancelled"
+    assert state["backwardSteps"] == 0
+    assert "full decode stopped" in await page.evaluate(BADGE)
+    assert state["errors"] == []
+    assert await page.evaluate("document.getElementById('error').hidden")
+    assert await page.evaluate("document.getElementById('stop-final').disabled")
+    assert_no_script_errors(page)
+
+
+async def test_a_demo_without_a_preview_shows_no_rendition(server: Server, page: Page) -> None:
+    await open_page(page, server)
+    await start_with_preview(page, "none")
+    state = await page.wait_for(
+        f"(s => s.status === 'completed' && s.streamEnded && s)({STATE})", PLAY_TIMEOUT_S
+    )
+    assert (state["rendition"], state["renditions"]) == (None, None)
+    assert await page.evaluate("document.getElementById('rendition').hidden")
+    assert await page.evaluate("document.getElementById('stop-final').hidden")
+    assert (await job_json(server, state["jobId"])).get("variants") is None
+    assert_no_script_errors(page)
