@@ -314,6 +314,65 @@ async def test_a_killed_replica_fails_its_job_and_the_other_job_goes_on(front_en
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_preview_and_its_final_are_two_calls_on_the_replicas(front_ends):
+    a, b = front_ends
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        job = await create(session, a, latents=SMALL, preview="linear")
+        assert job["variants"]["preview"]["chunks"]["total"] == 9
+        seen = [event async for event in events(session, f"{b.url}/v1/videos/{job['id']}/events")]
+        chunks = [e["variant"] for e in seen if e["event"] == "chunk"]
+        assert chunks.count("preview") == chunks.count("final") == 9
+        names = [e["event"] for e in seen]
+        assert "preview_done" in names and "final_done" in names and names[-1] == "done"
+        base = f"/v1/videos/{job['id']}/content"
+        preview = await read_all(session, f"{b.url}{base}?variant=preview")
+        final = await read_all(session, b.url + base)
+        assert final == await read_all(session, a.url + base)
+        assert len(decode_mp4(preview)) == len(decode_mp4(final)) == SMALL_FRAMES
+        alone = await create(session, a, latents=SMALL)
+        await until_completed(session, a, alone)
+        assert await read_all(session, f"{a.url}/v1/videos/{alone['id']}/content") == final
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_ray_push_sessions_final_stopped_keeps_its_preview(front_ends):
+    a, b = front_ends
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        job = await create(session, a, fps=16, preview="linear")
+        await push(session, a, job, SMALL[:, :, :3])
+        async with session.delete(
+            f"{b.url}/v1/videos/{job['id']}", params={"variant": "final"}
+        ) as response:
+            assert response.status == 200, await response.text()
+        await push(session, b, job, SMALL[:, :, 3:6])
+        await push(session, a, job, SMALL[:, :, 6:], final=True)
+        done = await until_completed(session, a, job, statuses=("cancelled",))
+        assert done["variants"]["preview"]["status"] == "completed", done
+        assert done["variants"]["final"]["status"] == "cancelled"
+        preview = await read_all(session, f"{b.url}/v1/videos/{job['id']}/content?variant=preview")
+        assert len(decode_mp4(preview)) == SMALL_FRAMES
+
+
+async def until_completed(
+    session: aiohttp.ClientSession,
+    front_end: FrontEnd,
+    job: dict,
+    statuses: tuple[str, ...] = ("completed",),
+) -> dict:
+    found: dict = {}
+
+    async def ended() -> bool:
+        found.update(await get_json(session, f"{front_end.url}/v1/videos/{job['id']}"))
+        return found["status"] in (*statuses, "failed")
+
+    await until(ended)
+    assert found["status"] in statuses, found
+    return found
+
+
+@pytest.mark.slow
 async def test_a_killed_front_end_leaves_its_job_running_and_watchable(
     ray_cluster: RayCluster, front_ends
 ):

@@ -39,7 +39,13 @@ class JobHost:
     def __init__(self) -> None:
         self._jobs: dict[str, SharedJob] = {}
 
-    async def create(self, spec: JobSpec, call: DecodeCall, settings: JobSettings) -> None:
+    async def create(
+        self,
+        spec: JobSpec,
+        call: DecodeCall,
+        settings: JobSettings,
+        preview_call: DecodeCall | None = None,
+    ) -> None:
         if spec.job_id in self._jobs:
             return
         me = ray.get_runtime_context().current_actor
@@ -49,6 +55,7 @@ class JobHost:
             settings,
             JobRef(me, spec.job_id),
             forget=lambda: self._jobs.pop(spec.job_id, None),
+            preview_call=preview_call,
         )
         self._jobs[spec.job_id] = job
         await job.start()
@@ -85,17 +92,25 @@ class JobHost:
         job = self._jobs.get(job_id)
         return _gone(job_id) if job is None else await job.push_block(*args)
 
-    async def end_feed(self, job_id: str, plan: dict[str, Any] | None) -> PushState | VaecastError:
+    async def end_feed(
+        self, job_id: str, plan: dict[str, Any] | None, preview_chunks: int | None = None
+    ) -> PushState | VaecastError:
         job = self._jobs.get(job_id)
-        return _gone(job_id) if job is None else await job.end_feed(plan)
+        return _gone(job_id) if job is None else await job.end_feed(plan, preview_chunks)
 
-    async def next_block(self, job_id: str) -> Block | None:
+    async def next_block(self, job_id: str, variant: str = "final") -> Block | None:
         job = self._jobs.get(job_id)
-        return None if job is None else await job.next_block()
+        return None if job is None else await job.next_block(variant)
 
-    async def replica_stopped(self, job_id: str, decoded_chunks: int) -> None:
+    async def replica_stopped(
+        self, job_id: str, decoded_chunks: int, variant: str = "final"
+    ) -> None:
         if (job := self._jobs.get(job_id)) is not None:
-            await job.replica_stopped(decoded_chunks)
+            await job.replica_stopped(decoded_chunks, variant)
+
+    async def cancel_variant(self, job_id: str, variant: str, error: VaecastError) -> None:
+        if (job := self._jobs.get(job_id)) is not None:
+            await job.cancel_variant(variant, error)
 
 
 def _gone(job_id: str) -> VaecastError:

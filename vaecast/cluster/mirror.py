@@ -32,11 +32,12 @@ from vaecast.errors import (
     GoneError,
     VaecastError,
 )
-from vaecast.job_record import JobStatus, SegmentAdded
+from vaecast.job_record import JobStatus, SegmentAdded, VariantEnded
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.pipeline import TimedAudio
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.retention import EvictionReason
+from vaecast.server.stream.segment_log import SegmentLog
 
 log = logging.getLogger("vaecast.cluster")
 
@@ -56,6 +57,7 @@ class ActorFeed:
         self.block_shape: tuple[int, ...] | None = None
         self.dtype: str | None = None
         self.final_plan: DecodePlan | None = None
+        self.preview_chunks: int | None = None
 
     def take(self, state: PushState) -> None:
         self.latent_frames, self.ended = state.latent_frames, state.ended
@@ -92,7 +94,7 @@ class ActorFeed:
 
     async def end(self) -> None:
         plan = None if self.final_plan is None else asdict(self.final_plan)
-        self.take(_raise_if_error(await self._job.end_feed(plan)))
+        self.take(_raise_if_error(await self._job.end_feed(plan, self.preview_chunks)))
 
 
 class MirrorRunner:
@@ -138,18 +140,20 @@ class MirrorRunner:
                 refs = iter(update.fragments)
                 for transition in update.transitions:
                     if isinstance(transition, SegmentAdded):
-                        await job.append(await next(refs))
+                        await job.sink(transition.variant).append(await next(refs))
                         fragments += 1
                     else:
                         job.apply(transition)
+                        if isinstance(transition, VariantEnded):
+                            _close(job.rendition(transition.variant).log, transition.error)
                     transitions += 1
                 self.synced.set()
                 if update.final:
                     break
             if job.status is JobStatus.COMPLETED:
-                job.log.finish()
-            else:
-                job.log.abort(job.error or DecodeCancelled("cancelled"))
+                _close(job.log, None)
+            for rendition in job.renditions:  # what its own end did not close
+                _close(rendition.log, job.error or DecodeCancelled("cancelled"))
         except asyncio.CancelledError:
             self._lose(
                 job, self.stop_error or CancelledByShutdown("this front end is shutting down")
@@ -189,12 +193,17 @@ class MirrorRunner:
     def abort(self, job: Job, error: VaecastError) -> None:
         self._in_background(job, self.shared.fail(error.detached()))
 
+    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+        """Stop one rendition of the job in the cluster (the host ends it; its
+        `VariantEnded` closes the rendition here)."""
+        self._in_background(job, self.shared.cancel_variant(variant, error))
+
     def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
         """A push session's last block came through here: the shared job gets the plan
         with the end of the feed (and its record the length)."""
         job.plan = plan
         assert self.feed is not None
-        self.feed.final_plan = plan
+        self.feed.final_plan, self.feed.preview_chunks = plan, preview_chunks
 
     def interrupted(self, job: Job) -> None:
         self._lose(job, self.stop_error or CancelledByShutdown("this front end is shutting down"))
@@ -235,6 +244,16 @@ class MirrorRunner:
         task = asyncio.ensure_future(run())
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
+
+
+def _close(log: SegmentLog, error: VaecastError | None) -> None:
+    """End a rendition's log as its rendition ended (once: a later end changes nothing)."""
+    if log.closed:
+        return
+    if error is None:
+        log.finish()
+    else:
+        log.abort(error.detached())
 
 
 def _raise_if_error(answer: PushState | VaecastError) -> PushState:

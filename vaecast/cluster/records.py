@@ -71,6 +71,9 @@ class DecodeCall:
     job: JobRef | None = None  # a push session's blocks come from it; it hears the stop
     soundtrack: tuple[np.ndarray, int] | None = None  # (waveform, sample rate)
     audio_format: tuple[int, int] | None = None  # (sample rate, channels)
+    # Which rendition of its job this call makes ("final", or "preview": `model` is
+    # then the preview decoder); a push session's blocks are pulled for it.
+    variant: str = "final"
 
 
 # What a replica's `decode` yields, in order: Started, then Segment (the init segment
@@ -115,6 +118,8 @@ class JobSpec:
     audio: dict[str, int] | None
     plan: dict[str, Any] | None  # DecodePlan's fields; a push session's comes at the end
     push_token: str | None = None
+    preview: str | None = None  # the preview decoder of a job with two renditions
+    preview_chunks: int | None = None  # its chunk count (a push session's: at its end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +197,17 @@ class JobRef:
     def push_block(self, *args: Any) -> Any:
         return self.host.push_block.remote(self.job_id, *args)
 
-    def end_feed(self, plan: dict[str, Any] | None) -> Any:
-        return self.host.end_feed.remote(self.job_id, plan)
+    def end_feed(self, plan: dict[str, Any] | None, preview_chunks: int | None = None) -> Any:
+        return self.host.end_feed.remote(self.job_id, plan, preview_chunks)
 
-    def next_block(self) -> Any:
-        return self.host.next_block.remote(self.job_id)
+    def next_block(self, variant: str = "final") -> Any:
+        return self.host.next_block.remote(self.job_id, variant)
 
-    def replica_stopped(self, decoded_chunks: int) -> Any:
-        return self.host.replica_stopped.remote(self.job_id, decoded_chunks)
+    def replica_stopped(self, decoded_chunks: int, variant: str = "final") -> Any:
+        return self.host.replica_stopped.remote(self.job_id, decoded_chunks, variant)
+
+    def cancel_variant(self, variant: str, error: VaecastError) -> Any:
+        return self.host.cancel_variant.remote(self.job_id, variant, error)
 
 
 # Why a job's shared state is gone: the values of vaecast.server.stream.retention.EvictionReason.

@@ -52,6 +52,7 @@ from vaecast.errors import DecodeFailedError, UnknownModelError, VaecastError
 from vaecast.heap import retain_decode_heap
 from vaecast.latent_feed import BlockPull, LatentFeed, PulledBlock
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
+from vaecast.models.linear import LinearDecoder
 from vaecast.pipeline import (
     AudioFormat,
     FeedState,
@@ -82,6 +83,7 @@ class DecoderReplica:
             name: get_decoder(name, device=options.device, weights=weights.get(name))
             for name in options.models
         }
+        self._device = options.device
         slots = max(1, options.max_ongoing)
         retain_decode_heap()  # the replica decodes again and again (vaecast/heap.py)
         self._workers = Workers.for_slots(slots)
@@ -102,12 +104,14 @@ class DecoderReplica:
             # job's host hears how far the decoder got (a cancel's proof).
             await asyncio.gather(task, return_exceptions=True)
             if call.job is not None:
-                call.job.replica_stopped(relay.decoded_chunks)
+                call.job.replica_stopped(relay.decoded_chunks, call.variant)
 
     async def _run(self, call: DecodeCall, relay: _Relay) -> None:
         feed: LatentFeed | None = None
         try:
             decoder = self._decoders.get(call.model)
+            if decoder is None and call.model == LinearDecoder.name:  # parameter-free: any
+                decoder = self._decoders[call.model] = LinearDecoder(self._device)
             if decoder is None:
                 raise UnknownModelError(
                     f"model {call.model!r} is not loaded on this replica "
@@ -122,7 +126,9 @@ class DecoderReplica:
                 if call.job is None:
                     raise DecodeFailedError("a push session's decode call names no job")
                 loop = asyncio.get_running_loop()
-                feed = source = LatentFeed(loop, PULL_AHEAD_BLOCKS, pull=actor_pull(call.job))
+                feed = source = LatentFeed(
+                    loop, PULL_AHEAD_BLOCKS, pull=actor_pull(call.job, call.variant)
+                )
                 # Raises DecodeCancelled where the session ended before any block.
                 plan = decoder.plan_stream(await feed.first_block_shape())
                 relay.arrivals = feed.chunk_arrivals
@@ -248,12 +254,13 @@ class _End:
         self.error = error
 
 
-def actor_pull(job: JobRef) -> BlockPull:
-    """A `LatentFeed`'s transport for a push job of the cluster: its next block, pulled
-    from the job's host actor (None after the last); a cancelled pull cancels the call."""
+def actor_pull(job: JobRef, variant: str = "final") -> BlockPull:
+    """A `LatentFeed`'s transport for a push job of the cluster: its next block (for
+    the rendition `variant`), pulled from the job's host actor (None after the last); a
+    cancelled pull cancels the call."""
 
     async def pull() -> PulledBlock | None:
-        pending = job.next_block()
+        pending = job.next_block(variant)
         try:
             block: Block | None = await pending
         except asyncio.CancelledError:

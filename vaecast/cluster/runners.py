@@ -18,7 +18,7 @@ import re
 import secrets
 import time
 from collections.abc import Coroutine
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import ray
@@ -35,8 +35,7 @@ from vaecast.cluster.records import (
     host_name,
 )
 from vaecast.cluster.replica import replica_states
-from vaecast.errors import InvalidRequestError
-from vaecast.job_record import JobRecord
+from vaecast.job_record import PREVIEW, JobRecord, PreviewProgress
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job
@@ -95,13 +94,15 @@ class ClusterRunners:
         decoder: ChunkedDecoder,
         preview: ChunkedDecoder | None = None,
     ) -> Job:
-        if preview is not None:
-            raise InvalidRequestError(
-                f"preview decoder {preview.name!r}: previews are decoded by a server "
-                "without --ray; a cluster job decodes its final only"
-            )
         job_id = "video_" + secrets.token_hex(12)
         spec, call = _describe(job_id, request, plan, manager.config)
+        preview_call = None
+        if preview is not None:  # a second call on the replicas, for the preview
+            chunks = None
+            if isinstance(request, DecodeRequest):
+                chunks = preview.plan(tuple(request.latents.shape)).chunks
+            spec = replace(spec, preview=preview.name, preview_chunks=chunks)
+            preview_call = replace(call, model=preview.name, variant=PREVIEW)
         settings = JobSettings(
             manager.config.push_queue_blocks,
             manager.config.push_idle_timeout_s,
@@ -109,12 +110,13 @@ class ClusterRunners:
             manager.config.retention_s,
         )
         host = self._host(host_name(job_id))
-        created = host.create.remote(spec, call, settings)
+        created = host.create.remote(spec, call, settings, preview_call)
         self._creating.append(created)
         push_kind = request.kind if isinstance(request, PushRequest) else None
         # The front end that created the job writes it to the store (--store), if any.
         log = manager.new_log(job_id)
-        return self._mirror(manager, spec, JobRef(host, job_id), decoder, created, push_kind, log)
+        shared = JobRef(host, job_id)
+        return self._mirror(manager, spec, shared, decoder, created, push_kind, log, preview)
 
     async def settle(self) -> None:
         """Until the jobs created here so far exist at their hosts (another front end
@@ -171,6 +173,7 @@ class ClusterRunners:
         created: Any,
         push_kind: Any = None,
         log: SegmentLog | None = None,
+        preview: ChunkedDecoder | None = None,
     ) -> Job:
         def gone(job: Job, reason: EvictionReason) -> None:
             self._in_background(manager.retention.evict(job, reason))
@@ -187,11 +190,25 @@ class ClusterRunners:
             created_at=spec.created_at,
             clock=time.time,
             created=spec.created_at,
+            preview=(
+                None if spec.preview is None else PreviewProgress(spec.preview, spec.preview_chunks)
+            ),
         )
         plan = None if spec.plan is None else DecodePlan(**spec.plan)
         config = manager.config
+        if spec.preview is not None and preview is None:  # a job found here: planning only
+            preview = manager.previews.decoders.get(spec.preview, decoder)
         return Job(
-            record, decoder, plan, config, manager.metrics, runner, manager.fanout, push_kind, log
+            record,
+            decoder,
+            plan,
+            config,
+            manager.metrics,
+            runner,
+            manager.fanout,
+            push_kind,
+            log,
+            preview=preview,
         )
 
     async def _look_up(self, manager: JobManager, job_id: str) -> None:

@@ -4,14 +4,20 @@ A SharedJob is the job, as far as the cluster is concerned: its `JobRecord` (sta
 counters, timings, events: the record the server's jobs keep), its fragments (each
 put in Ray's object store, the refs kept in order), and a push session's block
 queue. It drives the decode itself: it calls the decoder replicas' streaming
-`decode` and takes each record as it comes, so the job does not depend on the front
-end that created it.
+`decode` and takes each record as it comes (`vaecast.cluster.replica_calls`), so the
+job does not depend on the front end that created it.
 
 Front ends follow it by long polls (`follow`: the record's transitions and the
 fragments since those they have, and the job's state) and apply them to a local Job
 mirror (`vaecast.cluster.mirror`), whose record then reads as this one; a push goes
 from any front end into the block queue (`push_block` waits while it is full), and
 the replica pulls blocks from it (`next_block`).
+
+A job with a preview (`JobSpec.preview`) makes two calls on the replicas, one per
+rendition (they may run on different replicas): each call's records are tagged with
+its variant, its fragments go into the one list in the order of the transitions
+that name them, a push session's blocks go to each call's queue, and each rendition
+ends on its own (`VariantEnded`; `cancel_variant` stops one) before the job does.
 
 After the job ends it keeps its fragments for `retention_s`, or until DELETE, then
 tells its followers why they are gone, and its host forgets it.
@@ -24,52 +30,43 @@ This module imports neither torch nor PyAV.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-import ray
-from ray import serve
-
 from vaecast.cluster.records import (
-    APP_NAME,
-    DEPLOYMENT_NAME,
     GONE_AGE,
     GONE_DELETED,
     Audio,
     Block,
-    Chunk,
     DecodeCall,
     JobRef,
     JobSpec,
     PushState,
-    Segment,
     Snapshot,
-    Started,
     Update,
 )
+from vaecast.cluster.replica_calls import ReplicaCalls
 from vaecast.errors import (
     DecodeCancelled,
-    DecodeFailedError,
     JobStateError,
-    ReplicaFailedError,
     VaecastError,
 )
 from vaecast.job_record import (
-    ChunkEncoded,
+    FINAL,
+    PREVIEW,
     Completed,
-    Encoding,
     Ended,
     Geometry,
     JobRecord,
     JobStatus,
     LengthKnown,
     PlanFacts,
+    PreviewProgress,
     SegmentAdded,
+    VariantEnded,
 )
-from vaecast.job_record import Started as RecordStarted
 from vaecast.push_ledger import session_timeout
 
 # Fragments and events per `follow` answer: a late follower catches up in batches.
@@ -77,8 +74,6 @@ FOLLOW_BATCH = 64
 # A deleted or expired job is kept this much longer, so that followers waiting on
 # it hear why before it is forgotten.
 GONE_GRACE_S = 1.0
-# A cancelled job ends once its replica says its decode returned, or after this long.
-REPLICA_STOP_WAIT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +94,11 @@ class SharedJob:
         settings: JobSettings,
         ref: JobRef,
         forget: Callable[[], None],
+        preview_call: DecodeCall | None = None,
     ) -> None:
         self.spec = spec
         self._ref = ref
         self._forget = forget
-        self._call = call  # its latents are dropped once the replica has them
         self._settings = settings
         # Moments on the wall clock, from the job's creation at its front end: a
         # mirror on another machine reads the same timings.
@@ -117,20 +112,28 @@ class SharedJob:
             created_at=spec.created_at,
             clock=time.time,
             created=spec.created_at,
+            preview=(
+                None if spec.preview is None else PreviewProgress(spec.preview, spec.preview_chunks)
+            ),
         )
         self.fragments: list[Any] = []  # ObjectRefs, in order
+        calls = {FINAL: call, **({} if preview_call is None else {PREVIEW: preview_call})}
+        self._replicas = ReplicaCalls(
+            ref, calls, self.record, self.fragments, self._apply, self._drop_blocks
+        )
         self.plan = spec.plan
         self.stream_plan: dict[str, Any] | None = None
         self._gone: str | None = None
         self._stop_error: VaecastError | None = None
         self._stop_failed = False
-        self._replica_stop = asyncio.Event()
-        self._decoded_chunks: int | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._side: set[asyncio.Task[None]] = set()
-        # A push session's blocks (None after the last), and what each next one must match.
-        self._blocks: asyncio.Queue[Block | None] = asyncio.Queue(settings.push_queue_blocks)
+        # A push session's blocks (None after the last), a queue per rendition, and what
+        # each next one must match.
+        self._blocks: dict[str, asyncio.Queue[Block | None]] = {
+            variant: asyncio.Queue(settings.push_queue_blocks) for variant in calls
+        }
         self._first_block = asyncio.Event()
         self._push = PushState(0, None, None, False) if spec.input == "push" else None
         self._last_push = time.perf_counter()
@@ -166,10 +169,27 @@ class SharedJob:
         self._go(GONE_DELETED)
         return None
 
-    async def replica_stopped(self, decoded_chunks: int) -> None:
-        """The replica's decode of this job has returned, after `decoded_chunks` chunks."""
-        self._decoded_chunks = decoded_chunks
-        self._replica_stop.set()
+    async def replica_stopped(self, decoded_chunks: int, variant: str = FINAL) -> None:
+        """The replica's decode of this job (its rendition `variant`) has returned,
+        after `decoded_chunks` chunks."""
+        self._replicas.replica_stopped(decoded_chunks, variant)
+
+    async def cancel_variant(self, variant: str, error: VaecastError) -> None:
+        """Stop one rendition of a job with a preview; the other goes on (stopping the
+        last one still running stops the job). Returns once it has stopped."""
+        preview = self.record.preview
+        if self.finished or preview is None or variant not in self._replicas.calls:
+            return
+        other = PREVIEW if variant == FINAL else FINAL
+        other_ended = preview.is_final if other == PREVIEW else self.record.final_ended is not None
+        if other_ended or self._replicas.stopping(other):
+            await self._stop(error)
+            return
+        if self._replicas.stopping(variant):
+            return
+        self._drop_blocks(variant)
+        if not await self._replicas.stop(variant, error):  # it never starts
+            self._apply(VariantEnded(variant, JobStatus.CANCELLED, error.detached()))
 
     async def follow(self, fragments_seen: int, transitions_seen: int, wait_s: float) -> Update:
         """The record's transitions after the first `transitions_seen`, and the fragments
@@ -234,7 +254,7 @@ class SharedJob:
         self._last_push = time.perf_counter()
         self._pushes_in_flight += 1
         try:
-            if not await self._until_job_ends(self._blocks.put(Block(latents, audio, time.time()))):
+            if not await self._until_job_ends(self._put_all(Block(latents, audio, time.time()))):
                 return self._refuse_push() or JobStateError(f"video {self.spec.job_id} has ended")
         finally:
             self._pushes_in_flight -= 1
@@ -242,8 +262,11 @@ class SharedJob:
         self._changed_now()
         return self._push
 
-    async def end_feed(self, plan: dict[str, Any] | None) -> PushState | VaecastError:
-        """The last block came: the whole video's `plan` (None when nothing was pushed)."""
+    async def end_feed(
+        self, plan: dict[str, Any] | None, preview_chunks: int | None = None
+    ) -> PushState | VaecastError:
+        """The last block came: the whole video's `plan` (None when nothing was pushed),
+        and a preview's chunk count."""
         state = self._push
         if state is None:
             return JobStateError(f"video {self.spec.job_id} is not a push session")
@@ -257,42 +280,44 @@ class SharedJob:
             return self._push
         if plan is not None:
             self.plan = plan
-            self._apply(LengthKnown(plan_facts(plan)))  # type: ignore[arg-type]
-        await self._until_job_ends(self._blocks.put(None))
+            self._apply(LengthKnown(plan_facts(plan), preview_chunks))  # type: ignore[arg-type]
+        await self._until_job_ends(self._put_all(None))
         return self._push
 
-    async def next_block(self) -> Block | None:
-        """The replica's next block (None: the session ended); waits for one."""
-        return await self._blocks.get()
+    async def next_block(self, variant: str = FINAL) -> Block | None:
+        """The next block of a replica's call for rendition `variant` (None: the session
+        ended, or the rendition was stopped); waits for one."""
+        queue = self._blocks.get(variant)
+        return None if queue is None else await queue.get()
+
+    async def _put_all(self, block: Block | None) -> None:
+        """`block` into each running rendition's queue, waiting for room in each."""
+        for variant in list(self._blocks):
+            queue = self._blocks.get(variant)
+            if queue is not None:  # a rendition stopped meanwhile: its queue is gone
+                await queue.put(block)
+
+    def _drop_blocks(self, variant: str) -> None:
+        """A stopped rendition takes no more blocks: a put waiting for its room goes on."""
+        queue = self._blocks.pop(variant, None)
+        while queue is not None and not queue.empty():
+            queue.get_nowait()
+        if queue is not None and self._push is not None:
+            queue.put_nowait(None)  # a pull waiting for a block ends
 
     # Driving the replica.
 
     async def _drive(self) -> None:
-        stream = None
-        ended = False
         try:
             if self._push is not None:
                 await self._first_block.wait()
-            call = replace(self._call, job=self._ref)
-            self._call = replace(self._call, latents=None)
-            handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=APP_NAME)
-            stream = handle.options(stream=True).decode.remote(call)
-            del call
-            async for record in stream:
-                await self._take(record)
-            ended = True
-            plan = self.record.plan
-            if plan is not None and self.record.chunks_done != plan.chunks:
-                raise DecodeFailedError(
-                    f"the replica ended after {self.record.chunks_done} chunks, "
-                    f"the plan has {plan.chunks}"
-                )
+            await self._replicas.run()
+            final = self.record.final_ended
+            if final is not None and final.error is not None:  # a job with a preview
+                self._end(final.status, final.error)
+                return
             self._apply(Completed())
         except asyncio.CancelledError:
-            if stream is not None and not ended:
-                stream.cancel()
-                if self.record.replica is not None:  # its replica decodes it: until it stopped
-                    await self._until_replica_stopped()
             self._end(
                 JobStatus.FAILED if self._stop_failed else JobStatus.CANCELLED,
                 self._stop_error or DecodeCancelled("cancelled"),
@@ -300,37 +325,11 @@ class SharedJob:
         except VaecastError as error:
             self._end(JobStatus.FAILED, error)
         except Exception as error:
-            self._end(JobStatus.FAILED, self._replica_lost(error))
+            self._end(JobStatus.FAILED, self._replicas.lost(error))
         finally:
-            if stream is not None and not ended:
-                stream.cancel()  # a no-op once it ended; stops the replica's decode otherwise
-            self._call = replace(self._call, latents=None, soundtrack=None)
+            self._replicas.drop_latents()
             self._changed_now()
             self._in_background(self._expire())
-
-    async def _take(self, record: Started | Segment | Chunk | VaecastError) -> None:
-        if isinstance(record, Segment):
-            self.fragments.append(ray.put(record.data))
-            self._apply(SegmentAdded(len(record.data)))
-        elif isinstance(record, Chunk):
-            latency = None if record.block_arrived is None else time.time() - record.block_arrived
-            self._apply(
-                ChunkEncoded(
-                    index=record.index,
-                    total=record.total,
-                    frame_start=record.frame_start,
-                    frames=record.frames,
-                    bytes=record.bytes,
-                    encode_s=record.encode_s,
-                    decode_wait_s=record.decode_wait_s,
-                    latency_s=latency,
-                )
-            )
-        elif isinstance(record, Started):
-            self._apply(RecordStarted(replica=asdict(record.replica)))
-            self._apply(Encoding(record.content_type))
-        elif isinstance(record, VaecastError):
-            raise record
 
     async def _stop(self, error: VaecastError, failed: bool = False) -> None:
         if self.finished:
@@ -342,25 +341,12 @@ class SharedJob:
         self._task.cancel()
         await asyncio.wait([self._task])
 
-    async def _until_replica_stopped(self) -> None:
-        # Past the wait the job ends cancelled all the same; the replica is Serve's to watch.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._replica_stop.wait(), REPLICA_STOP_WAIT_S)
-
     def _end(self, status: JobStatus, error: VaecastError) -> None:
-        self._apply(Ended(status, error.detached(), self._decoded_chunks))
+        self._apply(Ended(status, error.detached(), self._replicas.decoded_chunks))
 
     def _apply(self, transition: Any) -> None:
         self.record.apply(transition)
         self._changed_now()
-
-    def _replica_lost(self, error: Exception) -> VaecastError:
-        replica = self.record.replica
-        where = "" if replica is None else f" {replica['id']}"
-        first_line = (str(error).strip().splitlines() or [""])[0][:200]
-        return ReplicaFailedError(
-            f"the decoder replica{where} failed: {type(error).__name__}: {first_line}"
-        )
 
     def _refuse_push(self) -> VaecastError | None:
         if self._push is not None and self._push.ended:
