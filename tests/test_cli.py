@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import torch
 
 from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
 from tests.helpers.media import x264_options
+from tests.helpers.serve_process import vaecast_serve
 from vaecast.cli import main
 
 
@@ -271,3 +273,32 @@ def test_store_and_admission_numbers_out_of_range_are_one_usage_line(
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(f"vaecast serve: error: argument {option}: must be a finite number")
+
+
+@pytest.mark.parametrize(
+    ("preview", "error"),
+    [
+        ("tiny", "--preview 'tiny': give MODEL=DECODER, e.g. wan2.1=taehv"),
+        ("wan2.1=taehv", "--preview 'wan2.1=taehv': model 'wan2.1' is not served (--model tiny)"),
+        (
+            "tiny=taehv",
+            "preview decoder 'taehv' is not served here; a preview may be: linear, tiny "
+            "(a --model of the server, or linear)",
+        ),
+    ],
+)
+def test_a_preview_the_server_cannot_make_is_one_line_before_the_port_opens(
+    preview: str, error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--preview", preview, "--port", "0", "--store", "none"]) == 2
+    assert capsys.readouterr().err == f"vaecast: error: {error}\n"
+
+
+def test_serve_with_a_default_preview_on_a_preview_device(tmp_path: Path) -> None:
+    arguments = ["--preview", "tiny=linear", "--preview-device", "cpu", "--store", "none"]
+    with vaecast_serve(arguments, tmp_path / "serve.log") as url:
+        body = write_latents(tmp_path / "z.safetensors", frames=2).read_bytes()
+        request = urllib.request.Request(f"{url}v1/videos", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            job = json.loads(response.read())
+    assert job["variants"]["preview"]["decoder"] == "linear"

@@ -28,9 +28,10 @@ way the queue, the decode thread's side, the audio and `feed_state` are this one
 A job with a preview decodes the same blocks twice. `split(2)` gives each decoder a
 reader of its own (a `FeedTap`: its own queue of the same blocks, its own audio and
 cancel), fed by every put; the feed's own `decode` is then unused. A put waits for
-room in each reader's queue, so the slower decoder holds the producer back, as a lone
-one does. A tap that is cancelled (one rendition stopped) stops counting, and the
-other decoder goes on; cancelling or failing the feed stops every reader.
+room in the preview's queue; the final's may grow (to the session's own latents), so
+that neither the producer nor the preview waits for the slow decoder. A tap that is
+cancelled (one rendition stopped) stops counting, and the other decoder goes on;
+cancelling or failing the feed stops every reader.
 """
 
 from __future__ import annotations
@@ -159,7 +160,9 @@ class LatentFeed:
         return [*main, *(tap.reader for tap in self._taps if not tap.reader.stopped)]
 
     def _fullest(self) -> int:
-        return max((reader.queue.qsize() for reader in self._readers()), default=0)
+        """The longest queue of a reader that holds the producer back."""
+        readers = [reader for reader in self._readers() if reader.holds_back]
+        return max((reader.queue.qsize() for reader in readers), default=0)
 
     @property
     def held_bytes(self) -> int:
@@ -173,14 +176,19 @@ class LatentFeed:
         block-to-viewer latency starts."""
         return self._first_reader().chunk_arrivals
 
-    def split(self, count: int) -> list[FeedTap]:
+    def split(self, count: int, lagging: int | None = None) -> list[FeedTap]:
         """`count` readers of every block put from now on, one per decoder (a job
         with a preview: its final's, then its preview's); the feed's own `decode`
-        is unused from then on."""
+        is unused from then on. Reader `lagging` (the final's) may fall behind
+        without holding the producer back: the blocks it has not taken wait for it
+        (at most the session's own latents, which the server's limits bound), so
+        the fast reader and the producer never wait for the slow decoder."""
         if self.latent_frames:
             raise RuntimeError("a feed is split before its first block")
         self._main = None
         self._taps = [FeedTap(self) for _ in range(count)]
+        if lagging is not None:
+            self._taps[lagging].reader.holds_back = False
         return list(self._taps)
 
     def _first_reader(self) -> _Reader:
@@ -324,6 +332,7 @@ class _Reader:
 
     def __init__(self, feed: LatentFeed) -> None:
         self._feed = feed
+        self.holds_back = True  # a put waits for room in its queue (`LatentFeed.split`)
         # Unbounded as a queue; the feed's `put` keeps it at `max_blocks` unless told not to.
         self.queue: asyncio.Queue[_Block | _End] = asyncio.Queue()
         self.held_bytes = 0  # of the blocks queued and not yet taken

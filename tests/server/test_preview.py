@@ -289,25 +289,23 @@ async def test_a_live_demo_takes_a_preview(start_server: StartServer):
     assert len(decode_mp4(await content(server, job["id"], "preview"))) == 9
 
 
-async def test_stopping_a_push_sessions_final_keeps_its_preview_fed(start_server: StartServer):
-    # The final holds at its chunk 1 while the producer goes on: its queue fills, and
-    # the producer waits for it. Once it is stopped, the preview alone reads the blocks.
+async def test_a_push_sessions_preview_never_waits_for_its_final_and_outlives_its_stop(
+    start_server: StartServer,
+):
+    # The final holds at its chunk 1; the producer and the preview go on to the end
+    # (the final's blocks wait for it), and stopping the final keeps the preview.
     gated = GatedDecoder(hold_at=1)
     server = await start_server(
         decoders={"gated": gated, "linear": LinearDecoder()}, push_queue_blocks=1
     )
     session = await create_session(server, model="gated", preview="linear", fps=8)
-
-    async def produce() -> list[int]:
-        return [
-            (await push(server, session, LATENTS[:, :, i : i + 1], final=i == 5))[0]
-            for i in range(6)
-        ]
-
-    pushing = asyncio.create_task(produce())
-    await asyncio.to_thread(gated.holding.wait, 30)
-    feed = server.manager.jobs[session["id"]].feed
-    await until(lambda: feed.feed_state().held_back)  # by the final's full queue alone
+    for i in range(6):
+        status, _ = await push(server, session, LATENTS[:, :, i : i + 1], final=i == 5)
+        assert status == 202
+    job = server.manager.jobs[session["id"]]
+    await until(lambda: job.record.preview.is_final)
+    assert job.record.preview.status.value == "completed"
+    assert gated.holding.is_set() and not gated.gate.is_set()  # the final still held
     stopping = asyncio.create_task(
         server.client.delete(f"/v1/videos/{session['id']}", params={"variant": "final"})
     )
@@ -315,14 +313,46 @@ async def test_stopping_a_push_sessions_final_keeps_its_preview_fed(start_server
     gated.gate.set()
     async with await stopping as response:
         assert response.status == 200, await response.text()
-    assert await asyncio.wait_for(pushing, 30) == [202] * 6
-    for _ in range(500):
-        async with server.client.get(f"/v1/videos/{session['id']}") as response:
-            job = await response.json()
-        if job["status"] not in ("queued", "in_progress"):
-            break
-        await asyncio.sleep(0.02)
-    assert job["status"] == "cancelled", job
-    assert job["variants"]["final"]["status"] == "cancelled"
-    assert job["variants"]["preview"]["status"] == "completed"
+        stopped = await response.json()
+    assert stopped["status"] == "cancelled", stopped
+    assert stopped["variants"]["final"]["status"] == "cancelled"
+    assert stopped["variants"]["preview"]["status"] == "completed"
     assert len(decode_mp4(await content(server, session["id"], "preview"))) == FRAMES
+
+
+async def test_stopping_a_push_sessions_preview_lets_its_held_producer_go(
+    start_server: StartServer,
+):
+    # Now the preview holds (its chunk 1) and its full queue holds the producer back;
+    # once it is stopped, the waiting block goes to the final alone.
+    gated = GatedDecoder(hold_at=1)
+    server = await start_server(
+        decoders={"linear": LinearDecoder(), "gated": gated}, push_queue_blocks=1
+    )
+    session = await create_session(server, model="linear", preview="gated", fps=8)
+
+    async def produce() -> list[int]:
+        statuses = []
+        for i in range(6):
+            statuses.append(
+                (await push(server, session, LATENTS[:, :, i : i + 1], final=i == 5))[0]
+            )
+        return statuses
+
+    pushing = asyncio.create_task(produce())
+    feed = server.manager.jobs[session["id"]].feed
+    await until(lambda: feed.feed_state().held_back)
+    stopping = asyncio.create_task(
+        server.client.delete(f"/v1/videos/{session['id']}", params={"variant": "preview"})
+    )
+    await asyncio.sleep(0.2)
+    gated.gate.set()
+    async with await stopping as response:
+        assert response.status == 200, await response.text()
+    assert await asyncio.wait_for(pushing, 30) == [202] * 6
+    events = await events_of(server, session["id"])
+    assert events[-1]["event"] == "done", events[-1]
+    done = events[-1]["job"]
+    assert done["status"] == "completed"
+    assert done["variants"]["preview"]["status"] == "cancelled"
+    assert len(decode_mp4(await content(server, session["id"]))) == FRAMES

@@ -235,3 +235,21 @@ async def test_two_servers_on_one_store_serve_each_others_finished_videos(tmp_pa
             assert response.status == 200
         await second.manager.durable.store.flush()
         assert (await status_of(second, job))[0] == 410
+
+
+async def test_a_job_with_a_preview_keeps_its_final_across_a_restart(tmp_path: Path):
+    body = safetensors_bytes(latents=smooth_latents(frames=4))
+    async with stored_server(tmp_path) as server:
+        async with server.client.post("/v1/videos?preview=linear", data=body) as response:
+            assert response.status == 201, await response.text()
+            job = await response.json()
+        await until(lambda: server.manager.jobs[job["id"]].finished)
+        final, etag = await whole(server, job)
+        assert list((tmp_path / "videos").iterdir()) == [tmp_path / "videos" / f"{job['id']}.mp4"]
+    async with stored_server(tmp_path) as server:
+        assert await whole(server, job) == (final, etag)
+        _, again = await status_of(server, job)
+        assert again["variants"]["preview"]["status"] == "completed"
+        async with server.client.get(job["urls"]["content"], params={"variant": "preview"}) as r:
+            assert r.status == 410
+            assert "not kept across a restart" in (await r.json())["error"]["message"]

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from vaecast.errors import (
     DecodeCancelled,
+    GoneError,
     InvalidRequestError,
     JobStateError,
     NotFoundError,
@@ -331,6 +332,8 @@ class Job:
             return self.final
         if variant == PREVIEW and self.preview is not None:
             return self.preview
+        if variant == PREVIEW and self.record.preview is not None:  # restored from the store
+            raise GoneError(f"the preview of {self.id} is not kept across a restart; its final is")
         if variant == PREVIEW:
             raise NotFoundError(f"video {self.id} has no preview rendition")
         shown = variant if len(variant) <= 20 else f"{variant[:20]}..."

@@ -120,9 +120,10 @@ class LocalRunner:
         if preview is not None:
             assert self._source is not None and self._output is not None
             # A push session's blocks, to each through a tap of its own: stopping one
-            # rendition must not stop the feed the other reads.
+            # rendition must not stop the feed the other reads, and the final, behind,
+            # must not hold back the producer or the preview.
             final_source, preview_source = (
-                (self._source, self._source) if self.feed is None else self.feed.split(2)
+                (self._source, self._source) if self.feed is None else self.feed.split(2, lagging=0)
             )
             gate = PreviewFirst() if preview.first else None
             self._renditions = {
