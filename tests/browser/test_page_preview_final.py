@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
 DEMO = SceneSpec("showcase", frames=49, width=256, height=160)
 DEMO_FPS = 16
 FRAME_S = 1 / DEMO_FPS
+CHUNK_MS = 1000 * 4 / 16  # one of tiny's chunks at DEMO_FPS
 HOLD_AT = 0  # the final publishes nothing (so cannot be ready) until the test says
 
 # What Chromium reports about a <video>, by id.
@@ -97,6 +98,7 @@ async def test_the_preview_plays_first_then_the_final_takes_over_in_place(
     job = server.job(state["jobId"])
     assert job.status.value == "in_progress"
 
+    released_at = await page.evaluate("performance.now()")
     server.decoder.release()
     state = await page.wait_for(f"(s => s.switchedAt !== null && s)({STATE})", PLAY_TIMEOUT_S)
     assert state["finalReady"]
@@ -125,6 +127,11 @@ async def test_the_preview_plays_first_then_the_final_takes_over_in_place(
     assert final["currentTime"] == pytest.approx(final["duration"], abs=1e-3)
     # Every frame presented in front came after the one before: the swap included.
     assert state["backwardSteps"] == 0
+    # From the final's release to the end, the switch included: no stall longer than a
+    # chunk (4 frames), as the preview page's viewer would see it.
+    stalls = [stall["ms"] for stall in state["stalls"] if stall["at"] > released_at]
+    print(f"stalls after the release: {stalls}")
+    assert all(ms <= CHUNK_MS for ms in stalls), stalls
     assert state["lastMediaTime"] >= (DEMO.frames - 1) / DEMO_FPS - 1e-3
     assert state["rendition"] == "final"
     assert state["renditions"]["final"]["status"] == "completed"

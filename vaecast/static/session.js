@@ -21,6 +21,8 @@ import { handOver } from "./player.js";
 const LIVE = ["queued", "in_progress"];
 const PREVIEW = "preview";
 const FINAL = "final";
+// A wait between two presented frames longer than this is a stall (a 16 fps frame: 62 ms).
+const STALL_MS = 150;
 
 // One rendition of a job with a preview, as the page knows it.
 function blankRendition(decoder) {
@@ -73,6 +75,8 @@ export function blankState() {
     switches: [],           // every swap: {from, to, reason, at, before, after}
     lastMediaTime: null,    // the frame last presented in front (requestVideoFrameCallback)
     backwardSteps: 0,       // presented frames earlier than the one before, seeks aside
+    lastFrameAt: null,      // performance.now() of the frame last presented in front
+    stalls: [],             // {at, ms}: waits over STALL_MS between two presented frames
   };
 }
 
@@ -162,6 +166,11 @@ export class Session extends EventTarget {
           state.backwardSteps += 1;
         }
         state.lastMediaTime = mediaTime;
+        const now = performance.now();
+        if (state.lastFrameAt !== null && now - state.lastFrameAt > STALL_MS && !player.video.paused) {
+          state.stalls.push({ at: now, ms: now - state.lastFrameAt });
+        }
+        state.lastFrameAt = now;
         if (state.firstFrameAt === null) this.#firstFrame();
       },
       firstPlaying: () => this.#firstFrame(),
@@ -169,7 +178,7 @@ export class Session extends EventTarget {
     });
     // A seek by the user is no backward step.
     player.video.onseeking = () => {
-      if (player.front && !this.#handingOver) this.state.lastMediaTime = null;
+      if (player.front && !this.#handingOver) this.state.lastMediaTime = this.state.lastFrameAt = null;
     };
   }
 
