@@ -29,11 +29,13 @@ TURN_POLL_S = 0.05
 
 
 class PreviewFirst:
-    """Whether the preview has work right now; the final waits while it has."""
+    """Whether the preview has work right now; the final waits while it has. It starts
+    working: the final's thread may start before the preview's, and must not take
+    the device first. The preview side sets it idle when it waits, ends or is
+    cancelled (also one that never ran)."""
 
     def __init__(self) -> None:
         self._idle = threading.Event()
-        self._idle.set()
 
     def preview_working(self, working: bool) -> None:
         if working:
@@ -70,6 +72,7 @@ class PreviewSide:
 
     def cancel(self) -> None:
         self._source.cancel()
+        self._gate.preview_working(False)  # a preview that never decoded holds nothing
 
     def take_audio(self) -> list[TimedAudio]:
         return self._source.take_audio()

@@ -206,6 +206,9 @@ class LocalRunner:
         """Both renditions, each to its own end; cancelled, both stop."""
         assert job.preview is not None
         runs = [run for run in self._renditions.values() if run.stop is None]
+        for run in self._renditions.values():
+            if run.stop is not None:  # stopped before it ran: it holds nothing back
+                run.source.cancel()
         for run in runs:
             decoder = job.rendition(run.variant).decoder
             own_plan = plan if run.variant == FINAL else self._preview_plan(decoder)
