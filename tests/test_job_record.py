@@ -314,6 +314,7 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
         "frames_done": 16,
         "total_bytes": 1800,
         "progress": 33,
+        "stall_free_start_s": 0.0,  # nothing to go by yet
     }
     assert record.first_fragment == 102.25
     assert (record.chunks_done, record.frames_done, record.progress) == (1, 16, 33)
@@ -322,6 +323,9 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
     second = record.apply(chunk(1, at=103.0, size=1100, encode_s=0.125, decode_wait_s=0.5))
     assert second is not None
     assert (second["index"], second["frame_start"], second["progress"]) == (1, 16, 67)
+    # Chunk 1 came 1/12 s after a viewer who started at chunk 0 needed it; at the rate
+    # so far (8/9 of real time) chunk 2 would come 1/6 s late: start 1/6 s later.
+    assert second["stall_free_start_s"] == pytest.approx(1 / 6, abs=1e-4)
     assert record.first_fragment == 102.25  # the first fragment's moment stays
 
     record.apply(SegmentAdded(1200))
@@ -362,6 +366,7 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
             "encode_s": 1.125,
         },
         "realtime_factor": 0.8,  # 2 s of video in 2.5 s of decoding
+        "stall_free_start_s": 0.0833,  # chunk 2 came early after all: chunk 1's 1/12 s
         "error": None,
         "replica": None,
     }
@@ -824,6 +829,7 @@ def test_to_json_of_a_fresh_push_session() -> None:
             "encode_s": 0.0,
         },
         "realtime_factor": None,
+        "stall_free_start_s": None,
         "error": None,
         "replica": None,
     }
@@ -906,7 +912,13 @@ def test_module_imports_only_the_standard_library_and_vaecast_errors(module: str
     outside = {
         name
         for name in imported
-        if name not in ("vaecast.errors", "vaecast.job_transitions", "vaecast.job_views")
+        if name
+        not in (
+            "vaecast.errors",
+            "vaecast.job_transitions",
+            "vaecast.job_views",
+            "vaecast.playback_deadlines",
+        )
         and name != "vaecast.job_record"  # the views' type, under TYPE_CHECKING
         and name != "__future__"
         and name.split(".")[0] not in sys.stdlib_module_names

@@ -88,7 +88,8 @@ def test_the_job_record_imports_only_the_standard_library_and_errors() -> None:
     top_level = {name.split(".")[0] for name in names}
     # (`imported` names each name imported from a module too: vaecast.errors.X.)
     own = {".".join(name.split(".")[:2]) for name in names if name.startswith("vaecast")}
-    assert own <= {"vaecast.errors", *(f"vaecast.{module}" for module in record)}
+    pure = {"vaecast.errors", "vaecast.playback_deadlines"}
+    assert own <= {*pure, *(f"vaecast.{module}" for module in record)}
     assert top_level - {"vaecast"} <= set(sys.stdlib_module_names)
     assert "vaecast.errors" in own  # the scan sees its imports
 

@@ -53,6 +53,7 @@ from vaecast.job_transitions import (
     VariantEnded,
 )
 from vaecast.job_views import job_timings, variants_json
+from vaecast.playback_deadlines import Commit, stall_free_start_s
 
 __all__ = [
     "FINAL",
@@ -132,6 +133,10 @@ class JobRecord:
     preview: PreviewProgress | None = None
     final_ended: VariantEnded | None = None
     final_ready: float | None = None
+    # The final's fragments as played (vaecast.playback_deadlines), and the earliest
+    # start after its first fragment that plays it all without a stall, so far.
+    commits: list[Commit] = field(default_factory=list)
+    stall_free_start_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.created is None:
@@ -285,6 +290,12 @@ class JobRecord:
         self.decode_wait_s += t.decode_wait_s
         if self.first_fragment is None:
             self.first_fragment = t.at
+        assert t.at is not None
+        self.commits.append(
+            Commit(t.at, float(t.frame_start / self.fps), float(t.frames / self.fps))
+        )
+        total_s = None if self.plan is None else float(self.plan.frames / self.fps)
+        self.stall_free_start_s = stall_free_start_s(self.commits, total_s)
         latency = {} if t.latency_s is None else {"latency_s": round(t.latency_s, 4)}
         return self._emit(
             "chunk",
@@ -297,6 +308,7 @@ class JobRecord:
             frames_done=self.frames_done,
             total_bytes=self.bytes,
             progress=self.progress,
+            stall_free_start_s=self.stall_free_start_s,
             **({} if self.preview is None else {"variant": FINAL}),
         )
 
@@ -382,6 +394,7 @@ class JobRecord:
             "content_type": self.content_type,
             "timings": self.timings(),
             "realtime_factor": self.realtime_factor,
+            "stall_free_start_s": self.stall_free_start_s,
             "error": (
                 {"type": self.error.type, "message": self.error.message}
                 if self.error is not None and self.status is not JobStatus.COMPLETED

@@ -20,6 +20,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Latency buckets from a 10 ms chunk to a minute-long decode.
 SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# A fragment's slack: late (negative) to well ahead of its viewer.
+SLACK_BUCKETS = (-5, -1, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Event-loop lag: a healthy loop is late by a millisecond or two; 100 ms is felt.
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
@@ -130,6 +132,18 @@ class Metrics:
             "vaecast_preview_to_final_ready_seconds",
             "Jobs with a preview: from the preview's first fragment to final_ready",
             buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.fragment_slack = Histogram(
+            "vaecast_fragment_slack_seconds",
+            "How long before a viewer who started at a job's first fragment needed each "
+            "fragment it was committed (negative: that viewer stalled)",
+            buckets=SLACK_BUCKETS,
+            registry=r,
+        )
+        self.predicted_stalls = Counter(
+            "vaecast_predicted_stalls",
+            "Fragments committed after a viewer who started at the first fragment needed them",
             registry=r,
         )
         self.decode_seconds = Histogram(

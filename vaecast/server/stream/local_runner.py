@@ -52,6 +52,7 @@ from vaecast.pipeline import (
     Workers,
     run_pipeline,
 )
+from vaecast.playback_deadlines import slack
 from vaecast.preview_first import FinalSide, PreviewFirst, PreviewSide
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job, plan_facts
@@ -338,6 +339,11 @@ class LocalRunner:
                 variant=FINAL,
             )
         )
+        commits = job.record.commits
+        fragment_slack = slack(commits[0], commits[-1])
+        metrics.fragment_slack.observe(fragment_slack)
+        if fragment_slack < 0:
+            metrics.predicted_stalls.inc()
         _check_final_ready(job)
 
 
