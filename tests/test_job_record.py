@@ -314,7 +314,7 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
         "frames_done": 16,
         "total_bytes": 1800,
         "progress": 33,
-        "stall_free_start_s": 0.0,  # nothing to go by yet
+        "stall_free_start_s": None,  # no rate yet to go by
     }
     assert record.first_fragment == 102.25
     assert (record.chunks_done, record.frames_done, record.progress) == (1, 16, 33)

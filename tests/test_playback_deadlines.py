@@ -65,3 +65,5 @@ def test_a_stream_of_unknown_length_looks_one_fragment_ahead():
     known_next = stall_free_start_s(commits, None)
     assert known_next == pytest.approx(-slack(commits[0], paced(0.5, 5)[-1]), abs=1e-3)
     assert stall_free_start_s([], None) is None
+    assert stall_free_start_s(commits[:1], None) is None  # no rate yet: not "at once"
+    assert stall_free_start_s(commits[:1], CHUNK_S) == 0.0  # a one-chunk video is whole

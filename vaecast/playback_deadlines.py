@@ -49,8 +49,9 @@ def slack(first: Commit, commit: Commit) -> float:
 
 def stall_free_start_s(commits: Sequence[Commit], total_s: float | None) -> float | None:
     """The earliest start delay after the first fragment that plays the whole video
-    without a stall, as far as the commits so far tell (None before the first).
-    `total_s`: the video's length, where known."""
+    without a stall, as far as the commits so far tell; None until they tell (before
+    the second fragment of a video still decoding: no rate yet). `total_s`: the
+    video's length, where known."""
     if not commits:
         return None
     first, last = commits[0], commits[-1]
@@ -59,14 +60,15 @@ def stall_free_start_s(commits: Sequence[Commit], total_s: float | None) -> floa
         window = commits[-(RATE_WINDOW + 1) :]
         elapsed = window[-1].at - window[0].at
         made = window[-1].end_s - window[0].end_s
-        if elapsed > 0 and made > 0:
-            rate = made / elapsed
-            step = last.duration_s
-            # The next fragment, and (known length, slower than real time) the last one.
-            starts = [last.end_s]
-            if total_s is not None and rate < 1:
-                starts.append(max(last.end_s, total_s - step))
-            for start in starts:
-                arrives = last.at + (start + step - last.end_s) / rate
-                needed = max(needed, arrives - first.at - start)
+        if elapsed <= 0 or made <= 0:
+            return None  # no rate yet to predict the rest by (0 would read "at once")
+        rate = made / elapsed
+        step = last.duration_s
+        # The next fragment, and (known length, slower than real time) the last one.
+        starts = [last.end_s]
+        if total_s is not None and rate < 1:
+            starts.append(max(last.end_s, total_s - step))
+        for start in starts:
+            arrives = last.at + (start + step - last.end_s) / rate
+            needed = max(needed, arrives - first.at - start)
     return round(max(0.0, needed), 4)
