@@ -131,7 +131,11 @@ function setup() {
   ui.onClick("refresh", relist);
   for (const type of ["progress", "timeupdate", "waiting", "playing", "ended"]) {
     for (const each of [player, spare]) {
-      each.video.addEventListener(type, () => ui.renderBuffered(view().seconds, shownVideo()));
+      each.video.addEventListener(type, () => {
+        const state = view();
+        ui.renderBuffered(state.seconds, shownVideo());
+        ui.renderAhead(state, shownVideo());
+      });
     }
   }
   // Read by the browser tests (tests/browser): a snapshot, never the live object.

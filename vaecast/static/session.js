@@ -13,6 +13,13 @@
 // loads into the <video> behind and player.js's handOver() swaps them at the same
 // playback time. "Stop full decode" (stopFinal) stops the final only: the preview
 // plays on to its end (handed back to, if the final was already in front).
+//
+// A job still decoding, slower than real time, would stall if played from its first
+// fragment: the server predicts `stall_free_start_s`, the earliest delay after the
+// first fragment from which it plays to its end without a stall (0: faster than real
+// time). The page waits that long (the latest value heard) before it plays; a
+// finished job, and a preview (fast by design), play at once. A preview's final is
+// swapped in, once ready, only where it plays on stall-free from the viewer's place.
 
 import { apiFetch, errorMessage, fetchJson, getJson } from "./api.js";
 import { Segmenter } from "./boxes.js";
@@ -23,6 +30,10 @@ const PREVIEW = "preview";
 const FINAL = "final";
 // A wait between two presented frames longer than this is a stall (a 16 fps frame: 62 ms).
 const STALL_MS = 150;
+// How often a start still waiting (or a final not yet safe to swap to) looks again.
+const WAIT_TICK_MS = 100;
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // One rendition of a job with a preview, as the page knows it.
 function blankRendition(decoder) {
@@ -77,6 +88,11 @@ export function blankState() {
     backwardSteps: 0,       // presented frames earlier than the one before, seeks aside
     lastFrameAt: null,      // performance.now() of the frame last presented in front
     stalls: [],             // {at, ms}: waits over STALL_MS between two presented frames
+    // Playing a job still decoding no earlier than it plays stall-free (see the top).
+    stallFreeStartS: null,  // the latest stall_free_start_s heard (the final's, with a preview)
+    firstFragmentAt: null,  // performance.now() when the front's first fragment was appended
+    startingInMs: null,     // while the start waits: how long still, as last computed
+    startDelayMs: null,     // how long after the first fragment the page started playing
   };
 }
 
@@ -89,6 +105,10 @@ export class Session extends EventTarget {
   #finalAbort = null;   // the final's own fetch (stopped with it)
   #handingOver = false; // a handOver() is under way
   #finalAlone = false;  // a finished preview job: its final plays alone, in front
+  #waiting = null;      // {player, into}: a start held back until stall-free
+  #waitTimer = null;
+  #rateChunks = 0;      // chunks of the job (its final) heard: a rate needs two
+  #firstChunkAt = null; // performance.now() when chunk 0 (the final's) was heard
 
   constructor(job, { player, spare = null, clickedAt }) {
     super();
@@ -214,6 +234,7 @@ export class Session extends EventTarget {
   close() {
     if (this.#closed) return;
     this.#closed = true;
+    clearTimeout(this.#waitTimer);
     this.#abort.abort();
     this.#events?.close();
     this.player.reset();
@@ -254,6 +275,7 @@ export class Session extends EventTarget {
 
   #changed() {
     if (this.#closed) return;
+    this.#checkStart();
     const state = this.state;
     if (state.renditions) {
       const front = state.renditions[state.rendition];
@@ -330,9 +352,7 @@ export class Session extends EventTarget {
     state.playback = "mse";
     const stream = await player.openStream(type, () => {
       into.fragmentsAppended += 1;
-      if (into.fragmentsAppended === 1 && autoplay) {
-        player.play().catch((error) => this.fail(`playback: ${error.message}`));
-      }
+      if (into.fragmentsAppended === 1 && autoplay) this.#startWhenStallFree(player, into);
       this.#changed();
     });
     if (this.#closed || stream === null || signal.aborted) return;
@@ -350,6 +370,71 @@ export class Session extends EventTarget {
     stream.end();
     this.#changed();
     this.#unloadPreview(); // the final's whole: the preview behind is needed no more
+  }
+
+  // ------------------------------------------------------------ stall-free start
+
+  // The first fragment of `into` is in `player`: play it now (a preview, a finished
+  // job) or once the job's stall-free start has passed.
+  #startWhenStallFree(player, into) {
+    const state = this.state;
+    state.firstFragmentAt = performance.now();
+    this.#waiting = { player, into };
+    this.#checkStart();
+  }
+
+  // Plays the start waiting, if it is due; else looks again in a while. Run on every
+  // change (an event heard, a fragment in) and on its own timer.
+  #checkStart() {
+    const waiting = this.#waiting;
+    if (waiting === null || this.#closed) return;
+    const state = this.state;
+    clearTimeout(this.#waitTimer);
+    const remaining = this.#startRemainingMs(waiting.into);
+    if (remaining > 0) {
+      state.startingInMs = Number.isFinite(remaining) ? remaining : null;
+      this.#waitTimer = setTimeout(() => this.#changed(), Math.min(remaining, WAIT_TICK_MS));
+      return;
+    }
+    this.#waiting = null;
+    state.startingInMs = null;
+    state.startDelayMs = performance.now() - state.firstFragmentAt;
+    state.lastFrameAt = null; // the wait, paused on the first frame, is no stall
+    waiting.player.play().catch((error) => this.fail(`playback: ${error.message}`));
+  }
+
+  // How long the start of `into` still waits: 0 to play now, Infinity while the
+  // server has not yet told (a rate needs two chunks: its value after the first is 0).
+  #startRemainingMs(into) {
+    const state = this.state;
+    const preview = state.renditions?.[PREVIEW];
+    if (into === preview || this.cancelled || into.streamEnded) return 0;
+    if (!LIVE.includes(state.status)) return 0;
+    if (!this.#rateKnown()) return Infinity;
+    return state.firstFragmentAt + state.stallFreeStartS * 1000 - performance.now();
+  }
+
+  // Whether stallFreeStartS is the server's prediction from a decode rate.
+  #rateKnown() {
+    const state = this.state;
+    if (state.stallFreeStartS === null) return false;
+    const total = state.renditions ? state.renditions[FINAL].chunksTotal : state.chunksTotal;
+    return this.#rateChunks >= 2 || (total !== null && this.#rateChunks >= total);
+  }
+
+  // A preview's final, ready, plays on stall-free from where the viewer is: it is
+  // complete, faster than real time (once caught up, it stays ahead: a stall-free
+  // start under a frame is the first chunks' jitter), or the viewer's timeline
+  // started at least its stall-free start after the final's first fragment (now -
+  // currentTime: when the viewer would have started to be where it is, unpaused).
+  #finalStallFree() {
+    const final = this.state.renditions?.[FINAL];
+    if (!final || final.status === "completed" || final.streamEnded || final.ended) return true;
+    if (!this.#rateKnown()) return false;
+    const value = this.state.stallFreeStartS;
+    if (value * this.job.fps < 1 || this.#firstChunkAt === null) return true; // null: joined late
+    const viewerStart = performance.now() - this.player.video.currentTime * 1000;
+    return viewerStart - this.#firstChunkAt >= value * 1000;
   }
 
   // ------------------------------------------------------------ preview, then final
@@ -382,9 +467,17 @@ export class Session extends EventTarget {
     while (this.#handingOver) await new Promise((resolve) => setTimeout(resolve, 10));
     if (this.#closed || stop()) return;
     this.#handingOver = true;
-    let swapped;
+    let swapped = null;
     try {
-      swapped = await handOver(from, to, { frameS: 1 / this.job.fps, stop: () => this.#closed || stop() });
+      // The final, ready (caught up with the viewer), is swapped to only where it stays ahead.
+      let safe = rendition !== FINAL;
+      while (!safe && !this.#closed && !stop()) {
+        safe = this.#finalStallFree();
+        if (!safe) await sleep(WAIT_TICK_MS);
+      }
+      if (safe) {
+        swapped = await handOver(from, to, { frameS: 1 / this.job.fps, stop: () => this.#closed || stop() });
+      }
     } finally {
       this.#handingOver = false;
     }
@@ -460,6 +553,12 @@ export class Session extends EventTarget {
     });
     on("chunk", (event) => {
       state.status = event.status;
+      if (event.variant !== PREVIEW) {
+        // The job's (its final's) own figures: the start and the swap wait on them.
+        if (event.stall_free_start_s !== undefined) state.stallFreeStartS = event.stall_free_start_s;
+        this.#rateChunks = Math.max(this.#rateChunks, event.index + 1);
+        if (event.index === 0 && this.#firstChunkAt === null) this.#firstChunkAt = performance.now();
+      }
       if (event.variant !== undefined && state.renditions) {
         const rendition = state.renditions[event.variant];
         rendition.status = "in_progress";
@@ -540,6 +639,10 @@ export class Session extends EventTarget {
     state.chunksDone = job.chunks.done;
     state.chunksTotal = job.chunks.total;
     state.framesDone = job.frames_done;
+    if (job.stall_free_start_s !== undefined) state.stallFreeStartS = job.stall_free_start_s;
+    // Chunks done before this page listened count toward the rate (no anchor, though).
+    const done = job.variants ? job.variants.final.chunks.done : job.chunks.done;
+    this.#rateChunks = Math.max(this.#rateChunks, done);
     const { queued_s: queued, total_s: total } = job.timings;
     if (job.status === "completed" && queued !== null && total > queued) {
       state.decodeFps = job.frames / (total - queued); // the server's own clock

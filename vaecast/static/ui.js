@@ -112,6 +112,7 @@ export function render(state, { cancellable, finalStoppable, video }) {
   // With the <video src> fallback the browser fetches the stream, out of the page's sight.
   $("bytes").textContent = state.playback === "mse" ? formatBytes(state.bytesReceived) : "–";
   renderBuffered(state.seconds, video);
+  renderAhead(state, video);
   $("cancel").disabled = !cancellable;
   renderRenditions(state, finalStoppable);
 }
@@ -150,6 +151,22 @@ export function renderBuffered(seconds, video) {
   const ranges = video.buffered;
   const end = ranges.length ? ranges.end(ranges.length - 1) : 0;
   $("buffer-bar").value = seconds ? Math.min(1, end / seconds) : 0;
+}
+
+// How far ahead of the playhead the <video> in front holds a running job
+// ("live, 0.4 s ahead"), or, while its start waits to be stall-free, how long still.
+export function renderAhead(state, video) {
+  let text = "–";
+  if (state.startingInMs !== null) {
+    text = `starting in ${(state.startingInMs / 1000).toFixed(1)} s`;
+  } else if (state.startDelayMs === null && state.firstFragmentAt !== null && video.paused) {
+    text = "starting…"; // waiting for the server's first prediction
+  } else if (state.status === "in_progress" && state.startDelayMs !== null) {
+    const ranges = video.buffered;
+    const end = ranges.length ? ranges.end(ranges.length - 1) : 0;
+    text = `live, ${Math.max(0, end - video.currentTime).toFixed(1)} s ahead`;
+  }
+  $("ahead").textContent = text;
 }
 
 function formatBytes(n) {
