@@ -221,3 +221,20 @@ async def test_a_push_sessions_playlist_is_served_before_its_length_is_known(
     async with server.client.get(f"/v1/videos/{job['id']}/playlist.m3u8") as response:
         assert response.status == 200
         assert "#EXT-X-ENDLIST" in await response.text()
+
+
+async def test_a_blocking_reload_for_a_segment_not_begun_waits_for_that_part(
+    start_server: StartServer,
+):
+    # Asked while segment 0 is still open, _HLS_msn=1&_HLS_part=2 is answered once
+    # segment 1 has its part 2, not at the next part (a later segment's first need).
+    from tests.server.test_playback_deadlines import PacedDecoder
+
+    server = await start_server(decoders={"paced": PacedDecoder()}, default_model="paced")
+    job = await start_job(server)
+    text = await playlist_text(server, job, _HLS_msn="1", _HLS_part="2")
+    playlist = m3u8.loads(text)
+    parts = server.manager.get(job["id"]).parts.parts
+    second = next(i for i, part in enumerate(parts) if i and part.independent)
+    assert f'URI="hls/part/{second + 2}.m4s"' in text.split("#EXT-X-PRELOAD-HINT")[0], text
+    assert playlist.segments and not playlist.is_endlist

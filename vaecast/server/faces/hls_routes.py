@@ -177,9 +177,18 @@ def _playlist_text(job: Job, rendition: Rendition) -> str:
 
 
 async def _until_listed(job: Job, rendition: Rendition, msn: int, part: int | None) -> None:
-    needed = part_position(rendition.parts.parts, _ended(job, rendition), msn, part)
-    if needed is not None:
-        await _until_parts(job, rendition, needed)
+    """Until segment `msn` (its part `part`) is in the playlist, or the rendition has
+    ended; bounded by a few target durations in all. Asked again after each wait: for
+    a segment not yet begun, "one more part" is only the least it needs."""
+    timeout_s = BLOCK_TARGET_DURATIONS * max(1.0, job.config.encoder.keyframe_interval_s)
+    parts = rendition.parts.parts
+    with contextlib.suppress(TimeoutError, VaecastError):
+        async with asyncio.timeout(timeout_s):
+            while (needed := part_position(parts, _ended(job, rendition), msn, part)) is not None:
+                if _ended(job, rendition):
+                    return
+                while len(parts) < needed and not _ended(job, rendition):
+                    await rendition.log.wait_for_segments(len(parts) + 2)
 
 
 async def _until_parts(job: Job, rendition: Rendition, count: int) -> None:
