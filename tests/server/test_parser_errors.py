@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 
@@ -41,11 +42,14 @@ HOST = b"Host: 127.0.0.1\r\n"
         b"GET /healthz HTTP/9\r\n" + HOST + b"\r\n",
         b"GET /healthz HTTP/1.1\r\n" + HOST + b"Bad Header\r\n\r\n",
         b"POST /v1/videos HTTP/1.1\r\n" + HOST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"GET /v1/videos/x/content?variant=" + b"v" * 10_000 + b" HTTP/1.1\r\n" + HOST + b"\r\n",
     ],
+    ids=["garbage", "version", "header", "chunk", "long-url"],
 )
 async def test_what_aiohttp_cannot_parse_is_answered_in_json(
-    start_server: StartServer, request_bytes: bytes
+    start_server: StartServer, request_bytes: bytes, caplog: pytest.LogCaptureFixture
 ):
+    caplog.set_level(logging.INFO)
     server = await start_server()
     head, body = await exchange(server, request_bytes)
     assert head.startswith(b"HTTP/1.0 400 "), head
@@ -58,6 +62,10 @@ async def test_what_aiohttp_cannot_parse_is_answered_in_json(
     assert reason != error["message"] and reason and "\n" not in reason
     async with server.client.get("/healthz") as response:  # the server is fine
         assert response.status == 200
+    # The client's mistake: one line in the log, no traceback.
+    logged = [r for r in caplog.records if "unparseable request" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "INFO"
+    assert not [r for r in caplog.records if r.exc_info or r.levelname == "ERROR"]
 
 
 async def test_a_body_cut_short_by_its_client_is_no_server_error(

@@ -5,8 +5,10 @@ body) is answered by its connection handler, `RequestHandler.handle_error`, befo
 middleware runs and in plain text. aiohttp 3.14 offers no hook for that response
 (aiohttp issues #3287 and #6463: middlewares and `on_response_prepare` never see it), so
 the one method is replaced in a subclass, and the runner's server makes its connections
-with it (`answer_in_json`). The logging, and the refusal to answer twice on a
-connection whose response has begun, stay aiohttp's.
+with it (`answer_in_json`). A request the client sent broken (a parser's 4xx) is its
+mistake, not the server's: one INFO line, where aiohttp logs an ERROR with a traceback
+for each (a client could fill the log that way). Other errors, and the refusal to
+answer twice on a connection whose response has begun, stay aiohttp's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from vaecast.server.edge.http_errors import error_response
@@ -32,7 +35,15 @@ class JsonErrorsRequestHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs; raises if begun
+        if status < 500 and isinstance(exc, HttpProcessingError):
+            first_line = (message or str(exc)).strip().splitlines()[:1]
+            self.logger.info(
+                "unparseable request from %s: %s", request.remote, "".join(first_line)[:200]
+            )
+            if request.writer.output_size > 0:  # as aiohttp: no second answer
+                raise ConnectionError("a response was begun: no error answer can follow")
+        else:
+            super().handle_error(request, status, exc, message)  # logs; raises if begun
         try:
             phrase = HTTPStatus(status).phrase
         except ValueError:
