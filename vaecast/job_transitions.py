@@ -69,7 +69,6 @@ class Geometry:
 # The renditions of a job with a preview (`JobRecord.preview`): the preview decoder's
 # and the model's own, the final. A job without a preview has only its final.
 PREVIEW, FINAL = "preview", "final"
-VARIANTS = (PREVIEW, FINAL)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,13 +53,30 @@ class PreviewFirst:
             raise DecodeCancelled("decode cancelled")
 
 
-class PreviewSide:
-    """The preview's source: working for `gate` from the start of its decode to its
-    end, except while it waits for a block (when the source can say so: `waiting`)."""
+class _Wrapped:
+    """A latent source around another: its audio and (a push session's) feed state
+    are the wrapped one's; the sides change only how it decodes and is cancelled."""
 
     def __init__(self, source: LatentSource, gate: PreviewFirst) -> None:
         self._source = source
         self._gate = gate
+
+    def take_audio(self) -> list[TimedAudio]:
+        return self._source.take_audio()
+
+    def feed_state(self) -> FeedState:
+        return self._source.feed_state()  # type: ignore[attr-defined]  # a LiveSource's
+
+    async def feed_changed(self, version: int) -> None:
+        await self._source.feed_changed(version)  # type: ignore[attr-defined]
+
+
+class PreviewSide(_Wrapped):
+    """The preview's source: working for `gate` from the start of its decode to its
+    end, except while it waits for a block (when the source can say so: `waiting`)."""
+
+    def __init__(self, source: LatentSource, gate: PreviewFirst) -> None:
+        super().__init__(source, gate)
         if hasattr(source, "waiting"):  # a FeedTap: idle while it waits for a block
             source.waiting = lambda waiting: gate.preview_working(not waiting)
 
@@ -74,23 +91,13 @@ class PreviewSide:
         self._source.cancel()
         self._gate.preview_working(False)  # a preview that never decoded holds nothing
 
-    def take_audio(self) -> list[TimedAudio]:
-        return self._source.take_audio()
 
-    def feed_state(self) -> FeedState:
-        return self._source.feed_state()  # type: ignore[attr-defined]  # a LiveSource's
-
-    async def feed_changed(self, version: int) -> None:
-        await self._source.feed_changed(version)  # type: ignore[attr-defined]
-
-
-class FinalSide:
+class FinalSide(_Wrapped):
     """The final's source: it takes its turn (`PreviewFirst.final_turn`) before its
     first chunk and after each."""
 
     def __init__(self, source: LatentSource, gate: PreviewFirst) -> None:
-        self._source = source
-        self._gate = gate
+        super().__init__(source, gate)
         self._stop = threading.Event()
 
     def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
@@ -104,12 +111,3 @@ class FinalSide:
     def cancel(self) -> None:
         self._stop.set()
         self._source.cancel()
-
-    def take_audio(self) -> list[TimedAudio]:
-        return self._source.take_audio()
-
-    def feed_state(self) -> FeedState:
-        return self._source.feed_state()  # type: ignore[attr-defined]  # a LiveSource's
-
-    async def feed_changed(self, version: int) -> None:
-        await self._source.feed_changed(version)  # type: ignore[attr-defined]

@@ -174,7 +174,7 @@ class ReplicaCalls:
             self._rendition_ended(variant)
 
     def _final_ready(self) -> None:
-        if self._record.preview is not None and self._record.final_caught_up():
+        if self._record.final_caught_up():  # (never for a job without a preview)
             self._apply(FinalReady())
 
     def _take(self, record: Started | Segment | Chunk | VaecastError, variant: str) -> None:

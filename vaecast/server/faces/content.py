@@ -77,13 +77,7 @@ def refuse_if_broken(job: Job, rendition: Rendition | None = None) -> None:
     """Refuse a request for the content of a job (or a rendition of it) that failed or
     was cancelled (409, naming the error), or whose bytes are gone."""
     rendition = rendition or job.final
-    preview = job.record.preview
-    if rendition.variant == PREVIEW and preview is not None:
-        status, error = preview.status, preview.error
-    else:
-        status, error = job.record.final_status(), job.error
-        if job.record.final_ended is not None and job.record.final_ended.error is not None:
-            error = job.record.final_ended.error
+    status, error = job.status_of(rendition), job.error_of(rendition)
     if status in (JobStatus.FAILED, JobStatus.CANCELLED):
         assert error is not None
         what = f"video {job.id}" if rendition.variant == FINAL else f"the preview of {job.id}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -113,16 +114,9 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
     app.router.add_get(f"{base}/master.m3u8", master)
 
 
-def _status(job: Job, rendition: Rendition) -> JobStatus:
-    preview = job.record.preview
-    if rendition.variant == PREVIEW and preview is not None:
-        return preview.status
-    return job.record.final_status()
-
-
 def _ended(job: Job, rendition: Rendition) -> bool:
     """The rendition will have no more parts (the job may go on: its other one)."""
-    return _status(job, rendition) in FINAL_STATUSES or job.finished
+    return job.status_of(rendition) in FINAL_STATUSES or job.finished
 
 
 def _variant(job: Job, rendition: Rendition) -> Variant:
@@ -165,7 +159,7 @@ def _playlist_text(job: Job, rendition: Rendition) -> str:
         # A preview's chunks are its own decoder's; a job restored from the store
         # knows its chunks only by its parts. The longest so far bounds them.
         part_target_s = max([part_target_s, *(part.duration_s for part in parts)])
-    status = _status(job, rendition)
+    status = job.status_of(rendition)
     ended = _ended(job, rendition)
     return media_playlist(
         parts,
@@ -178,29 +172,36 @@ def _playlist_text(job: Job, rendition: Rendition) -> str:
 
 async def _until_listed(job: Job, rendition: Rendition, msn: int, part: int | None) -> None:
     """Until segment `msn` (its part `part`) is in the playlist, or the rendition has
-    ended; bounded by a few target durations in all. Asked again after each wait: for
-    a segment not yet begun, "one more part" is only the least it needs."""
-    timeout_s = BLOCK_TARGET_DURATIONS * max(1.0, job.config.encoder.keyframe_interval_s)
-    parts = rendition.parts.parts
-    with contextlib.suppress(TimeoutError, VaecastError):
-        async with asyncio.timeout(timeout_s):
-            while (needed := part_position(parts, _ended(job, rendition), msn, part)) is not None:
-                if _ended(job, rendition):
-                    return
-                while len(parts) < needed and not _ended(job, rendition):
-                    await rendition.log.wait_for_segments(len(parts) + 2)
+    ended. Asked again after each part: for a segment not yet begun, "one more part"
+    is only the least it needs."""
+    async with _blocking(job):
+        while True:
+            needed = part_position(rendition.parts.parts, _ended(job, rendition), msn, part)
+            if needed is None or _ended(job, rendition):
+                return
+            await _parts(job, rendition, needed)
 
 
 async def _until_parts(job: Job, rendition: Rendition, count: int) -> None:
-    """Until the rendition has `count` parts or has ended; bounded by a few target
-    durations."""
+    """Until the rendition has `count` parts or has ended."""
+    async with _blocking(job):
+        await _parts(job, rendition, count)
+
+
+@contextlib.asynccontextmanager
+async def _blocking(job: Job) -> AsyncIterator[None]:
+    """A blocking request's wait: at most a few target durations, and a log that breaks
+    ends it (what the job has is answered, its end shown)."""
     timeout_s = BLOCK_TARGET_DURATIONS * max(1.0, job.config.encoder.keyframe_interval_s)
-    parts = rendition.parts.parts
-    # A log that breaks ends the wait: what the job has is answered, its end shown.
     with contextlib.suppress(TimeoutError, VaecastError):
         async with asyncio.timeout(timeout_s):
-            while len(parts) < count and not _ended(job, rendition):
-                await rendition.log.wait_for_segments(len(parts) + 2)
+            yield
+
+
+async def _parts(job: Job, rendition: Rendition, count: int) -> None:
+    parts = rendition.parts.parts
+    while len(parts) < count and not _ended(job, rendition):
+        await rendition.log.wait_for_segments(len(parts) + 2)
 
 
 async def _send_segments(

@@ -30,7 +30,6 @@ from vaecast.errors import (
     DecodeCancelled,
     GoneError,
     InvalidRequestError,
-    JobStateError,
     NotFoundError,
     VaecastError,
 )
@@ -93,6 +92,9 @@ class JobRunner(Protocol):
     def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
         """A push session's last block came through this process (`preview_chunks`:
         the preview's chunk count, for a job with a preview)."""
+
+    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+        """Stop one rendition of a running job with a preview (DELETE ?variant=)."""
 
     def interrupted(self, job: Job) -> None:
         """The job's task ended without ending the job (cancelled before it ran)."""
@@ -306,12 +308,8 @@ class Job:
         """Stop one rendition of a job with a preview; the other goes on (stopping the
         last one still running stops the job)."""
         self.rendition(variant)  # raises for one the job does not have
-        if self.preview is None or self.finished:
-            return
-        stop = getattr(self.runner, "cancel_variant", None)
-        if stop is None:
-            raise JobStateError(f"video {self.id}: its renditions cannot be stopped apart here")
-        stop(self, variant, DecodeCancelled(reason))
+        if self.preview is not None and not self.finished:
+            self.runner.cancel_variant(self, variant, DecodeCancelled(reason))
 
     def on_end(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the job has ended (at once if it has)."""
@@ -353,27 +351,38 @@ class Job:
         for rendition in self.renditions:
             await rendition.log.release()
 
+    def status_of(self, rendition: Rendition) -> JobStatus:
+        """A rendition's status: the preview's own, or the final's (the job's, unless
+        the final ended while the job went on)."""
+        preview = self.record.preview
+        if rendition.variant == PREVIEW and preview is not None:
+            return preview.status
+        return self.record.final_status()
+
+    def error_of(self, rendition: Rendition) -> VaecastError | None:
+        """Why a rendition ended without completing (or is being stopped)."""
+        preview = self.record.preview
+        if rendition.variant == PREVIEW and preview is not None:
+            return preview.error
+        final = self.record.final_ended
+        return final.error if final is not None and final.error is not None else self.error
+
     async def release_unservable(self) -> None:
         """Free the bytes of each rendition that ended without completing: they can
         never be served (a stopped final's job keeps its completed preview)."""
-        if self.status is not JobStatus.COMPLETED and not self.log.released:
-            await self.log.release()
-        rendition, progress = self.preview, self.record.preview
-        failed = progress is not None and progress.is_final
-        failed = failed and progress.status is not JobStatus.COMPLETED  # type: ignore[union-attr]
-        if rendition is not None and failed and not rendition.log.released:
-            await rendition.log.release()
+        for rendition in self.renditions:
+            broken = self.status_of(rendition) in (JobStatus.FAILED, JobStatus.CANCELLED)
+            if broken and not rendition.log.released:
+                await rendition.log.release()
 
     # The pipeline's sink.
 
     async def append(self, segment: bytes) -> None:
-        await self.log.append(segment)
-        self.parts.add(segment)
-        self.apply(SegmentAdded(len(segment)))
+        await self.sink(FINAL).append(segment)
 
-    def sink(self, variant: str) -> Any:
-        """Where the fragments of rendition `variant` go (the job itself for the final)."""
-        return self if variant == FINAL else _PreviewSink(self)
+    def sink(self, variant: str) -> _RenditionSink:
+        """Where the fragments of rendition `variant` go."""
+        return _RenditionSink(self, self.rendition(variant))
 
     # Endings.
 
@@ -424,14 +433,14 @@ class Rendition:
         self.parts = PartIndex()
 
 
-class _PreviewSink:
-    """The preview rendition's fragments, into its log and parts, counted as its own."""
+class _RenditionSink:
+    """A rendition's fragments: into its log and HLS parts, counted in the job's record
+    as that rendition's."""
 
-    def __init__(self, job: Job) -> None:
-        assert job.preview is not None
-        self._job, self._preview = job, job.preview
+    def __init__(self, job: Job, rendition: Rendition) -> None:
+        self._job, self._rendition = job, rendition
 
     async def append(self, segment: bytes) -> None:
-        await self._preview.log.append(segment)
-        self._preview.parts.add(segment)
-        self._job.apply(SegmentAdded(len(segment), variant=PREVIEW))
+        await self._rendition.log.append(segment)
+        self._rendition.parts.add(segment)
+        self._job.apply(SegmentAdded(len(segment), self._rendition.variant))

@@ -325,20 +325,8 @@ class LocalRunner:
         arrived = None if self.feed is None else self.feed.chunk_arrivals.pop(done.index, None)
         if arrived is not None:
             metrics.block_to_fragment_seconds.observe(now - arrived)
-        job.apply(
-            ChunkEncoded(
-                index=done.index,
-                total=done.total,
-                frame_start=done.frame_start,
-                frames=done.frames,
-                bytes=done.bytes,
-                encode_s=done.encode_s,
-                decode_wait_s=done.decode_wait_s,
-                latency_s=None if arrived is None else now - arrived,
-                at=now,
-                variant=FINAL,
-            )
-        )
+        latency_s = None if arrived is None else now - arrived
+        job.apply(_chunk_encoded(done, now, FINAL, latency_s))
         commits = job.record.commits
         fragment_slack = slack(commits[0], commits[-1])
         metrics.fragment_slack.observe(fragment_slack)
@@ -368,25 +356,31 @@ class _PreviewObserver:
             job.metrics.variant_time_to_first_fragment.labels(PREVIEW).observe(
                 now - job.record.created
             )
-        job.apply(
-            ChunkEncoded(
-                index=done.index,
-                total=done.total,
-                frame_start=done.frame_start,
-                frames=done.frames,
-                bytes=done.bytes,
-                encode_s=done.encode_s,
-                decode_wait_s=done.decode_wait_s,
-                at=now,
-                variant=PREVIEW,
-            )
-        )
+        job.apply(_chunk_encoded(done, now, PREVIEW))
         _check_final_ready(job)
+
+
+def _chunk_encoded(
+    done: FragmentDone, at: float, variant: str, latency_s: float | None = None
+) -> ChunkEncoded:
+    return ChunkEncoded(
+        index=done.index,
+        total=done.total,
+        frame_start=done.frame_start,
+        frames=done.frames,
+        bytes=done.bytes,
+        encode_s=done.encode_s,
+        decode_wait_s=done.decode_wait_s,
+        latency_s=latency_s,
+        at=at,
+        variant=variant,
+    )
 
 
 def _check_final_ready(job: Job) -> None:
     record = job.record
-    if record.preview is not None and record.final_caught_up():
+    if record.final_caught_up():  # (never for a job without a preview)
         job.apply(FinalReady())
-        assert record.final_ready is not None and record.preview.first_fragment is not None
+        assert record.preview is not None and record.preview.first_fragment is not None
+        assert record.final_ready is not None
         job.metrics.final_ready_seconds.observe(record.final_ready - record.preview.first_fragment)

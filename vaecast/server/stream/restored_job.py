@@ -45,6 +45,9 @@ class RestoredRunner:
     def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
         pass
 
+    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+        pass  # a restored job has ended
+
     def interrupted(self, job: Job) -> None:
         pass
 
