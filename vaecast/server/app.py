@@ -24,7 +24,9 @@ from vaecast.server.faces.live_demo import DEMO_WARM_UP, warm_up_demo
 from vaecast.server.faces.push import PushSessions
 from vaecast.server.faces.routes import MANAGER, PUSH_SESSIONS, add_routes
 from vaecast.server.faces.uploads import DEMO_MODEL
+from vaecast.server.faces.whep import WHEP_SESSIONS
 from vaecast.server.stream.manager import JobManager
+from vaecast.server.webrtc.sessions import WhepSessions
 
 log = logging.getLogger("vaecast.server")
 
@@ -81,6 +83,7 @@ def create_app(
         manager = given or JobManager(config, decoders, stages)
         app[MANAGER] = manager
         app[PUSH_SESSIONS] = sessions = PushSessions(manager)
+        app[WHEP_SESSIONS] = viewers = WhepSessions(config.webrtc, config.encoder, manager.metrics)
         # Before the port opens: the jobs the store kept are served from the first request.
         await manager.open_store()
         manager.start()
@@ -115,6 +118,7 @@ def create_app(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await viewers.close_all()
         await sessions.close()
         await manager.close()
 

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.server.edge.security_config import SecurityConfig
+from vaecast.server.webrtc.settings import WebRtcSettings
 
 MIB = 1024 * 1024
 
@@ -77,3 +78,5 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     # API key, host names answered to, CORS origins (vaecast.server.edge.security).
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # WHEP viewers (vaecast.server.webrtc): ICE servers, host addresses, limits.
+    webrtc: WebRtcSettings = field(default_factory=WebRtcSettings)

@@ -178,6 +178,30 @@ class Metrics:
             registry=r,
         )
         self._worst_lag_s = 0.0
+        self.webrtc_viewers = Gauge(
+            "vaecast_webrtc_viewers",
+            "WHEP viewers connected or connecting, by what their video is: the job's own "
+            "H.264 packetized per viewer (h264) or the VP8 encode shared per job (vp8)",
+            ["video"],
+            registry=r,
+        )
+        self.webrtc_sessions = Counter(
+            "vaecast_webrtc_sessions",
+            "WHEP sessions by how they ended (refused: over --max-webrtc-viewers)",
+            ["outcome"],
+            registry=r,
+        )
+        self.webrtc_shared_encodes = Counter(
+            "vaecast_webrtc_shared_encodes",
+            "Encodes started for WebRTC viewers, one per job and codec however many share it",
+            ["codec"],
+            registry=r,
+        )
+        self.webrtc_stalls = Counter(
+            "vaecast_webrtc_stalls",
+            "Units a WHEP viewer's track sent late because they were not yet decoded",
+            registry=r,
+        )
 
     def record_loop_lag(self, lag_s: float) -> None:
         self.loop_lag.observe(lag_s)

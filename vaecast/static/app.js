@@ -7,12 +7,14 @@
 //          ├─ session.js   one job: fetch + EventSource + its state (preview, then final)
 //          │    ├─ player.js   <video>: MSE append queue, <video src> fallback, hand-over
 //          │    └─ boxes.js    MP4 byte stream -> boxes -> segments (pure)
+//          ├─ whep.js      ?player=webrtc: the job over WebRTC (WHEP) instead
 //          └─ api.js       fetch with the API key (header + cookie), 401 -> ask
 
 import { fetchJson, getJson, restoreApiKey, useKeyPrompt } from "./api.js";
 import { Player } from "./player.js";
 import { Session, blankState } from "./session.js";
 import * as ui from "./ui.js";
+import { WhepPlayer } from "./whep.js";
 
 // vaecast/demo/scenes.py SCENE_NAMES (the server has no endpoint listing them).
 const SCENES = ["showcase", "shapes", "gradient", "texture", "text", "landscape", "fade", "noise"];
@@ -25,6 +27,7 @@ const spare = new Player(document.getElementById("video-final"));
 // The page's own state. Everything about the job shown is in `session.state`.
 const page = {
   ready: false,       // the model and job lists have loaded once
+  whep: null,         // ?player=webrtc: the WhepPlayer in front
   session: null,      // the Session shown, or null before the first job
   submitting: null,   // "submitting" / "uploading" while a POST is on its way: the status shown
   requestErrors: [],  // failed POSTs (no job to hold them), until a job is shown
@@ -143,6 +146,8 @@ function setup() {
     get state() {
       return structuredClone(view());
     },
+    // ?player=webrtc: what the WebRTC player's getStats says (null without one).
+    webrtc: () => page.whep?.stats() ?? Promise.resolve(null),
   });
   Promise.all([loadModels(), refreshJobs(), watchFromAddress()])
     .then(() => (page.ready = true))
@@ -152,9 +157,18 @@ function setup() {
 
 // `/?video=ID` (what vaecast.client's page_url gives a producer to share) shows that
 // job at once: a push session plays from its first block, a finished job from disk.
+// `&player=webrtc` plays it over WebRTC (WHEP) instead: a running or live job only.
 async function watchFromAddress() {
-  const id = new URLSearchParams(location.search).get("video");
-  if (id) show(await getJson(`/v1/videos/${encodeURIComponent(id)}`), performance.now());
+  const address = new URLSearchParams(location.search);
+  const id = address.get("video");
+  if (!id) return;
+  const url = `/v1/videos/${encodeURIComponent(id)}`;
+  if (address.get("player") === "webrtc") {
+    page.whep = new WhepPlayer(player.video);
+    page.whep.play(`${url}/whep`).catch((error) => ui.showError(`WebRTC: ${error.message}`));
+    return;
+  }
+  show(await getJson(url), performance.now());
 }
 
 setup();

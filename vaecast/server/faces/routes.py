@@ -25,6 +25,7 @@ from vaecast.server.faces.live_demo import (
 from vaecast.server.faces.push import PushSessions, push_json, push_latents
 from vaecast.server.faces.push_batch import open_batch
 from vaecast.server.faces.uploads import read_decode_request
+from vaecast.server.faces.whep import WHEP_SESSIONS, add_whep_routes
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, Job, PushRequest
 from vaecast.server.stream.manager import Admission, JobManager
@@ -60,6 +61,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/videos/{video_id}/events", get_events)
     app.router.add_post("/v1/videos/{video_id}/latents", post_latents)
     add_hls_routes(app, MANAGER)
+    add_whep_routes(app, MANAGER)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
 
@@ -308,6 +310,11 @@ async def healthz(request: web.Request) -> web.Response:
         "places": {
             **{kind.value: count for kind, count in manager.places.counts().items()},
             "max_pending": manager.config.max_pending,
+        },
+        # WHEP viewers, by what their video is, against --max-webrtc-viewers.
+        "webrtc": {
+            "viewers": request.app[WHEP_SESSIONS].counts(),
+            "max": manager.config.webrtc.max_viewers,
         },
         # The first demo click is as fast as later ones once this is `done`.
         "warm_up": warm_up_state(request.app.get(DEMO_WARM_UP)),

@@ -170,8 +170,14 @@ def _soundtracks(audio: Any, batch: int, rate: str | None) -> list[Soundtrack | 
     return [Soundtrack(waveform, sample_rate) for waveform, sample_rate in entries]
 
 
+async def read_small_body(request: web.Request, config: ServerConfig, max_bytes: int) -> bytes:
+    """A small body (JSON, an SDP offer), held to the upload rules: 413 past `max_bytes`,
+    408 for one that stalls or trickles, 415 for one compressed."""
+    return bytes(await _read_limited(_body_chunks(request, config), max_bytes))
+
+
 async def _read_json_object(request: web.Request, config: ServerConfig) -> dict[str, Any]:
-    body_bytes = await _read_limited(_body_chunks(request, config), MAX_JSON_BYTES)
+    body_bytes = await read_small_body(request, config, MAX_JSON_BYTES)
     try:
         body = json.loads(body_bytes)
     except (ValueError, RecursionError) as error:  # RecursionError: "[[[[..." nested deep

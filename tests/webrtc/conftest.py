@@ -1,0 +1,1 @@
+from tests.server.conftest import start_server  # noqa: F401 (the fixture)

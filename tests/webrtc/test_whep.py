@@ -1,0 +1,229 @@
+"""WHEP over real HTTP and real WebRTC: aiortc peers on 127.0.0.1 watch running jobs.
+
+The job's own H.264 reaches a peer that takes it unchanged (its frames decode to the
+MP4's pixels exactly), a peer that only takes VP8 shares one VP8 encode with the
+others, a late viewer starts at a keyframe, and every bad offer gets its 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import (
+    decode_mp4,
+    psnr,
+    safetensors_bytes,
+    smooth_latents,
+    split_stream,
+    until,
+)
+from tests.helpers.server import Server, StartServer
+from tests.helpers.whep import WhepViewer
+from tests.server.test_playback_deadlines import PacedDecoder
+from tests.server.test_preview import upload
+from vaecast.codecs.fmp4_reader import parse_fragment
+from vaecast.codecs.h264 import EncoderSettings
+from vaecast.server.faces.whep import WHEP_SESSIONS
+
+LATENTS = smooth_latents(frames=6)  # linear: 21 frames, 6 chunks
+FPS = 16
+RATE = 16000
+# aiortc's receiver gives a frame out once the next one begins, so a stream's last
+# frame never comes out of it: a peer sees 20 of the 21.
+SEEN = 20
+
+
+async def push_session(server: Server, audio: bool = True) -> dict:
+    fields = {"input": "push", "fps": FPS}
+    if audio:
+        fields |= {"audio_sample_rate": RATE, "audio_channels": 1}
+    async with server.client.post("/v1/videos", json=fields) as response:
+        assert response.status == 201, await response.text()
+        return await response.json()
+
+
+async def push_all(server: Server, session: dict, audio: bool = True) -> None:
+    """LATENTS in three blocks, each with its span's audio (a 440 Hz tone)."""
+    token = {"X-Push-Token": session["push"]["token"]}
+    for first, last, frames in [(0, 2, 5), (2, 4, 8), (4, 6, 8)]:
+        tensors = {"latents": LATENTS[:, :, first:last].contiguous()}
+        if audio:
+            t = torch.arange(frames * RATE // FPS) / RATE
+            tensors["audio"] = (0.3 * torch.sin(2 * torch.pi * 440 * t))[None]
+        body = safetensors_bytes({"audio_sample_rate": str(RATE)} if audio else None, **tensors)
+        params = {"final": "1"} if last == 6 else {}
+        async with server.client.post(
+            session["push"]["url"], data=body, headers=token, params=params
+        ) as response:
+            assert response.status == 202, await response.text()
+
+
+def metric(text: str, name: str) -> float:
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+async def metrics(server: Server) -> str:
+    return await (await server.client.get("/metrics")).text()
+
+
+@pytest.mark.slow
+async def test_a_push_session_plays_over_whep_as_its_own_h264_with_opus_audio(
+    start_server: StartServer,
+):
+    server = await start_server()
+    session = await push_session(server)
+    whep = f"/v1/videos/{session['id']}/whep"
+    viewer, response, answer = await WhepViewer.connect(server.client, whep)
+    try:
+        assert response.status == 201, answer
+        assert response.headers["Content-Type"] == "application/sdp"
+        assert response.headers["Location"].startswith(f"{whep}/")
+        assert viewer.video == "h264"
+        # Loopback server: loopback candidates only.
+        candidates = [line for line in answer.splitlines() if line.startswith("a=candidate")]
+        assert candidates and all(" 127.0.0.1 " in line for line in candidates), candidates
+        health = await (await server.client.get("/healthz")).json()
+        assert health["webrtc"] == {"viewers": {"h264": 1, "vp8": 0}, "max": 32}
+        await push_all(server, session)
+        await viewer.wait_for_frames(SEEN)
+        await until(lambda: viewer.audio_frames > 0, 10)
+    finally:
+        await viewer.close(server.client)
+    async with server.client.get(session["urls"]["content"]) as content:
+        mp4_frames = decode_mp4(await content.read())
+    assert len(mp4_frames) == 21
+    received = [frame.to_ndarray(format="rgb24") for frame in viewer.frames]
+    # The same bitstream decoded twice: the same pixels (no encode in between).
+    assert all(np.array_equal(a, b) for a, b in zip(received, mp4_frames[:SEEN], strict=True))
+    # Frames went out paced at their timestamps: 19 frame intervals take ~1.2 s.
+    assert viewer.frame_times[SEEN - 1] - viewer.frame_times[0] > 1.0
+    text = await metrics(server)
+    assert metric(text, 'vaecast_webrtc_shared_encodes_total{codec="opus"}') == 1
+    assert metric(text, 'vaecast_webrtc_shared_encodes_total{codec="vp8"}') == 0
+    await until(lambda: len(server.app[WHEP_SESSIONS]) == 0, 10)
+
+
+@pytest.mark.slow
+async def test_peers_without_h264_share_one_vp8_encode(start_server: StartServer):
+    server = await start_server()
+    session = await push_session(server, audio=False)
+    whep = f"/v1/videos/{session['id']}/whep"
+    viewers = []
+    try:
+        for codecs in (["video/VP8"], ["video/VP8"], ["video/VP8"], None):
+            viewer, response, answer = await WhepViewer.connect(
+                server.client, whep, codecs=codecs, audio=False
+            )
+            assert response.status == 201, answer
+            viewers.append(viewer)
+        assert [v.video for v in viewers] == ["vp8", "vp8", "vp8", "h264"]
+        text = await metrics(server)
+        assert metric(text, 'vaecast_webrtc_viewers{video="vp8"}') == 3
+        assert metric(text, 'vaecast_webrtc_viewers{video="h264"}') == 1
+        await push_all(server, session, audio=False)
+        for viewer in viewers:
+            await viewer.wait_for_frames(SEEN)
+    finally:
+        for viewer in viewers:
+            await viewer.close(server.client)
+    async with server.client.get(session["urls"]["content"]) as content:
+        mp4_frames = decode_mp4(await content.read())
+    vp8 = [frame.to_ndarray(format="rgb24") for frame in viewers[0].frames[:SEEN]]
+    assert min(psnr(a, b) for a, b in zip(vp8, mp4_frames[:SEEN], strict=True)) > 30
+    text = await metrics(server)
+    assert metric(text, 'vaecast_webrtc_shared_encodes_total{codec="vp8"}') == 1
+
+
+@pytest.mark.slow
+async def test_a_viewer_joining_a_running_job_starts_at_its_next_keyframe(
+    start_server: StartServer,
+):
+    # Keyframes every 0.5 s (8 frames at 16 fps); chunks of 4 frames made in 0.2 s each.
+    server = await start_server(
+        decoders={"paced": PacedDecoder()},
+        default_model="paced",
+        default_fps=Fraction(FPS),
+        encoder=EncoderSettings(keyframe_interval_s=0.5),
+    )
+    job = await upload(server, smooth_latents(frames=13))  # 49 frames, 13 chunks
+    record = server.manager.get(job["id"])
+    await until(lambda: len(record.final.log) >= 4, 30)  # init + 3 fragments (9 frames)
+    committed = len(record.final.log) - 1
+    viewer, response, answer = await WhepViewer.connect(
+        server.client, f"/v1/videos/{job['id']}/whep", audio=False
+    )
+    try:
+        assert response.status == 201, answer
+        await asyncio.wait_for(record.wait(), 30)
+        await until(lambda: len(server.app[WHEP_SESSIONS]) == 0, 15)
+    finally:
+        await viewer.close(server.client)
+    async with server.client.get(f"/v1/videos/{job['id']}/content") as content:
+        mp4 = await content.read()
+    mp4_frames = decode_mp4(mp4)
+    first = viewer.frames[0].to_ndarray(format="rgb24")
+    start = next(i for i, frame in enumerate(mp4_frames) if np.array_equal(frame, first))
+    _, fragments = split_stream(mp4)
+    sync = [s.is_sync for f in fragments for r in parse_fragment(f).runs for s in r.run.samples]
+    frames_committed = 1 + 4 * (committed - 1)
+    # The first keyframe at or after what was committed when the viewer came.
+    assert start == sync.index(True, frames_committed), (start, frames_committed)
+    assert len(viewer.frames) == len(mp4_frames) - start - 1  # (SEEN says why - 1)
+
+
+async def test_bad_whep_requests_get_their_4xx(start_server: StartServer):
+    server = await start_server(webrtc=_settings(max_viewers=1))
+    session = await push_session(server, audio=False)
+    whep = f"/v1/videos/{session['id']}/whep"
+    sdp = {"Content-Type": "application/sdp"}
+
+    async def post(body: bytes, headers: dict[str, str] = sdp, url: str = whep) -> tuple:
+        async with server.client.post(url, data=body, headers=headers) as response:
+            return response.status, (await response.json())["error"]["type"]
+
+    assert await post(b"v=0", {"Content-Type": "text/plain"}) == (415, "unsupported_media_type")
+    assert await post(b"\xff\xfe garbage") == (400, "bad_request")
+    assert (await post(b"not sdp at all\r\n"))[0] in (400, 422)
+    assert await post(b"v=0\r\n" + b"a=x\r\n" * 20_000) == (413, "payload_too_large")
+    assert await post(b"v=0\r\n" + b"m=video 9 UDP/TLS/RTP/SAVPF 96\r\n" * 5) == (
+        422,
+        "invalid_request",
+    )
+    assert (await post(b"v=0", url="/v1/videos/video_nope/whep"))[0] == 404
+    # An offer that only sends (no recvonly video): nothing to watch.
+    sender, response, _ = await WhepViewer.connect(server.client, whep, audio=False)
+    assert response.status == 201
+    try:
+        # The second viewer is over --max-webrtc-viewers 1.
+        other, response, body = await WhepViewer.connect(server.client, whep, audio=False)
+        await other.close()
+        assert response.status == 429 and response.headers["Retry-After"] == "5", body
+        async with server.client.patch(sender.location, data=b"a=end-of-candidates") as patch:
+            assert patch.status == 405
+        async with server.client.delete(f"{whep}/nope") as missing:
+            assert missing.status == 404
+    finally:
+        assert await sender.close(server.client) == 200
+    async with server.client.delete(sender.location) as again:
+        assert again.status == 404
+    # A finished job is not live: its MP4 is at /content.
+    async with server.client.delete(f"/v1/videos/{session['id']}") as cancel:
+        assert cancel.status == 200
+    assert (await post(b"v=0"))[0] == 409
+
+
+def _settings(**changes: object):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from vaecast.server.webrtc.settings import WebRtcSettings
+
+    return replace(WebRtcSettings(), **changes)

@@ -1,0 +1,79 @@
+"""WHEP (draft-ietf-wish-whep): WebRTC playback of a running or live job.
+
+- `POST /v1/videos/{id}/whep` with an SDP offer (`application/sdp`): 201 with the SDP
+  answer, `Location` naming the session, and a `Link` per configured ICE server (what
+  WHEP clients read them from). `?variant=preview|final` as on `/content`.
+- `DELETE /v1/videos/{id}/whep/{session}`: ends the session (200).
+- `PATCH` on a session (trickle ICE) is 405: the answer carries every candidate.
+
+The API key is a Bearer token here as everywhere (`Authorization: Bearer KEY`), which
+is what WHEP specifies; Host and Origin rules apply as on every route. A job that
+already ended is not live: 409, and its MP4 is at `/content`.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from vaecast.errors import JobStateError
+from vaecast.job_transitions import FINAL_STATUSES
+from vaecast.server.faces.content import refuse_if_broken, rendition_of
+from vaecast.server.faces.uploads import read_small_body
+from vaecast.server.stream.manager import JobManager
+from vaecast.server.webrtc.offer import MAX_OFFER_BYTES, MEDIA_TYPE, read_offer
+from vaecast.server.webrtc.sessions import WhepSessions
+from vaecast.server.webrtc.settings import IceServer
+
+WHEP_SESSIONS = web.AppKey("whep_sessions", WhepSessions)
+
+
+def add_whep_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
+    async def post_whep(request: web.Request) -> web.Response:
+        manager = request.app[manager_key]
+        job = manager.get(request.match_info["video_id"])
+        rendition = rendition_of(request, job)
+        refuse_if_broken(job, rendition)
+        if job.status_of(rendition) in FINAL_STATUSES:
+            raise JobStateError(
+                f"video {job.id} is {job.status_of(rendition).value}, not live: "
+                f"its MP4 is at /v1/videos/{job.id}/content"
+            )
+        body = await read_small_body(request, manager.config, MAX_OFFER_BYTES)
+        offer = read_offer(request.headers.get("Content-Type", ""), body)
+        sessions = request.app[WHEP_SESSIONS]
+        session, answer = await sessions.open(job.id, rendition.variant, rendition.log, offer)
+        location = f"/v1/videos/{job.id}/whep/{session.id}"
+        response = web.Response(
+            status=201,
+            body=answer.encode(),
+            headers={
+                "Content-Type": MEDIA_TYPE,
+                "Location": location,
+                "Cache-Control": "no-store",
+                "X-WebRTC-Video": session.video.value,
+            },
+        )
+        for link in ice_links(sessions.settings.ice_servers):
+            response.headers.add("Link", link)
+        return response
+
+    async def delete_whep(request: web.Request) -> web.Response:
+        sessions = request.app[WHEP_SESSIONS]
+        session = sessions.session(request.match_info["video_id"], request.match_info["session"])
+        await sessions.close(session, "deleted")
+        return web.json_response({"id": session.id, "object": "whep_session", "deleted": True})
+
+    app.router.add_post("/v1/videos/{video_id}/whep", post_whep)
+    app.router.add_delete("/v1/videos/{video_id}/whep/{session}", delete_whep)
+
+
+def ice_links(servers: tuple[IceServer, ...]) -> list[str]:
+    """WHEP's `Link: <url>; rel="ice-server"` headers, credentials as the draft spells."""
+    links = []
+    for server in servers:
+        link = f'<{server.url}>; rel="ice-server"'
+        if server.username is not None:
+            link += f'; username="{server.username}"; credential="{server.credential}"'
+            link += '; credential-type="password"'
+        links.append(link)
+    return links
