@@ -60,6 +60,7 @@ async def test_health_reports_liveness_and_readiness(start_server: StartServer):
             "max_pending": 16,
         },
         "warm_up": {"state": "off"},  # only `vaecast serve` warms the demo up
+        "webrtc": {"viewers": {"h264": 0, "vp8": 0}, "max": 32},
     }
 
 
