@@ -23,6 +23,7 @@ from vaecast.server.edge.security_config import (
     normalize_host_pattern,
     normalize_origin,
 )
+from vaecast.server.webrtc.settings import WebRtcSettings, parse_ice_server
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -205,6 +206,23 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         metavar="ORIGIN",
         help="let pages of this origin (https://app.example.com) call the API (repeatable); "
         "other origins' POST and DELETE get 403",
+    )
+    # WHEP viewers (vaecast.server.webrtc; README: WebRTC).
+    serve.add_argument(
+        "--ice-server",
+        action="append",
+        type=option_type(parse_ice_server),
+        metavar="URL",
+        help="a STUN or TURN server for WebRTC viewers (repeatable): stun:HOST:PORT, "
+        "turn:USER:PASSWORD@HOST:PORT; a TURN relay is yours to run (default: none, host "
+        "candidates on the --host address only)",
+    )
+    serve.add_argument(
+        "--max-webrtc-viewers",
+        type=at_least(int, 0),
+        default=WebRtcSettings().max_viewers,
+        metavar="N",
+        help="WHEP viewers at once; past it a WHEP POST gets 429 (default: %(default)s)",
     )
     # Ray mode (vaecast.cluster; README: Across machines).
     cluster = serve.add_argument_group(

@@ -26,6 +26,7 @@ from vaecast.errors import InvalidRequestError
 from vaecast.params import parse_fps
 from vaecast.server.config import MIB, Limits, ServerConfig
 from vaecast.server.edge.security_config import SecurityConfig, for_bind_address
+from vaecast.server.webrtc.settings import WebRtcSettings, host_addresses_for
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -83,6 +84,11 @@ def run_serve(args: argparse.Namespace) -> int:
         security=security,
         previews=previews,
         preview_device=args.preview_device,
+        webrtc=WebRtcSettings(
+            ice_servers=tuple(args.ice_server or ()),
+            host_addresses=host_addresses_for(args.host),
+            max_viewers=args.max_webrtc_viewers,
+        ),
     )
 
     replicas = None if args.ray is None else start_replicas(args, models, weights)

@@ -8,6 +8,8 @@ others, a late viewer starts at a keyframe, and every bad offer gets its 4xx.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -79,7 +81,7 @@ async def metrics(server: Server) -> str:
 async def test_a_push_session_plays_over_whep_as_its_own_h264_with_opus_audio(
     start_server: StartServer,
 ):
-    server = await start_server()
+    server = await start_server(webrtc=_settings(peer_timeout_s=1.0))
     session = await push_session(server)
     whep = f"/v1/videos/{session['id']}/whep"
     viewer, response, answer = await WhepViewer.connect(server.client, whep)
@@ -93,6 +95,11 @@ async def test_a_push_session_plays_over_whep_as_its_own_h264_with_opus_audio(
         assert candidates and all(" 127.0.0.1 " in line for line in candidates), candidates
         health = await (await server.client.get("/healthz")).json()
         assert health["webrtc"] == {"viewers": {"h264": 1, "vp8": 0}, "max": 32}
+        # Waiting for the producer's first block longer than the peer timeout: a peer
+        # has nothing to report on yet, and is not dropped for its silence.
+        await until(lambda: viewer.pc.connectionState == "connected", 10)
+        await asyncio.sleep(2.0)
+        assert len(server.app[WHEP_SESSIONS]) == 1
         await push_all(server, session)
         await viewer.wait_for_frames(SEEN)
         await until(lambda: viewer.audio_frames > 0, 10)
@@ -227,3 +234,79 @@ def _settings(**changes: object):  # type: ignore[no-untyped-def]
     from vaecast.server.webrtc.settings import WebRtcSettings
 
     return replace(WebRtcSettings(), **changes)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def whep_tasks() -> list[asyncio.Task]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("vaecast-whep")]
+
+
+@pytest.mark.slow
+async def test_peers_that_vanish_or_never_connect_are_dropped_and_freed(
+    start_server: StartServer,
+):
+    """One peer's process is killed mid-stream (no BYE, no DTLS close: it just stops
+    answering), another never completes ICE; a third watches on, unaffected."""
+    server = await start_server(
+        decoders={"paced": PacedDecoder()},
+        default_model="paced",
+        default_fps=Fraction(FPS),
+        webrtc=_settings(connect_timeout_s=1.5, peer_timeout_s=1.5),
+    )
+    job = await upload(server, smooth_latents(frames=25))  # 97 frames, 25 chunks: ~5 s
+    whep = f"/v1/videos/{job['id']}/whep"
+    sessions = server.app[WHEP_SESSIONS]
+    fds_before = open_fds()
+    watcher, response, body = await WhepViewer.connect(server.client, whep, audio=False)
+    assert response.status == 201, body
+    killed = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.helpers.whep_peer",
+        server.url + whep,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert killed.stdout is not None
+        line = await asyncio.wait_for(killed.stdout.readline(), 30)
+        assert line.strip() == b"connected", line
+        # A peer that sends its offer and never looks at the answer: no ICE checks answered.
+        mute, response, body = await _offer_only(server, whep)
+        assert response.status == 201, body
+        await until(lambda: len(sessions) == 3, 5)
+        frames_before = len(watcher.frames)
+        killed.kill()
+        await killed.wait()
+        text = await metrics(server)
+        await until(lambda: len(sessions) == 1, 10)
+        text = await metrics(server)
+        assert metric(text, 'vaecast_webrtc_sessions_total{outcome="ice_timeout"}') == 1
+        assert metric(text, 'vaecast_webrtc_sessions_total{outcome="peer_timeout"}') == 1
+        # The one left kept receiving meanwhile, and the job went on.
+        assert len(watcher.frames) > frames_before
+        record = server.manager.get(job["id"])
+        assert record.status.value == "in_progress"
+        await mute.close()
+    finally:
+        if killed.returncode is None:
+            killed.kill()
+            await killed.wait()
+        await watcher.close(server.client)
+    await until(lambda: len(sessions) == 0 and not whep_tasks(), 10)
+    # Sockets (ICE, the subprocess's pipes) are closed again.
+    await until(lambda: open_fds() <= fds_before + 2, 10)
+
+
+async def _offer_only(server: Server, whep: str) -> tuple:
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    async with server.client.post(
+        whep, data=pc.localDescription.sdp.encode(), headers={"Content-Type": "application/sdp"}
+    ) as response:
+        return pc, response, await response.text()

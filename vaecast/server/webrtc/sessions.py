@@ -71,7 +71,7 @@ class WhepSession:
     opened_at: float
     watch: asyncio.Task[None] | None = None
     outcome: str | None = None
-    connected_at: float | None = field(default=None)
+    sending_since: float | None = field(default=None)
 
 
 class WhepSessions:
@@ -244,13 +244,16 @@ class WhepSessions:
                 elif state != "connected":
                     if now - session.opened_at > settings.connect_timeout_s:
                         await self.close(session, "ice_timeout")
-                elif session.connected_at is None:
-                    session.connected_at = now
                 elif all(track.readyState == "ended" for track in session.tracks):
                     await asyncio.sleep(LINGER_S)
                     await self.close(session, "ended")
-                elif await _quiet_for(session.pc) > settings.peer_timeout_s and (
-                    now - session.connected_at > settings.peer_timeout_s
+                elif session.sending_since is None:
+                    # Receivers report on what they received: nothing sent, nothing to
+                    # report (a push session waiting for its first block can take long).
+                    if any(track.sent for track in session.tracks):
+                        session.sending_since = now
+                elif min(await _quiet_for(session.pc), now - session.sending_since) > (
+                    settings.peer_timeout_s
                 ):
                     await self.close(session, "peer_timeout")
         except asyncio.CancelledError:
