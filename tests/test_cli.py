@@ -38,6 +38,18 @@ def test_decode_writes_a_playable_mp4(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_the_decoded_file_takes_the_umask(tmp_path: Path, umask: int):
+    latents = write_latents(tmp_path / "z.safetensors")
+    output = tmp_path / "out.mp4"
+    previous = os.umask(umask)
+    try:
+        assert main(["decode", str(latents), "-o", str(output), "--model", "linear"]) == 0
+    finally:
+        os.umask(previous)
+    assert output.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_decode_takes_the_encoder_quality(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     latents = write_latents(tmp_path / "z.safetensors")
     command = ["decode", str(latents), "--model", "linear", "-o"]

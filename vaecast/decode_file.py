@@ -43,6 +43,9 @@ def decode_to_file(
                 observer=progress,
             )
             asyncio.run(pipeline)
+            # mkstemp makes the file 0600 whatever the umask; the output is an ordinary
+            # file, with the mode any other command would give it (0644 under umask 022).
+            os.fchmod(file.fileno(), 0o666 & ~_umask())
         os.replace(partial, path)
     except BaseException:
         progress.finish(ok=False)
@@ -53,6 +56,13 @@ def decode_to_file(
         workers.shutdown()
     progress.finish(ok=True)
     return plan
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class _FileSink:
