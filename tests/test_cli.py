@@ -38,6 +38,15 @@ def test_decode_writes_a_playable_mp4(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
 
 
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"vaecast {version('vaecast')}"
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_the_decoded_file_takes_the_umask(tmp_path: Path, umask: int):
     latents = write_latents(tmp_path / "z.safetensors")

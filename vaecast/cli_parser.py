@@ -24,11 +24,13 @@ from vaecast.server.edge.security_config import (
     normalize_origin,
 )
 from vaecast.server.webrtc.settings import WebRtcSettings, parse_ice_server
+from vaecast.version import VERSION
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The `vaecast` parser; each command's namespace has `run`, its runner."""
     parser = argparse.ArgumentParser(prog="vaecast", description=description)
+    parser.add_argument("--version", action="version", version=f"vaecast {VERSION}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the HTTP server")

@@ -16,6 +16,7 @@ from tests.helpers import (
     vaecast_threads,
 )
 from tests.helpers.server import StartServer, read_boxes
+from vaecast.version import VERSION
 
 
 async def test_metrics_describe_what_happened(start_server: StartServer):
@@ -48,6 +49,7 @@ async def test_health_reports_liveness_and_readiness(start_server: StartServer):
     assert health == {
         "status": "ok",
         "ready": True,
+        "version": VERSION,
         "models": ["linear"],
         "jobs": 0,
         "queue": {"depth": 0, "max": 8},

@@ -29,6 +29,7 @@ from vaecast.server.faces.whep import WHEP_SESSIONS, add_whep_routes
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, Job, PushRequest
 from vaecast.server.stream.manager import Admission, JobManager
+from vaecast.version import VERSION
 
 log = logging.getLogger("vaecast.http")
 
@@ -302,6 +303,7 @@ async def healthz(request: web.Request) -> web.Response:
     body: dict[str, Any] = {
         "status": "ok" if ready else "draining",
         "ready": ready,
+        "version": VERSION,
         "models": sorted(manager.decoders),
         "jobs": len(manager.jobs),
         "queue": {"depth": manager.queue_depth, "max": manager.config.max_queued_jobs},
