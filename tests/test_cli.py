@@ -38,6 +38,18 @@ def test_decode_writes_a_playable_mp4(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
 
 
+@pytest.mark.parametrize("command", ["serve", "decode"])
+def test_a_mistyped_preset_is_one_usage_line(command: str, tmp_path: Path):
+    arguments = [sys.executable, "-m", "vaecast", command, "--preset", "ultrafsat"]
+    if command == "decode":
+        arguments += [str(write_latents(tmp_path / "z.safetensors")), "-o", "x.mp4"]
+    finished = subprocess.run(arguments, capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 2
+    last = finished.stderr.strip().splitlines()[-1]
+    assert "invalid choice: 'ultrafsat'" in last and "ultrafast" in last, finished.stderr
+    assert "Traceback" not in finished.stderr
+
+
 def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]):
     from importlib.metadata import version
 

@@ -41,7 +41,14 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fps", default=None, help=f"frames per second (default {DEFAULTS.default_fps})"
     )
-    parser.add_argument("--preset", default=encoder.preset, help="x264 preset")
+    parser.add_argument(
+        "--preset",
+        default=encoder.preset,
+        choices=X264_PRESETS,
+        metavar="PRESET",
+        help=f"x264 preset: {', '.join(X264_PRESETS)} (default {encoder.preset}); any slower "
+        "one is High profile, which WebRTC viewers get as VP8",
+    )
     parser.add_argument(
         "--qp",
         type=quantizer,
@@ -54,6 +61,21 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keyframe-interval", type=float, default=encoder.keyframe_interval_s, metavar="SECONDS"
     )
+
+
+# libx264's presets (x264.h, x264_preset_names): any other name fails every encoder open.
+X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
 
 
 def encoder_settings(args: argparse.Namespace) -> EncoderSettings:
