@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -19,15 +20,29 @@ __all__ = ["DEFAULTS", "DEFAULT_MODEL", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; a mistake the user can fix is one `vaecast: error:` line and exit
+    status 2 (`--debug` shows its traceback instead)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.run(args))
-    except VaecastError as error:
-        print(f"vaecast: error: {error.message}", file=sys.stderr)
+    except (VaecastError, OSError) as error:
+        if args.debug:
+            raise
+        print(f"vaecast: error: {_reason(error)}", file=sys.stderr)
         return 2
+
+
+def _reason(error: VaecastError | OSError) -> str:
+    if isinstance(error, VaecastError):
+        return error.message
+    if error.errno == errno.EADDRINUSE:
+        return f"cannot listen: the address is already in use ({error.strerror or error})"
+    if error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return str(error)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -29,7 +29,12 @@ DEFAULTS = ServerConfig()
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     encoder = EncoderSettings()
-    parser.add_argument("--device", default="cpu", help="torch device of the decoder")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        type=torch_device,
+        help="torch device of the decoder: cpu, cuda, cuda:N, mps (default cpu)",
+    )
     parser.add_argument(
         "--weights",
         action="append",
@@ -76,6 +81,31 @@ X264_PRESETS = (
     "veryslow",
     "placebo",
 )
+
+
+def torch_device(text: str) -> str:
+    """--device: a torch device this machine has, as an argparse type."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a torch device: {text[:40]!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: CUDA is not available here (torch {torch.__version__}, {build})"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available here")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r}: vaecast decodes on cpu, cuda or mps")
+    return text
 
 
 def encoder_settings(args: argparse.Namespace) -> EncoderSettings:

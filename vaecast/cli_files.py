@@ -8,6 +8,7 @@ heavier imports (torch, the demo scenes, the push client) happen when it runs.
 from __future__ import annotations
 
 import argparse
+import errno
 
 from vaecast.cli_decode_options import (
     DEFAULTS,
@@ -64,6 +65,9 @@ def run_latents(args: argparse.Namespace) -> int:
 
 
 def run_decode(args: argparse.Namespace) -> int:
+    folder = args.output.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "-o names a folder that does not exist", str(folder))
     data = args.latents.read_bytes()
     models, weights = resolve_diffusers([args.model], weights_by_model(args.weights, [args.model]))
     decoder = load_decoder(models[0], args.device, weights.get(models[0]))

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options
+from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
 from vaecast.cli_files import run_decode, run_latents, run_push
 from vaecast.cli_serve import run_serve
 from vaecast.server.config import MIB
@@ -31,6 +31,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The `vaecast` parser; each command's namespace has `run`, its runner."""
     parser = argparse.ArgumentParser(prog="vaecast", description=description)
     parser.add_argument("--version", action="version", version=f"vaecast {VERSION}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not one line"
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the HTTP server")
@@ -285,7 +288,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     latents.add_argument(
         "--max-frames", type=int, default=None, help="video only: read at most this many"
     )
-    latents.add_argument("--device", default="cpu")
+    latents.add_argument("--device", default="cpu", type=torch_device)
 
     decode = commands.add_parser("decode", help="decode a latent file to an MP4 file")
     decode.set_defaults(run=run_decode)

@@ -1,0 +1,80 @@
+"""Every mistake a user can make on the command line is one line, a cause, and exit
+status 2, through the real `vaecast` command in a subprocess; `--debug` shows the
+traceback instead."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import safetensors_bytes, smooth_latents
+
+TIMEOUT_S = 120
+
+
+def vaecast(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vaecast", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def one_error_line(finished: subprocess.CompletedProcess[str]) -> str:
+    assert finished.returncode == 2, finished
+    assert "Traceback" not in finished.stderr, finished.stderr
+    errors = [line for line in finished.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, finished.stderr
+    return errors[0]
+
+
+@pytest.fixture
+def latents(tmp_path: Path) -> Path:
+    path = tmp_path / "z.safetensors"
+    path.write_bytes(safetensors_bytes(latents=smooth_latents(2)))
+    return path
+
+
+def test_a_missing_input_file(tmp_path: Path):
+    line = one_error_line(vaecast("decode", str(tmp_path / "nope.safetensors"), "-o", "x.mp4"))
+    assert line == f"vaecast: error: {tmp_path / 'nope.safetensors'}: No such file or directory"
+
+
+def test_an_output_folder_that_does_not_exist(latents: Path, tmp_path: Path):
+    line = one_error_line(
+        vaecast("decode", str(latents), "-o", str(tmp_path / "no" / "x.mp4"), "--model", "linear")
+    )
+    assert line == f"vaecast: error: {tmp_path / 'no'}: -o names a folder that does not exist"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["z.safetensors"]
+
+
+def test_a_device_this_machine_lacks(latents: Path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    line = one_error_line(vaecast("decode", str(latents), "-o", "x.mp4", "--device", "cuda"))
+    assert "argument --device: 'cuda': CUDA is not available here" in line
+    line = one_error_line(vaecast("serve", "--device", "gpu"))
+    assert "argument --device: not a torch device: 'gpu'" in line
+
+
+def test_a_port_in_use(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        finished = vaecast("serve", "--port", str(port), "--store", "none", "--model", "linear")
+    line = one_error_line(finished)
+    assert line.startswith("vaecast: error: cannot listen: the address is already in use")
+
+
+def test_debug_shows_the_traceback(tmp_path: Path):
+    finished = vaecast("--debug", "decode", str(tmp_path / "nope.safetensors"), "-o", "x.mp4")
+    assert finished.returncode != 0
+    assert "Traceback" in finished.stderr and "FileNotFoundError" in finished.stderr
