@@ -78,3 +78,18 @@ def test_debug_shows_the_traceback(tmp_path: Path):
     finished = vaecast("--debug", "decode", str(tmp_path / "nope.safetensors"), "-o", "x.mp4")
     assert finished.returncode != 0
     assert "Traceback" in finished.stderr and "FileNotFoundError" in finished.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--qp", "20", "--crf", "23"], "argument --crf: not allowed with argument --qp"),
+        (["--keyframe-interval", "nan"], "argument --keyframe-interval: must be a positive"),
+        (["--keyframe-interval", "-1"], "argument --keyframe-interval: must be a positive"),
+        (["--qp", "99"], "argument --qp: must be in 0..51, got 99"),
+        (["--preset", "ultrafsat"], "argument --preset: invalid choice: 'ultrafsat'"),
+    ],
+)
+def test_conflicting_and_out_of_range_encoder_flags(latents: Path, flags: list[str], says: str):
+    line = one_error_line(vaecast("decode", str(latents), "-o", "x.mp4", *flags))
+    assert says in line, line

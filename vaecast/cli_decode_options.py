@@ -9,6 +9,7 @@ commands (`vaecast.cli_serve`, `vaecast.cli_files`), because both sides use them
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from vaecast.codecs.h264 import MAX_QP, EncoderSettings
@@ -54,17 +55,23 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help=f"x264 preset: {', '.join(X264_PRESETS)} (default {encoder.preset}); any slower "
         "one is High profile, which WebRTC viewers get as VP8",
     )
-    parser.add_argument(
+    # One rate control or the other: both given is refused, not one silently ignored.
+    rate_control = parser.add_mutually_exclusive_group()
+    rate_control.add_argument(
         "--qp",
         type=quantizer,
         default=encoder.qp,
         help=f"x264 constant quantizer, 0-{MAX_QP} (default {encoder.qp})",
     )
-    parser.add_argument(
+    rate_control.add_argument(
         "--crf", type=quantizer, default=None, help="x264 constant rate factor instead of --qp"
     )
     parser.add_argument(
-        "--keyframe-interval", type=float, default=encoder.keyframe_interval_s, metavar="SECONDS"
+        "--keyframe-interval",
+        type=positive_seconds,
+        default=encoder.keyframe_interval_s,
+        metavar="SECONDS",
+        help=f"a keyframe at least this often (default {encoder.keyframe_interval_s:g})",
     )
 
 
@@ -112,6 +119,16 @@ def encoder_settings(args: argparse.Namespace) -> EncoderSettings:
     return EncoderSettings(
         preset=args.preset, crf=args.crf, qp=args.qp, keyframe_interval_s=args.keyframe_interval
     )
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def quantizer(text: str) -> int:
