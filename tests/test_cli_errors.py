@@ -93,3 +93,32 @@ def test_debug_shows_the_traceback(tmp_path: Path):
 def test_conflicting_and_out_of_range_encoder_flags(latents: Path, flags: list[str], says: str):
     line = one_error_line(vaecast("decode", str(latents), "-o", "x.mp4", *flags))
     assert says in line, line
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        (
+            ["decode", "z.safetensors", "--ouput", "x.mp4"],
+            "vaecast decode: error: unknown option --ouput; did you mean --output?",
+        ),
+        (
+            ["serve", "--prot", "8000"],
+            "vaecast serve: error: unknown option --prot; did you mean --port?",
+        ),
+        (
+            ["serve", "--zzz"],
+            "vaecast serve: error: unknown option --zzz (see vaecast serve --help)",
+        ),
+        (["--verison"], "vaecast: error: unknown option --verison; did you mean --version?"),
+    ],
+)
+def test_a_typo_in_a_flag_names_the_flag_meant(arguments: list[str], says: str):
+    assert one_error_line(vaecast(*arguments)) == says
+
+
+def test_an_abbreviated_flag_still_works(latents: Path, tmp_path: Path):
+    finished = vaecast(
+        "decode", str(latents), "--out", str(tmp_path / "x.mp4"), "--model", "linear"
+    )
+    assert finished.returncode == 0, finished.stderr

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS
-from vaecast.cli_parser import build_parser
+from vaecast.cli_parser import build_parser, misspelt_option
 from vaecast.errors import VaecastError
 
 __all__ = ["DEFAULTS", "DEFAULT_MODEL", "main"]
@@ -22,7 +22,13 @@ __all__ = ["DEFAULTS", "DEFAULT_MODEL", "main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; a mistake the user can fix is one `vaecast: error:` line and exit
     status 2 (`--debug` shows its traceback instead)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    misspelt = misspelt_option(parser, argv)
+    if misspelt is not None:
+        print(misspelt, file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -8,9 +8,10 @@ and `decode` share are `vaecast.cli_decode_options`'.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
@@ -322,6 +323,38 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--timeout", type=float, default=300.0, metavar="SECONDS", help="wait per request"
     )
     return parser
+
+
+def misspelt_option(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """The message for the first `--option` in `argv` that its command does not have,
+    with the closest one it has; None if every option is one (or an abbreviation).
+
+    argparse itself reports a typo as whatever it then misses: `--ouput x.mp4` as "the
+    following arguments are required: -o/--output", and a subcommand's unknown option
+    with the top-level usage. (Python 3.14's `suggest_on_error` does this; argparse
+    keeps its actions in `_actions`, read here only.)
+    """
+    commands = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            commands = action.choices
+    command_parser, command = parser, "vaecast"
+    for token in argv:
+        if token == "--":
+            return None
+        if command_parser is parser and token in commands:
+            command_parser, command = commands[token], f"vaecast {token}"
+            continue
+        if not token.startswith("--") or token == "--":
+            continue
+        name = token.split("=", 1)[0]
+        known = [o for a in command_parser._actions for o in a.option_strings if o.startswith("--")]
+        if name in known or sum(o.startswith(name) for o in known) == 1:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f" (see {command} --help)"
+        return f"{command}: error: unknown option {name[:60]}{hint}"
+    return None
 
 
 def at_least(
