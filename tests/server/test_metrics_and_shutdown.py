@@ -51,6 +51,12 @@ async def test_health_reports_liveness_and_readiness(start_server: StartServer):
         "ready": True,
         "version": VERSION,
         "models": ["linear"],
+        "limits": {
+            "max_frames": 2001,
+            "max_pixels_per_frame": 1920 * 1088,
+            "max_upload_bytes": 512 * 1024 * 1024,
+            "max_demo_pixels": 81 * 832 * 480,
+        },
         "jobs": 0,
         "queue": {"depth": 0, "max": 8},
         "decode_slots": 1,

@@ -118,8 +118,9 @@ function relist() {
 }
 
 async function loadModels() {
-  const { models } = await getJson("/healthz");
+  const { models, limits } = await getJson("/healthz");
   ui.fillModels(models);
+  if (limits) ui.applyLimits(limits);
   ui.fillPreviews(models);
 }
 

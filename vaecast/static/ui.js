@@ -30,6 +30,43 @@ export function fillPreviews(models) {
   }
 }
 
+// The demo form offers only what this server accepts (/healthz `limits`): a frame
+// count or size past its limits is disabled, and so is one whose product with the
+// other choice is past the demo's pixel budget; a choice made impossible moves to the
+// largest one still allowed.
+export function applyLimits(limits) {
+  const form = document.getElementById("demo-form");
+  const frames = form.elements.frames;
+  const size = form.elements.size;
+  const pixels = (option) => option.value.split("x").map(Number).reduce((a, b) => a * b);
+  const fits = (count, area) =>
+    count <= limits.max_frames &&
+    area <= limits.max_pixels_per_frame &&
+    count * area <= limits.max_demo_pixels;
+  const update = () => {
+    const count = Number(frames.value);
+    const area = pixels(size.selectedOptions[0]);
+    for (const option of frames.options) option.disabled = !fits(Number(option.value), area);
+    for (const option of size.options) option.disabled = !fits(count, pixels(option));
+  };
+  const settle = (select) => {
+    if (!select.selectedOptions[0].disabled) return;
+    const allowed = [...select.options].filter((option) => !option.disabled);
+    if (allowed.length) allowed[allowed.length - 1].selected = true;
+  };
+  frames.addEventListener("change", () => {
+    update();
+    settle(size);
+    update();
+  });
+  size.addEventListener("change", () => {
+    update();
+    settle(frames);
+    update();
+  });
+  update();
+}
+
 // Runs `task(form)` on submit, with the form's button disabled until it settles.
 export function onSubmit(id, task) {
   $(id).addEventListener("submit", (event) => {

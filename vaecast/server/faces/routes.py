@@ -24,7 +24,7 @@ from vaecast.server.faces.live_demo import (
 )
 from vaecast.server.faces.push import PushSessions, push_json, push_latents
 from vaecast.server.faces.push_batch import open_batch
-from vaecast.server.faces.uploads import read_decode_request
+from vaecast.server.faces.uploads import MAX_DEMO_FRAME_PIXELS, read_decode_request
 from vaecast.server.faces.whep import WHEP_SESSIONS, add_whep_routes
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, Job, PushRequest
@@ -305,6 +305,13 @@ async def healthz(request: web.Request) -> web.Response:
         "ready": ready,
         "version": VERSION,
         "models": sorted(manager.decoders),
+        # What one request may ask for (413 past it): the page offers only what fits.
+        "limits": {
+            "max_frames": manager.config.limits.max_frames,
+            "max_pixels_per_frame": manager.config.limits.max_pixels_per_frame,
+            "max_upload_bytes": manager.config.limits.max_upload_bytes,
+            "max_demo_pixels": MAX_DEMO_FRAME_PIXELS,
+        },
         "jobs": len(manager.jobs),
         "queue": {"depth": manager.queue_depth, "max": manager.config.max_queued_jobs},
         "decode_slots": manager.config.decode_slots,
