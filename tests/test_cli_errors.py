@@ -122,3 +122,23 @@ def test_an_abbreviated_flag_still_works(latents: Path, tmp_path: Path):
         "decode", str(latents), "--out", str(tmp_path / "x.mp4"), "--model", "linear"
     )
     assert finished.returncode == 0, finished.stderr
+
+
+def test_json_logs_are_one_object_a_line_with_the_job_id(tmp_path: Path):
+    import json
+    import urllib.request
+
+    from tests.helpers.serve_process import vaecast_serve
+
+    log_path = tmp_path / "serve.log"
+    body = safetensors_bytes(latents=smooth_latents(2))
+    arguments = ["--log-format", "json", "--log-level", "info", "--store", "none"]
+    with vaecast_serve([*arguments, "--model", "linear"], log_path) as url:
+        request = urllib.request.Request(f"{url}v1/videos?fps=8", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            job_id = json.load(response)["id"]
+        with urllib.request.urlopen(f"{url}v1/videos/{job_id}/content", timeout=30) as response:
+            response.read()
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
+    assert any(line.get("job_id") == job_id and "completed" in line["message"] for line in lines)

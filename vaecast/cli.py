@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import errno
-import logging
 import sys
 from collections.abc import Sequence
 
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS
 from vaecast.cli_parser import build_parser, misspelt_option
 from vaecast.errors import VaecastError
+from vaecast.log_format import configure_logging
 
 __all__ = ["DEFAULTS", "DEFAULT_MODEL", "main"]
 
@@ -29,9 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(misspelt, file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         return int(args.run(args))
     except (VaecastError, OSError) as error:

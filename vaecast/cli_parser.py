@@ -17,6 +17,7 @@ from pathlib import Path
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
 from vaecast.cli_files import run_decode, run_latents, run_push
 from vaecast.cli_serve import run_serve
+from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
 from vaecast.server.edge.security_config import (
     API_KEY_ENV,
@@ -35,10 +36,28 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
+    parser.add_argument(
+        "--log-level", choices=LEVELS, default="info", help="(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="json: one object per line, with job_id on a job's lines (default: %(default)s)",
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the HTTP server")
     serve.set_defaults(run=run_serve)
+    # Also after the command, where a server's options are looked for (SUPPRESS: a value
+    # given before the command is not reset by the command's default).
+    serve.add_argument("--log-level", choices=LEVELS, default=argparse.SUPPRESS)
+    serve.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=argparse.SUPPRESS,
+        help="log lines as text or json (one object per line, job_id on a job's lines)",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument(
