@@ -142,3 +142,24 @@ def test_json_logs_are_one_object_a_line_with_the_job_id(tmp_path: Path):
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
     assert any(line.get("job_id") == job_id and "completed" in line["message"] for line in lines)
+
+
+def test_every_serve_option_reads_its_environment_variable(monkeypatch: pytest.MonkeyPatch):
+    from vaecast.cli_parser import build_parser
+
+    monkeypatch.setenv("VAECAST_MAX_FRAMES", "7")
+    monkeypatch.setenv("VAECAST_ALLOWED_HOST", "a.example, b.example")
+    monkeypatch.setenv("VAECAST_PREVIEW_DEVICE", "cpu")
+    parser = build_parser()
+    args = parser.parse_args(["serve"])
+    assert (args.max_frames, args.allowed_host) == (7, ["a.example", "b.example"])
+    assert parser.parse_args(["serve", "--max-frames", "9"]).max_frames == 9  # a flag wins
+    helps = vaecast("serve", "--help").stdout
+    for option in ("--port", "--max-frames", "--ice-server", "--store", "--api-key"):
+        assert "VAECAST_" + option[2:].upper().replace("-", "_") in helps, option
+
+
+def test_a_bad_environment_value_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("VAECAST_PORT", "eighty")
+    line = one_error_line(vaecast("serve"))
+    assert line == "vaecast: error: VAECAST_PORT='eighty': not an integer"
