@@ -11,8 +11,9 @@ import errno
 import sys
 from collections.abc import Sequence
 
+from vaecast.cli_checks import misspelt_option
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS
-from vaecast.cli_parser import build_parser, misspelt_option
+from vaecast.cli_parser import build_parser
 from vaecast.errors import VaecastError
 from vaecast.log_format import configure_logging
 
