@@ -288,7 +288,7 @@ async def test_peers_that_vanish_or_never_connect_are_dropped_and_freed(
         # The one left kept receiving meanwhile, and the job went on.
         assert len(watcher.frames) > frames_before
         record = server.manager.get(job["id"])
-        assert record.status.value == "in_progress"
+        assert record.status.value in ("in_progress", "completed")  # neither held nor failed
         await mute.close()
     finally:
         if killed.returncode is None:
