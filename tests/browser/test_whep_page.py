@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import statistics
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -34,8 +35,8 @@ FPS = 16
 LATENTS = smooth_latents(frames=11, height=60, width=104)
 FRAMES = 41
 BLOCKS = [(0, 3), (3, 7), (7, 11)]
-# Each way of watching is measured this many times, interleaved, and its least CPU
-# compared: a virtual machine's thread clock also counts time its vCPU lost.
+# Each way of watching is measured this many times, interleaved, and the medians
+# compared: one run's thread clock varies by +-20% here (a virtual machine's vCPU).
 ROUNDS = 3
 # Chromium may drop a frame or two at the start while its jitter buffer settles.
 MAX_DROPPED = 2
@@ -168,8 +169,9 @@ async def test_five_peers_cost_the_encoder_what_one_does(browser: Browser, serve
         alone.append(await watch(browser, server, tabs=1, aiortc_peers=0))
         five.append(await watch(browser, server, tabs=4, aiortc_peers=1))
     print(f"encoder CPU (s): one peer {alone}, five peers {five}")
-    assert min(alone) > 0
-    assert abs(min(five) - min(alone)) <= CPU_TOLERANCE * min(alone), (alone, five)
+    one, many = statistics.median(alone), statistics.median(five)
+    assert one > 0
+    assert abs(many - one) <= CPU_TOLERANCE * one, (alone, five)
     async with server.client.get("/metrics") as response:
         text = await response.text()
     assert 'vaecast_webrtc_shared_encodes_total{codec="vp8"}' not in text or (
