@@ -75,9 +75,13 @@ def test_one_sample_per_frame_length_prefixed(encoder: H264Encoder) -> None:
 
 def test_encoder_continues_across_calls(encoder: H264Encoder) -> None:
     encoder.encode(gradient_yuv(2))
-    later = encoder.encode(gradient_yuv(3))
-    assert [s.is_sync for s in later] == [False, False, False]
-    assert encoder.frames_encoded == 5
+    second = encoder.encode(gradient_yuv(3))
+    third = encoder.encode(gradient_yuv(3))
+    # The second call starts with a keyframe (the first fragment is an HLS segment of
+    # its own); later calls inside the interval do not.
+    assert [s.is_sync for s in second] == [True, False, False]
+    assert [s.is_sync for s in third] == [False, False, False]
+    assert encoder.frames_encoded == 8
 
 
 def test_keyframes_start_the_first_chunk_past_each_interval() -> None:
@@ -89,8 +93,21 @@ def test_keyframes_start_the_first_chunk_past_each_interval() -> None:
         samples = [s for start, stop in CHUNKS_OF_21 for s in enc.encode(frames[start:stop])]
     finally:
         enc.close()
-    # Frame 8 is inside the chunk 5-8; the next chunk, at 9, starts with the keyframe.
-    assert [i for i, s in enumerate(samples) if s.is_sync] == [0, 9, 17]
+    # The second chunk starts with a keyframe, and the interval counts from it: frame 9
+    # is the first chunk start at or past 1 + 8.
+    assert [i for i, s in enumerate(samples) if s.is_sync] == [0, 1, 9, 17]
+
+
+def test_only_the_second_call_is_forced_whatever_the_interval() -> None:
+    settings = EncoderSettings(keyframe_interval_s=10.0)  # 160 frames: past this stream
+    enc = H264Encoder(WIDTH, HEIGHT, Fraction(16), settings)
+    frames = gradient_yuv(21)
+    try:
+        samples = [s for start, stop in CHUNKS_OF_21 for s in enc.encode(frames[start:stop])]
+        assert enc.encode(gradient_yuv(0)) == []  # an empty call is no chunk
+    finally:
+        enc.close()
+    assert [i for i, s in enumerate(samples) if s.is_sync] == [0, 1]
 
 
 CHUNKS_OF_21 = [(0, 1), (1, 5), (5, 9), (9, 13), (13, 17), (17, 21)]

@@ -22,7 +22,11 @@ price that counts: QP 21 gives CRF 23's size and PSNR on the showcase for 0.84x
 x264's CPU (codecs_notes.md, "Rate control"); `crf` brings CRF back. Ultrafast
 spends more bits than the slower presets (no CABAC, no B-frames), a price paid in
 bandwidth rather than latency. A keyframe every 2 s bounds how far a viewer
-seeking into the stream has to decode.
+seeking into the stream has to decode. The second call (a stream's second chunk)
+starts with a keyframe too, whatever the interval: the first fragment is then a
+segment of its own, so a player that reads only whole HLS segments (FFmpeg, VLC,
+AVPlayer) can start as soon as the second chunk is out instead of a keyframe interval
+later. The interval counts on from that keyframe.
 
 Colour: frames arrive as `Yuv420Frames`, BT.601 matrix in limited (MPEG) range,
 and the same is written into the SPS VUI, so players invert exactly what was
@@ -146,6 +150,7 @@ class H264Encoder:
         self.timescale, self.frame_duration = media_timescale(self.fps)
         self.keyframe_interval_frames = max(1, round(settings.keyframe_interval_s * self.fps))
         self.frames_encoded = 0
+        self.calls = 0  # `encode` calls that encoded frames: a stream's chunks so far
         self._next_keyframe = 0
 
         context = av.CodecContext.create("libx264", "w")
@@ -205,10 +210,11 @@ class H264Encoder:
         for index in range(len(frames)):
             frame = self._from_i420(frames.planes[index])
             frame.pts = self.frames_encoded * self.frame_duration
-            if index == 0 and self.frames_encoded >= self._next_keyframe:
+            if index == 0 and (self.calls == 1 or self.frames_encoded >= self._next_keyframe):
                 # A keyframe starts the first call (a chunk, a fragment) at or past each
                 # interval, whatever x264's scenecut does between: so a fragment starts
-                # with one now and then, and HLS can start a segment there.
+                # with one now and then, and HLS can start a segment there. The second
+                # call starts one too, so that the first fragment is a segment alone.
                 frame.pict_type = PictureType.I
                 self._next_keyframe = self.frames_encoded + self.keyframe_interval_frames
             packets = self._context.encode(frame)
@@ -234,6 +240,8 @@ class H264Encoder:
                 )
             )
             self.frames_encoded += 1
+        if samples:
+            self.calls += 1
         return samples
 
     def _from_i420(self, planes: np.ndarray) -> av.VideoFrame:
