@@ -9,8 +9,16 @@ import m3u8
 import pytest
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
+from tests.helpers.hls_checks import apple_rules, strict_errors
 from tests.helpers.server import Server, StartServer
-from vaecast.server.faces.hls import Part, media_playlist, part_position, segments
+from vaecast.server.faces.hls import (
+    Part,
+    has_complete_segment,
+    listed_parts,
+    media_playlist,
+    part_position,
+    segments,
+)
 
 LATENTS = smooth_latents(frames=20)  # linear: 1 + 4 * 19 = 77 frames, 20 chunks
 FPS = 16
@@ -21,32 +29,39 @@ def parts_of(durations: list[float], independent: set[int]) -> list[Part]:
 
 
 def test_parts_group_into_segments_at_keyframes():
-    parts = parts_of([0.0625] + [0.25] * 9, {0, 5, 9})
-    grouped = segments(parts, finished=False)
+    # As the encoder cuts them: the first chunk alone (the second starts with an IDR),
+    # then a keyframe at the first chunk past each interval.
+    parts = parts_of([0.0625] + [0.25] * 9, {0, 1, 6})
+    grouped = segments(parts, ended=False)
     assert [(s.first_part, len(s.parts), s.complete) for s in grouped] == [
-        (0, 5, True),
-        (5, 4, True),
-        (9, 1, False),  # the running segment: complete only at the next keyframe or the end
+        (0, 1, True),
+        (1, 5, True),
+        (6, 4, False),  # the running segment: complete only at the next keyframe or the end
     ]
-    assert segments(parts, finished=True)[-1].complete
+    assert segments(parts, ended=True)[-1].complete
+    assert not has_complete_segment(parts[:1], ended=False)  # no second part yet
+    assert has_complete_segment(parts[:2], ended=False)
+    assert has_complete_segment(parts[:1], ended=True)  # a one-chunk video that ended
 
 
 def test_a_running_playlist_by_the_rules_of_ll_hls():
-    parts = parts_of([0.0625] + [0.25] * 9, {0, 5, 9})
-    text = media_playlist(parts, finished=False, target_duration_s=1.0, part_target_s=0.25)
+    parts = parts_of([0.0625] + [0.25] * 9, {0, 1, 6})
+    text = media_playlist(parts, ended=False, target_duration_s=1.0, part_target_s=0.25)
     playlist = m3u8.loads(text)
     assert playlist.playlist_type == "event" and not playlist.is_endlist
-    assert playlist.target_duration == 1  # round(1.0625) for the first segment
+    assert playlist.target_duration == 1  # round(1.25) for segment 1
     assert playlist.part_inf.part_target == 0.25
     assert playlist.server_control.can_block_reload == "YES"
     assert playlist.server_control.part_hold_back >= 3 * playlist.part_inf.part_target
     assert playlist.segment_map[0].uri == "hls/init.mp4"
     # The running segment (its parts, no URI of its own yet) comes last.
     assert [s.uri for s in playlist.segments] == ["hls/segment/0.m4s", "hls/segment/1.m4s", None]
-    assert [p.uri for p in playlist.segments[2].parts] == ["hls/part/9.m4s"]
+    assert [p.uri for p in playlist.segments[2].parts] == [
+        f"hls/part/{i}.m4s" for i in range(6, 10)
+    ]
     listed = [p.uri for s in playlist.segments[:2] for p in s.parts]
-    assert listed == [f"hls/part/{i}.m4s" for i in range(9)]
-    assert 'URI="hls/part/9.m4s",INDEPENDENT=YES' in text  # the running segment's part
+    assert listed == [f"hls/part/{i}.m4s" for i in range(6)]
+    assert 'URI="hls/part/6.m4s",INDEPENDENT=YES' in text  # the running segment's part
     assert playlist.preload_hint.uri == "hls/part/10.m4s"
     for segment in playlist.segments[:2]:
         assert abs(segment.duration - sum(p.duration for p in segment.parts)) < 1e-4
@@ -55,15 +70,69 @@ def test_a_running_playlist_by_the_rules_of_ll_hls():
     assert all(
         p.duration <= playlist.part_inf.part_target for s in playlist.segments for p in s.parts
     )
+    assert apple_rules(text) == []
 
 
 def test_a_finished_playlist_ends_and_hints_nothing():
-    parts = parts_of([0.0625, 0.25, 0.25], {0})
+    parts = parts_of([0.0625, 0.25, 0.25], {0, 1})
     playlist = m3u8.loads(
-        media_playlist(parts, finished=True, target_duration_s=2.0, part_target_s=0.25)
+        media_playlist(parts, ended=True, target_duration_s=2.0, part_target_s=0.25)
     )
     assert playlist.is_endlist and playlist.preload_hint is None
-    assert [s.uri for s in playlist.segments] == ["hls/segment/0.m4s"]
+    assert [s.uri for s in playlist.segments] == ["hls/segment/0.m4s", "hls/segment/1.m4s"]
+
+
+def test_parts_are_listed_for_the_last_three_segments_only():
+    # Nine segments of four parts: the first six are listed by their EXTINF alone.
+    parts = parts_of([0.25] * 36, set(range(0, 36, 4)))
+    for ended in (False, True):
+        playlist = m3u8.loads(
+            media_playlist(parts, ended=ended, target_duration_s=1.0, part_target_s=0.25)
+        )
+        assert [len(s.parts) for s in playlist.segments] == [0] * 6 + [4] * 3
+        assert len(playlist.segments) == 9 and playlist.segments[0].duration == 1.0
+
+
+def test_an_audio_only_part_ends_the_segment_before_it():
+    """A push session's last fragment holds the sound after its last frame: it joins the
+    last segment, which then ends on it; no segment without a picture."""
+    parts = [*parts_of([0.0625, 0.25, 0.25], {0, 1}), Part(0.1, independent=False)]
+    text = media_playlist(parts, ended=True, target_duration_s=2.0, part_target_s=0.25)
+    playlist = m3u8.loads(text)
+    assert [len(s.parts) for s in playlist.segments] == [1, 3]
+    assert abs(playlist.segments[1].duration - 0.6) < 1e-4
+    assert apple_rules(text) == []
+
+
+async def test_every_playlist_shape_passes_hls_parsers_strict_mode():
+    cases = [
+        (parts_of([0.0625], {0}), False),  # one part: no segment complete yet
+        (parts_of([0.0625], {0}), True),  # a one-chunk video
+        (parts_of([0.0625] + [0.25] * 9, {0, 1, 6}), False),
+        (parts_of([0.0625] + [0.25] * 9, {0, 1, 6}), True),
+        (parts_of([0.25] * 36, set(range(0, 36, 4))), False),
+        ([*parts_of([0.0625, 0.25, 0.25], {0, 1}), Part(0.1, False)], True),  # audio tail
+        (parts_of([1.0625] * 7 + [0.5625], {0, 1, 3, 5, 7}), True),  # tiler-sized chunks
+        ([], False),  # nothing decoded yet
+    ]
+    texts = [
+        media_playlist(
+            listed_parts(parts, ended, 0.25), ended=ended, target_duration_s=2.0, part_target_s=0.25
+        )
+        for parts, ended in cases
+    ]
+    assert await strict_errors(texts) == [None] * len(texts)
+    assert [apple_rules(text) for text in texts] == [[]] * len(texts)
+
+
+def test_a_short_last_part_is_listed_once_it_ends_its_segment():
+    one_frame = parts_of([0.0625], {0})
+    assert listed_parts(one_frame, False, 0.25) == []  # the next part may join it
+    assert listed_parts(one_frame, True, 0.25) == one_frame  # nothing will
+    two = parts_of([0.0625, 0.25], {0, 1})
+    assert listed_parts(two, False, 0.25) == two
+    short_tail = parts_of([0.0625, 0.25, 0.125], {0, 1})
+    assert listed_parts(short_tail, False, 0.25) == short_tail[:2]
 
 
 @pytest.mark.parametrize(
@@ -104,11 +173,13 @@ async def test_a_running_jobs_playlist_grows_and_blocking_reload_waits(
     await until(lambda: len(server.manager.get(job["id"]).parts.parts) == 12)
     held = await playlist_of(server, job)
     assert not held.is_endlist and held.preload_hint.uri == "hls/part/12.m4s"
-    # Part 12 is segment 1's part (12 - its first); it does not exist yet: the reload waits.
+    # Part 12 is in the running segment (the last that began); it does not exist yet:
+    # the reload waits.
     parts = server.manager.get(job["id"]).parts.parts
-    second = next(i for i, part in enumerate(parts) if i and part.independent)
+    starts = [i for i, part in enumerate(parts) if part.independent]
+    assert starts[:2] == [0, 1]  # the first chunk is a segment alone
     waiting = asyncio.create_task(
-        playlist_text(server, job, _HLS_msn="1", _HLS_part=str(12 - second))
+        playlist_text(server, job, _HLS_msn=str(len(starts) - 1), _HLS_part=str(12 - starts[-1]))
     )
     part_12 = asyncio.create_task(server.client.get(f"/v1/videos/{job['id']}/hls/part/12.m4s"))
     await asyncio.sleep(0)
@@ -139,28 +210,35 @@ async def test_the_parts_are_the_content_exactly_and_segments_their_parts(
             return await response.read()
 
     init = await get(playlist.segment_map[0].uri)
-    parts = [await get(p.uri) for s in playlist.segments for p in s.parts]
+    # The playlist lists the parts of its last three segments; all of them are served.
+    all_parts = server.manager.get(job["id"]).parts.parts
+    parts = [await get(f"hls/part/{i}.m4s") for i in range(len(all_parts))]
+    listed = [p.uri for s in playlist.segments for p in s.parts]
+    assert listed == [f"hls/part/{i}.m4s" for i in range(len(parts) - len(listed), len(parts))]
     async with server.client.get(job["urls"]["content"]) as response:
         content = await response.read()
     assert init + b"".join(parts) == content
-    first = 0
-    for segment in playlist.segments:
+    assert [s.uri for s in playlist.segments] == [
+        f"hls/segment/{n}.m4s" for n in range(len(playlist.segments))
+    ]
+    for segment, grouped in zip(playlist.segments, segments(all_parts, True), strict=True):
         whole = await get(segment.uri)
-        assert whole == b"".join(parts[first : first + len(segment.parts)])
-        first += len(segment.parts)
-    durations = sum(p.duration for s in playlist.segments for p in s.parts)
+        first = grouped.first_part
+        assert whole == b"".join(parts[first : first + len(grouped.parts)])
+        assert abs(segment.duration - grouped.duration_s) < 1e-4
+    durations = sum(s.duration for s in playlist.segments)
     assert abs(durations - len(decode_mp4(content)) / FPS) < 1e-3
 
 
-async def test_a_failed_jobs_playlist_ends_where_its_video_ends(start_server: StartServer):
+async def test_a_failed_jobs_playlist_ends_naming_no_media(start_server: StartServer):
     from tests.helpers import FailingDecoder
 
     server = await start_server(decoders={"linear": FailingDecoder(fail_at=3)})
     job = await start_job(server)
     await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
     playlist = await playlist_of(server, job)
-    assert playlist.is_endlist and playlist.preload_hint is None
-    assert len([p for s in playlist.segments for p in s.parts]) <= 3
+    # Its bytes are not kept (/content is a 409): no media named that would not be served.
+    assert playlist.is_endlist and playlist.preload_hint is None and not playlist.segments
 
 
 @pytest.mark.slow

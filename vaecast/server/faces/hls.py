@@ -5,10 +5,24 @@ The fragments vaecast writes are CMAF chunks already: an init segment, then one
 `#EXT-X-MAP` names the init segment, each fragment is an `#EXT-X-PART`, and parts
 are grouped into segments at keyframes (`--keyframe-interval`), each listed with
 `#EXTINF` once it is complete. Every URI is served from the job's segment log; no
-fragment is copied. Media URIs are files of their own (`hls/init.mp4`,
-`hls/part/N.m4s`, `hls/segment/K.m4s`) rather than byte ranges of `/content`:
-FFmpeg's HLS demuxer refuses a URI without a media extension, and over byte ranges of
-a remote `/content` it lost a frame where the same layout as files decoded whole.
+fragment is copied.
+
+Players that read whole segments only (FFmpeg's HLS demuxer, VLC, AVPlayer-style
+clients) need a complete segment in the first playlist they load. The encoder starts
+a stream's second chunk with an IDR (vaecast.codecs.h264), so segment 0 is the first
+fragment alone and is complete as soon as the second exists; a plain playlist request
+waits, bounded, for that (vaecast.server.faces.hls_routes). An audio-only fragment (the
+sound after a push session's last frame) is never independent: it ends the segment it
+follows rather than making one with no picture.
+
+The playlist keeps to what Apple's validator and hls-parser's strict mode check:
+TARGETDURATION bounds every EXTINF, PART-TARGET every part, and `EXT-X-PART` tags are
+listed for the last three segments only (the rest are listed by their EXTINF).
+
+Media URIs are files of their own (`hls/init.mp4`, `hls/part/N.m4s`,
+`hls/segment/K.m4s`) rather than byte ranges of `/content`: FFmpeg's HLS demuxer
+refuses a URI without a media extension, and over byte ranges of a remote `/content`
+it lost a frame where the same layout as files decoded whole.
 
 A job with a preview has a media playlist per rendition, and `multivariant_playlist`
 lists them: the final ranked above the preview (`SCORE`), both of one resolution.
@@ -29,12 +43,18 @@ PLAYLIST_VERSION = 9
 # A blocking request for a segment this far past the last one is refused (400), as the
 # HLS specification says a server should for more than two segments ahead.
 MAX_MSN_AHEAD = 2
+# Segments whose parts the playlist lists (HLS: remove EXT-X-PART tags more than three
+# target durations from the end; hls-parser's strict mode counts it in segments).
+SEGMENTS_WITH_PARTS = 3
+# Every part but a segment's last lasts at least this share of PART-TARGET (HLS exempts
+# independent parts too; hls-parser's strict mode does not).
+MIN_PART_SHARE = 0.85
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
     duration_s: float
-    independent: bool  # starts with a keyframe (or carries audio only)
+    independent: bool  # starts with a keyframe (never an audio-only part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,52 +89,77 @@ class PartIndex:
         runs = {run.track_id: run for run in fragment_timing(segment)}
         run = runs.get(self._video_track) if self._video_track is not None else None
         if run is None:  # audio only: the tail of a stream whose length came last
+            # Not independent: it ends the segment before it, which a player can decode,
+            # instead of starting one with no video sample.
             run = next(iter(runs.values()))
-            independent = True
+            independent = False
         else:
             independent = not run.first_sample_flags & SAMPLE_IS_NON_SYNC_SAMPLE
         duration = run.duration / self._timescales[run.track_id]
         self.parts.append(Part(duration, independent))
 
 
-def segments(parts: list[Part], finished: bool) -> list[Segment]:
-    """Parts grouped into segments, each starting at an independent part."""
+def segments(parts: list[Part], ended: bool) -> list[Segment]:
+    """Parts grouped into segments, each starting at an independent part. A segment is
+    complete once the next has begun, or when `ended` (no part will follow)."""
     starts = [i for i, part in enumerate(parts) if part.independent or i == 0]
     grouped = []
     for number, start in enumerate(starts):
         end = starts[number + 1] if number + 1 < len(starts) else len(parts)
-        complete = number + 1 < len(starts) or finished
+        complete = number + 1 < len(starts) or ended
         grouped.append(Segment(start, tuple(parts[start:end]), complete))
     return grouped
+
+
+def part_target(parts: list[Part], part_target_s: float) -> float:
+    """PART-TARGET: the longest part the rendition makes, or has made."""
+    return max([part_target_s, *(part.duration_s for part in parts)])
+
+
+def listed_parts(parts: list[Part], ended: bool, part_target_s: float) -> list[Part]:
+    """The parts a playlist lists now: all of them, but for a running rendition's last
+    part while it is shorter than MIN_PART_SHARE of PART-TARGET, which waits for the
+    next part (or the end). A preload hint counts as one more part of the running
+    segment, so a short part may only be listed once it is known to end its segment.
+    In practice this is the first chunk's single frame, listed with the second chunk
+    (the first segment's whole content, which is what a player can start on anyway)."""
+    short = parts and parts[-1].duration_s < MIN_PART_SHARE * part_target(parts, part_target_s)
+    return parts[:-1] if short and not ended else parts
+
+
+def has_complete_segment(parts: list[Part], ended: bool) -> bool:
+    """Whether a player that reads only whole segments can start on these parts."""
+    grouped = segments(parts, ended)
+    return bool(grouped) and grouped[0].complete
 
 
 def media_playlist(
     parts: list[Part],
     *,
-    finished: bool,
+    ended: bool,
     target_duration_s: float,
     part_target_s: float,
-    ended_early: bool = False,
 ) -> str:
-    """The LL-HLS media playlist of `parts` (URIs relative to the playlist).
+    """The LL-HLS media playlist of `parts`, the `listed_parts` of a rendition (URIs
+    relative to the playlist).
 
-    `finished`: the job ended (`#EXT-X-ENDLIST`; no preload hint). `ended_early`: it
-    failed or was cancelled, and the playlist ends where its video ends.
-    `target_duration_s` bounds every segment (the keyframe interval); `part_target_s`
-    every part (the longest chunk the decoder makes).
+    `ended`: the rendition will have no more parts, whether it completed, failed or was
+    cancelled (`#EXT-X-ENDLIST`, its last segment complete, no preload hint): the
+    playlist ends where its video ends. `target_duration_s` bounds every segment (the
+    keyframe interval); `part_target_s` every part (the longest chunk the decoder makes).
     """
-    grouped = segments(parts, finished)
+    grouped = segments(parts, ended)
     longest_segment = max((s.duration_s for s in grouped if s.complete), default=0.0)
-    part_target = max([part_target_s, *(p.duration_s for p in parts)])
+    longest_part = part_target(parts, part_target_s)
     # Every segment's EXTINF, rounded, must be at most the target: a segment runs from
     # a keyframe to the first chunk past the interval, so up to a part longer.
-    target = max(1, round(longest_segment), round(target_duration_s + part_target))
+    target = max(1, round(longest_segment), round(target_duration_s + longest_part))
     lines = [
         "#EXTM3U",
         f"#EXT-X-VERSION:{PLAYLIST_VERSION}",
         f"#EXT-X-TARGETDURATION:{target}",
-        f"#EXT-X-PART-INF:PART-TARGET={part_target:.5f}",
-        f"#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,PART-HOLD-BACK={3 * part_target:.5f}",
+        f"#EXT-X-PART-INF:PART-TARGET={longest_part:.5f}",
+        f"#EXT-X-SERVER-CONTROL:CAN-BLOCK-RELOAD=YES,PART-HOLD-BACK={3 * longest_part:.5f}",
         "#EXT-X-PLAYLIST-TYPE:EVENT",
         "#EXT-X-MEDIA-SEQUENCE:0",
         "#EXT-X-INDEPENDENT-SEGMENTS",
@@ -123,8 +168,9 @@ def media_playlist(
         "#EXT-X-START:TIME-OFFSET=0,PRECISE=YES",
         '#EXT-X-MAP:URI="hls/init.mp4"',
     ]
+    first_with_parts = len(grouped) - SEGMENTS_WITH_PARTS
     for number, segment in enumerate(grouped):
-        for offset, part in enumerate(segment.parts):
+        for offset, part in enumerate(segment.parts if number >= first_with_parts else ()):
             uri = f"hls/part/{segment.first_part + offset}.m4s"
             attributes = f'DURATION={part.duration_s:.5f},URI="{uri}"'
             if part.independent:
@@ -133,7 +179,7 @@ def media_playlist(
         if segment.complete:
             lines.append(f"#EXTINF:{segment.duration_s:.5f},")
             lines.append(f"hls/segment/{number}.m4s")
-    if finished or ended_early:
+    if ended:
         lines.append("#EXT-X-ENDLIST")
     else:
         lines.append(f'#EXT-X-PRELOAD-HINT:TYPE=PART,URI="hls/part/{len(parts)}.m4s"')
@@ -179,10 +225,10 @@ def multivariant_playlist(variants: list[Variant]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def part_position(parts: list[Part], finished: bool, msn: int, part: int | None) -> int | None:
-    """How many parts must exist for segment `msn` (and its part `part`) to be in the
-    playlist; None if they already are."""
-    grouped = segments(parts, finished)
+def part_position(parts: list[Part], ended: bool, msn: int, part: int | None) -> int | None:
+    """How many parts must be listed for segment `msn` (and its part `part`) to be in
+    the playlist; None if they already are."""
+    grouped = segments(parts, ended)
     if msn < len(grouped):
         segment = grouped[msn]
         if part is None:
@@ -192,6 +238,6 @@ def part_position(parts: list[Part], finished: bool, msn: int, part: int | None)
     return len(parts) + 1  # a later segment: at least one more part
 
 
-def too_far_ahead(parts: list[Part], finished: bool, msn: int) -> bool:
-    last = len(segments(parts, finished)) - 1
+def too_far_ahead(parts: list[Part], ended: bool, msn: int) -> bool:
+    last = len(segments(parts, ended)) - 1
     return msn > last + MAX_MSN_AHEAD

@@ -3,14 +3,19 @@
 - `GET /v1/videos/{id}/playlist.m3u8`: the LL-HLS media playlist (vaecast.server.faces.hls),
   for running and finished jobs alike. `_HLS_msn`/`_HLS_part` make it a blocking
   reload: answered once that part is in the playlist (or the job ended), 400 when the
-  segment asked for is too far ahead.
+  segment asked for is too far ahead. A plain request (no `_HLS_msn`) for a rendition
+  with no complete segment yet waits, bounded, until it has one: a player that reads
+  whole segments only (FFmpeg, VLC) can open the playlist the instant a job exists, and
+  hls.js gets a playlist to play at once instead of an empty one it polls again a target
+  duration later.
 - `GET .../hls/init.mp4`, `.../hls/part/{n}.m4s`, `.../hls/segment/{k}.m4s`: the init
   segment, fragment n, and the fragments of segment k, read from the log. A part that
   does not exist yet (the playlist's preload hint) is answered when it does.
 - The same under `/v1/videos/{id}/preview/` for a job's preview rendition (a job with
   a preview decoder): a media playlist of its own, its media relative to it.
 - `GET /v1/videos/{id}/master.m3u8`: the multivariant playlist, listing the final
-  rendition (and the preview, ranked below it by `SCORE`).
+  rendition (and the preview, ranked below it by `SCORE`). It waits, bounded, for the
+  init segment, which names the CODECS every variant must carry.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ from vaecast.params import leading_int
 from vaecast.server.faces.content import end_response, refuse_if_broken, wait_for_init
 from vaecast.server.faces.hls import (
     MEDIA_TYPE,
+    Part,
     Variant,
+    has_complete_segment,
+    listed_parts,
     media_playlist,
     multivariant_playlist,
     part_position,
     segments,
     too_far_ahead,
 )
-from vaecast.server.stream.job import Job, JobStatus, Rendition
+from vaecast.server.stream.job import Job, Rendition
 from vaecast.server.stream.manager import JobManager
 
 MEDIA_NUMBER = re.compile(r"[0-9]{1,9}")
@@ -57,11 +65,13 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
             if part is not None and msn is None:
                 raise MalformedRequestError("_HLS_part needs _HLS_msn")
             if msn is not None:
-                if too_far_ahead(rendition.parts.parts, _ended(job, rendition), msn):
+                if too_far_ahead(_listed(job, rendition), _ended(job, rendition), msn):
                     raise MalformedRequestError(
                         f"_HLS_msn={msn} is more than two segments past the playlist's last"
                     )
                 await _until_listed(job, rendition, msn, part)
+            else:
+                await _until_playable(job, rendition)
             return web.Response(
                 text=_playlist_text(job, rendition),
                 content_type=MEDIA_TYPE,
@@ -86,7 +96,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
         async def segment(request: web.Request) -> web.StreamResponse:
             job, rendition = found(request, variant)
             number = _media_number(request)
-            grouped = segments(rendition.parts.parts, _ended(job, rendition))
+            grouped = segments(_listed(job, rendition), _ended(job, rendition))
             if number >= len(grouped) or not grouped[number].complete:
                 raise NotFoundError(f"video {job.id} has no complete segment {number}")
             chosen = grouped[number]
@@ -101,6 +111,8 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
 
     async def master(request: web.Request) -> web.Response:
         job = request.app[manager_key].get(request.match_info["video_id"])
+        async with _blocking(job):  # CODECS come from the init segment
+            await job.final.log.wait_for_init()
         variants = [_variant(job, rendition) for rendition in reversed(job.renditions)]
         return web.Response(
             text=multivariant_playlist(variants),
@@ -144,30 +156,50 @@ def _codecs(content_type: str) -> str | None:
     return None if match is None else ",".join(c.strip() for c in match.group(1).split(","))
 
 
-def _playlist_text(job: Job, rendition: Rendition) -> str:
-    settings = job.config.encoder
+def _part_target_s(job: Job, rendition: Rendition) -> float:
+    """The longest chunk the rendition's decoder makes, in seconds."""
     longest_chunk = 4  # frames, until the job knows its chunks
     if job.plan is not None:
         longest_chunk = max(job.plan.chunk_frames)
     elif job.stream_plan is not None:  # a push session: its length is not known yet
         longest_chunk = max(job.stream_plan.first_chunk_frames, job.stream_plan.chunk_frames)
-    parts = rendition.parts.parts
     part_target_s = float(longest_chunk / job.fps)
     if rendition.variant == PREVIEW or (
         job.plan is None and job.stream_plan is None and job.finished
     ):
         # A preview's chunks are its own decoder's; a job restored from the store
         # knows its chunks only by its parts. The longest so far bounds them.
-        part_target_s = max([part_target_s, *(part.duration_s for part in parts)])
-    status = job.status_of(rendition)
-    ended = _ended(job, rendition)
+        part_target_s = max([part_target_s, *(part.duration_s for part in rendition.parts.parts)])
+    return part_target_s
+
+
+def _listed(job: Job, rendition: Rendition) -> list[Part]:
+    """The parts the rendition's playlist lists now (`hls.listed_parts`): none once its
+    log broke (a failed or cancelled job whose bytes are not kept: `/content` refuses
+    it too), so that the playlist names no media that would not be served."""
+    if rendition.log.error is not None:
+        return []
+    parts = rendition.parts.parts
+    return listed_parts(parts, _ended(job, rendition), _part_target_s(job, rendition))
+
+
+def _playlist_text(job: Job, rendition: Rendition) -> str:
     return media_playlist(
-        parts,
-        finished=status is JobStatus.COMPLETED,
-        ended_early=ended and status is not JobStatus.COMPLETED,
-        target_duration_s=settings.keyframe_interval_s,
-        part_target_s=part_target_s,
+        _listed(job, rendition),
+        ended=_ended(job, rendition),
+        target_duration_s=job.config.encoder.keyframe_interval_s,
+        part_target_s=_part_target_s(job, rendition),
     )
+
+
+async def _until_playable(job: Job, rendition: Rendition) -> None:
+    """Until the rendition has a complete segment (its first two parts, the second
+    starting with an IDR), or has ended."""
+    async with _blocking(job):
+        while not has_complete_segment(_listed(job, rendition), _ended(job, rendition)):
+            if _ended(job, rendition) or rendition.log.closed:
+                return
+            await _parts(job, rendition, len(rendition.parts.parts) + 1)
 
 
 async def _until_listed(job: Job, rendition: Rendition, msn: int, part: int | None) -> None:
@@ -176,10 +208,11 @@ async def _until_listed(job: Job, rendition: Rendition, msn: int, part: int | No
     is only the least it needs."""
     async with _blocking(job):
         while True:
-            needed = part_position(rendition.parts.parts, _ended(job, rendition), msn, part)
+            needed = part_position(_listed(job, rendition), _ended(job, rendition), msn, part)
             if needed is None or _ended(job, rendition):
                 return
-            await _parts(job, rendition, needed)
+            # A part that exists may not be listed yet (`listed_parts`): then one more.
+            await _parts(job, rendition, max(needed, len(rendition.parts.parts) + 1))
 
 
 async def _until_parts(job: Job, rendition: Rendition, count: int) -> None:
@@ -200,7 +233,8 @@ async def _blocking(job: Job) -> AsyncIterator[None]:
 
 async def _parts(job: Job, rendition: Rendition, count: int) -> None:
     parts = rendition.parts.parts
-    while len(parts) < count and not _ended(job, rendition):
+    # A closed log has all its parts, whether or not its job has said it ended yet.
+    while len(parts) < count and not (_ended(job, rendition) or rendition.log.closed):
         await rendition.log.wait_for_segments(len(parts) + 2)
 
 
