@@ -15,28 +15,27 @@ three ways; this measures each, in headless Chromium, on one machine:
   low-latency mode, from the playlist's start).
 
 How: one in-process vaecast server on 127.0.0.1 (the tests' `create_app` +
-`serve_on_loopback`, decoder `linear`: parameter-free, so the numbers are the
-server's streaming and the player's, not a model's), the hls.js page added to its
-app, and one headless Chromium (tests/helpers/cdp.py). Each run is a fresh push
-session (`{"input": "push", "fps": 16}`) and a fresh tab. The tab opens the path's
-player first and waits until it is ready (WHEP: the peer connection `connected`;
-MSE: the page has the job and has requested `/content`; hls.js: the media attached
-and the playlist loaded). Then the first block is POSTed; `t0` is Python's
-`time.time()` just before the POST is sent (the server's 202 is recorded too). An
-init script in the tab has armed `requestVideoFrameCallback` on the `<video>`: the
-first frame presented gives `performance.timeOrigin + metadata.presentationTime`
-(the frame's hand-over to the compositor), a wall clock in ms on the same machine as
-`time.time()`; their offset is sampled in every run (one DevTools round trip each
-way) and reported. Then the rest of the latents are pushed (`final=1`), the job runs
-to `completed`, and the tab is closed and the job deleted. Paths take turns, the
-order rotating each repeat; one unmeasured warm-up run per path comes first.
+`serve_on_loopback`, decoder `linear`: parameter-free, so the numbers are the server's
+streaming and the player's, not a model's), the hls.js page added to its app, and one
+headless Chromium (tests/helpers/cdp.py). Each run is a fresh push session (`{"input":
+"push", "fps": 16}`) and a fresh tab. The tab opens the path's player first and waits
+until it is ready (WHEP: the peer connection `connected`; MSE: the page has the job and
+has requested `/content`; hls.js: the media attached and the playlist requested, which
+the server answers once it has a segment). Then the first block is POSTed; `t0` is
+Python's `time.time()` just before the POST is sent (the server's 202 is recorded too).
+An init script in the tab has armed `requestVideoFrameCallback` on the `<video>`: the
+first frame presented gives `performance.timeOrigin + metadata.presentationTime` (the
+frame's hand-over to the compositor), a wall clock in ms on the same machine as
+`time.time()`; their offset is sampled in every run (one DevTools round trip each way)
+and reported. Then the rest of the latents are pushed (`final=1`), the job runs to
+`completed`, and the tab is closed and the job deleted. Paths take turns, the order
+rotating each repeat; one unmeasured warm-up run per path comes first.
 
 The first block is `--first-block` latent frames (10: 37 frames at 16 fps). LL-HLS
-players start only once the playlist lists a complete segment, and the server's
-segments run from keyframe to keyframe (2 s by default, `--keyframe-interval`): the
-10th latent frame's chunk starts the second segment, so one block of 10 lets every
-path show its first frame without waiting for a later push. The other paths show
-theirs from the block's first chunk; all three get the same block.
+players start only once the playlist lists a complete segment. The server's first
+segment is the first chunk alone (the second chunk starts with an IDR), complete once
+the second chunk exists, so any block of two or more latent frames lets every path
+show its first frame without waiting for a later push; all three get the same block.
 
 Every wait is bounded (READY_TIMEOUT_S, FIRST_FRAME_TIMEOUT_S, JOB_END_TIMEOUT_S,
 the DevTools commands' own). Writes `glass_to_glass.json` (every run) and
@@ -138,11 +137,11 @@ RECEIVER_STATS = """(async () => {
 READY = {
     "whep": "window.vaecast.webrtc().then(s => Boolean(s) && s.connection === 'connected')",
     "mse": "Boolean(window.vaecast && window.vaecast.state.ready && window.vaecast.state.jobId)",
-    "hls": (
-        "Boolean(window.hls && window.hls.media && window.hls.levels.length "
-        "&& window.hls.levels[0].details)"
-    ),
+    "hls": "Boolean(window.hls && window.hls.media)",
 }
+# ... and, for these paths, the player's request of this job URL is on its way (its
+# answer waits for a block: /content's headers, the playlist's first segment).
+REQUESTED = {"mse": "/content", "hls": "/playlist.m3u8"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,12 +175,12 @@ def page_url(path: str, url: str, video_id: str) -> str:
 
 async def until_ready(page: Page, path: str, video_id: str) -> None:
     await page.wait_for(READY[path], READY_TIMEOUT_S)
-    if path == "mse":  # the fetch of /content is on its way (its headers wait for a block)
-        content = f"/v1/videos/{video_id}/content"
+    if path in REQUESTED:
+        wanted = f"/v1/videos/{video_id}{REQUESTED[path]}"
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not any(content in url for url in page.requests):
+        while not any(wanted in url for url in page.requests):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the page never requested {content}")
+                raise TimeoutError(f"the page never requested {wanted}")
             await asyncio.sleep(POLL_S)
 
 
@@ -453,9 +452,9 @@ def _notes(result: dict[str, Any]) -> list[str]:
             "- hls.js: its first playlist request after the push came "
             f"{hls['median_first_playlist_request_s'] * 1000:.0f} ms after it (median), then "
             f"{hls['median_after_that_request_s'] * 1000:.0f} ms to the frame. Opened before "
-            "the first block, hls.js loads a playlist with no parts and polls it again "
-            "(without `_HLS_msn`: no blocking reload) about one target duration later; the push "
-            "comes just after that first load, so these runs pay close to that whole wait."
+            "the first block, hls.js asks for the playlist, and the server holds that plain "
+            "request (bounded) until the playlist has a complete segment: the first chunk, "
+            "complete once the second has begun. A request counted here is one after the push."
         )
     whep = summary.get("whep", {})
     if "median_jitter_buffer_delay_per_frame_s" in whep:
