@@ -3,13 +3,16 @@
 `WhepViewer.connect` offers to receive video (and audio), POSTs the offer to a job's
 WHEP URL over real HTTP, applies the answer, and counts the frames it decodes; `close`
 DELETEs the session and closes the peer. `codecs` limits the video codecs offered
-(["video/VP8"]: a peer the job's H.264 cannot pass through to).
+(["video/VP8"]: a peer the job's H.264 cannot pass through to). `loss` drops that share
+of the datagrams the peer receives (DTLS, SRTP, SRTCP; not STUN), picked by a
+`random.Random(seed)`: a lossy network on the viewer's side only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +29,8 @@ class WhepViewer:
     frames: list[Any] = field(default_factory=list)
     audio_frames: int = 0
     first_frame_at: float | None = None
+    datagrams_dropped: int = 0
+    datagrams_delivered: int = 0
     frame_times: list[float] = field(default_factory=list)
     _readers: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -38,6 +43,8 @@ class WhepViewer:
         codecs: list[str] | None = None,
         audio: bool = True,
         headers: dict[str, str] | None = None,
+        loss: float = 0.0,
+        seed: int = 0,
     ) -> tuple[WhepViewer, aiohttp.ClientResponse, str]:
         """The viewer, the WHEP POST's response and its body (on any status)."""
         pc = RTCPeerConnection()
@@ -48,6 +55,8 @@ class WhepViewer:
             video.setCodecPreferences([c for c in available if c.mimeType in codecs])
         if audio:
             pc.addTransceiver("audio", direction="recvonly")
+        if loss:
+            viewer._drop_inbound(loss, random.Random(seed))
 
         @pc.on("track")
         def on_track(track: Any) -> None:
@@ -65,6 +74,27 @@ class WhepViewer:
             viewer.video = response.headers.get("X-WebRTC-Video")
             await pc.setRemoteDescription(RTCSessionDescription(body, "answer"))
         return viewer, response, body
+
+    def _drop_inbound(self, rate: float, rng: random.Random) -> None:
+        # aiortc has no hook on what its ICE connection hands up, so this wraps aioice's
+        # `Connection.data_received`, which its UDP protocol calls for every datagram
+        # that is not STUN; the ICE checks themselves are left alone.
+        connections = {
+            id(c): c
+            for t in self.pc.getTransceivers()
+            for c in [t.receiver.transport.transport.iceGatherer._connection]
+        }
+        for connection in connections.values():
+            deliver = connection.data_received
+
+            def lossy(data: bytes, component: int, deliver: Any = deliver) -> None:
+                if rng.random() < rate:
+                    self.datagrams_dropped += 1
+                    return
+                self.datagrams_delivered += 1
+                deliver(data, component)
+
+            connection.data_received = lossy
 
     async def _read(self, track: Any) -> None:
         loop = asyncio.get_running_loop()
