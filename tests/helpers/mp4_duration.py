@@ -12,6 +12,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from vaecast.codecs.fmp4_boxes import iter_boxes
+from vaecast.codecs.fmp4_finish import with_durations
+
 MP4BOX = Path(__file__).resolve().parents[2] / "tools/node/node_modules/mp4box/dist/mp4box.all.cjs"
 
 _MP4BOX_INFO = """
@@ -44,3 +47,10 @@ def mp4box_info(path: Path) -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def as_streamed(finished: bytes) -> bytes:
+    """A finished MP4 as it went out live: the same bytes, but for its init segment,
+    which states no duration yet (`fmp4_finish`)."""
+    init_end = next(b.end for b in iter_boxes(finished) if b.type == "moov")
+    return with_durations(finished[:init_end], {}) + finished[init_end:]
