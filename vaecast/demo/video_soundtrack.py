@@ -18,7 +18,6 @@ making latents that would decode silent without a word.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,16 +25,11 @@ import av
 import numpy as np
 
 from vaecast.codecs.aac import MAX_CHANNELS, MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ
+from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import InvalidRequestError
 
 
-@dataclass(frozen=True, slots=True)
-class VideoSoundtrack:
-    waveform: np.ndarray  # (channels, samples) float32 in [-1, 1]
-    sample_rate: int
-
-
-def read_soundtrack(path: Path, start_s: float, seconds: Fraction) -> VideoSoundtrack | None:
+def read_soundtrack(path: Path, start_s: float, seconds: Fraction) -> Soundtrack | None:
     """The audio of `path` from its time `start_s` (the first frame kept), `seconds`
     long; None for a file without an audio stream. Raises InvalidRequestError, naming
     the stream and why, for one that cannot be read."""
@@ -65,7 +59,7 @@ def _decode(
     stream: av.audio.stream.AudioStream,
     start_s: float,
     seconds: Fraction,
-) -> VideoSoundtrack | None:
+) -> Soundtrack | None:
     context = stream.codec_context
     if context is None:
         raise ValueError("FFmpeg has no decoder for it")
@@ -99,4 +93,4 @@ def _decode(
     audio = np.clip(audio[:, :wanted], -1.0, 1.0).astype(np.float32)
     if audio.shape[1] == 0:  # it ends before the first frame kept
         return None
-    return VideoSoundtrack(np.ascontiguousarray(audio), rate)
+    return Soundtrack(np.ascontiguousarray(audio), rate)
