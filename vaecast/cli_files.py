@@ -30,12 +30,9 @@ def run_latents(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
-    from vaecast.demo.sources import (
-        parse_scene_spec,
-        scene_audio,
-        scene_latents,
-        video_file_latents,
-    )
+    from vaecast.demo.sources import parse_scene_spec, read_video_file, scene_audio, scene_latents
+    from vaecast.demo.video_soundtrack import read_soundtrack
+    from vaecast.models.tiny import encode_video
 
     tensors: dict[str, torch.Tensor] = {}
     metadata: dict[str, str] = {"model": "tiny"}
@@ -53,9 +50,17 @@ def run_latents(args: argparse.Namespace) -> int:
         fps = parse_fps(args.fps, DEFAULTS.default_fps)
         if not args.no_sound:
             tensors["audio"] = torch.from_numpy(scene_audio(spec, fps))
-            metadata["audio_sample_rate"] = str(DEFAULT_SAMPLE_RATE_HZ)
+            metadata[AUDIO_RATE_KEY] = str(DEFAULT_SAMPLE_RATE_HZ)
     else:
-        latents, fps = video_file_latents(args.video, args.max_frames, device=args.device)
+        video = read_video_file(args.video, args.max_frames)
+        # The soundtrack before the encode, which takes long: a file whose audio
+        # cannot be read is refused at once.
+        if not args.no_sound:
+            soundtrack = read_soundtrack(args.video, video.start_s, video.seconds)
+            if soundtrack is not None:
+                tensors["audio"] = torch.from_numpy(soundtrack.waveform)
+                metadata[AUDIO_RATE_KEY] = str(soundtrack.sample_rate)
+        latents, fps = encode_video(video.pixels, device=args.device), video.fps
     tensors["latents"] = latents.cpu().contiguous()
     metadata["fps"] = str(fps)
     save_file(tensors, str(args.output), metadata=metadata)

@@ -303,7 +303,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     latents.add_argument("--seed", type=int, default=0, help="scene only")
     latents.add_argument("--fps", default="16", help="stored in the file's metadata")
     latents.add_argument(
-        "--no-sound", action="store_true", help="scene only: leave out the soundtrack"
+        "--no-sound", action="store_true", help="leave out the scene's or the video's sound"
     )
     latents.add_argument(
         "--max-frames", type=int, default=None, help="video only: read at most this many"

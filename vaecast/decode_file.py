@@ -2,7 +2,9 @@
 
 The MP4 is written to a temporary file beside the output and renamed into place
 only on success, so a failed or interrupted decode never leaves a truncated file
-under the output's name (nor replaces a good one).
+under the output's name (nor replaces a good one). Before the rename, the init segment
+at its start is rewritten to state the video's duration, which the fragments, written
+as they came, could not know (`vaecast.codecs.fmp4_finish`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import BinaryIO
 
 import torch
 
+from vaecast.codecs.fmp4_finish import DurationTally
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.pipeline import FragmentDone, VideoOutput, WholeLatents, Workers, run_pipeline
 
@@ -33,16 +36,12 @@ def decode_to_file(
     workers = Workers.for_slots(1)
     try:
         with os.fdopen(fd, "wb") as file:
+            sink = _FileSink(file)
             pipeline = run_pipeline(
-                WholeLatents(latents),
-                decoder,
-                plan,
-                output,
-                _FileSink(file),
-                workers,
-                observer=progress,
+                WholeLatents(latents), decoder, plan, output, sink, workers, observer=progress
             )
             asyncio.run(pipeline)
+            sink.state_duration()
             # mkstemp makes the file 0600 whatever the umask; the output is an ordinary
             # file, with the mode any other command would give it (0644 under umask 022).
             os.fchmod(file.fileno(), 0o666 & ~_umask())
@@ -70,13 +69,22 @@ class _FileSink:
 
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
+        self._durations = DurationTally()
 
     async def append(self, segment: bytes) -> None:
+        self._durations.add(segment)
         await asyncio.to_thread(self._write, segment)
 
     def _write(self, segment: bytes) -> None:
         self._file.write(segment)
         self._file.flush()
+
+    def state_duration(self) -> None:
+        """Once the last fragment is written: the init segment, at the file's start,
+        rewritten in place to state the durations (the same length)."""
+        init = self._durations.finished_init()
+        if init is not None:
+            os.pwrite(self._file.fileno(), init, 0)
 
 
 class _ProgressBar:

@@ -109,6 +109,7 @@ def test_init_segment_layout() -> None:
         "          stsz",
         "          stco",
         "  mvex",
+        "    mehd",
         "    trex",
     ]
 
@@ -124,10 +125,11 @@ def test_init_segment_round_trip_two_tracks() -> None:
     mvhd = find_child(data, moov, "mvhd")
     # next_track_ID is the last field of mvhd.
     assert struct.unpack_from(">I", data, mvhd.end - 4) == (4,)
-    trex_ids = [
-        struct.unpack_from(">I", data, b.payload_offset + 4)[0]
-        for b in children(data, find_child(data, moov, "mvex"))
-    ]
+    mvex = children(data, find_child(data, moov, "mvex"))
+    # A version-1 mehd of 0 first: the movie's length, not known while it streams.
+    assert mvex[0].type == "mehd"
+    assert data[mvex[0].offset : mvex[0].end] == b"\x00\x00\x00\x14mehd\x01\x00\x00\x00" + bytes(8)
+    trex_ids = [struct.unpack_from(">I", data, b.payload_offset + 4)[0] for b in mvex[1:]]
     assert trex_ids == [1, 3]
 
 

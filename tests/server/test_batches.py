@@ -8,15 +8,18 @@ import asyncio
 import torch
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents
+from tests.helpers.mp4_duration import as_streamed
 from tests.helpers.server import Server, StartServer
 from vaecast.client import PushSession
 from vaecast.server.config import Limits
 
 
 async def content(server: Server, job_id: str) -> bytes:
+    """A job's MP4 as it streamed, whether it is still running or finished (a finished
+    file's init segment states the duration a live one could not; the rest is the same)."""
     async with server.client.get(f"/v1/videos/{job_id}/content") as response:
         assert response.status == 200
-        return await response.read()
+        return as_streamed(await response.read())
 
 
 async def test_a_batch_of_two_makes_two_jobs_each_its_entry_alone(start_server: StartServer):

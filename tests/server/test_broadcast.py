@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.helpers import FailingDecoder, GatedDecoder, safetensors_bytes, smooth_latents, until
+from tests.helpers.mp4_duration import as_streamed
 from tests.helpers.server import (
     TEST_CONFIG,
     Server,
@@ -95,10 +96,12 @@ async def watch(server: Server, job: Job) -> bytes:
 
 
 async def finished_file(server: Server, job: Job) -> bytes:
+    """The finished file, as its live viewers were sent it: byte for byte, but for the
+    durations its init segment states now and could not then (`fmp4_finish`)."""
     await asyncio.wait_for(job.wait(), 60)
     async with server.client.get(content_url(job)) as response:
         assert response.headers["ETag"]  # the finished-file path, not the stream
-        return await response.read()
+        return as_streamed(await response.read())
 
 
 async def bytes_sent(server: Server) -> float:
@@ -223,6 +226,7 @@ async def test_broadcast_chunks_are_one_segment_each_and_the_connection_stays_us
         chunks = await asyncio.to_thread(reader.chunks)
         await asyncio.wait_for(job.wait(), 60)
         segments = [await job.log.read_segment(i) for i in range(len(job.log))]
+        segments[0] = as_streamed(segments[0])  # as it went out live: no duration yet
         # The init segment went through aiohttp's writer, the rest through the broadcast:
         # the same framing, one chunk per segment, then the terminating chunk.
         assert chunks == segments
@@ -232,7 +236,7 @@ async def test_broadcast_chunks_are_one_segment_each_and_the_connection_stays_us
         sock.sendall(f"GET {content_url(job)} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         status, headers = await asyncio.to_thread(reader.head)
         assert status == b"HTTP/1.1 200 OK"
-        assert await asyncio.to_thread(reader.body, headers) == b"".join(segments)
+        assert as_streamed(await asyncio.to_thread(reader.body, headers)) == b"".join(segments)
     finally:
         sock.close()
 

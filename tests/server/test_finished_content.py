@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents
+from tests.helpers.mp4_duration import as_streamed
 from tests.helpers.server import Server, StartServer
 
 
@@ -13,7 +14,15 @@ async def finished_video(server: Server) -> tuple[str, bytes]:
         "/v1/videos", data=safetensors_bytes(latents=smooth_latents(frames=4))
     ) as response:
         url = (await response.json())["urls"]["content"]
+    return await finished_video_at(server, url)
+
+
+async def finished_video_at(server: Server, url: str) -> tuple[str, bytes]:
     async with server.client.get(url) as response:
+        await response.read()  # live, to the end
+    # The finished file: the live stream's bytes, but for its init segment's durations.
+    async with server.client.get(url) as response:
+        assert "Content-Length" in response.headers
         return url, await response.read()
 
 
@@ -93,9 +102,11 @@ async def test_while_decoding_bytes_0_streams_and_a_range_past_the_bytes_so_far_
     await asyncio.to_thread(decoder.holding.wait, 30)
     assert not ranged.done()
     decoder.gate.set()
-    data = await streaming.read()
+    streamed = await streaming.read()
+    streaming.close()
+    _, data = await finished_video_at(server, url)
+    assert streamed == as_streamed(data)  # its init segment said no duration yet
     async with await ranged as response:
         assert response.status == 206
         assert response.headers["Content-Range"] == f"bytes 10-{len(data) - 1}/{len(data)}"
         assert await response.read() == data[10:]
-    streaming.close()

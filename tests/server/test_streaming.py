@@ -16,6 +16,7 @@ from tests.helpers import (
     smooth_latents,
     split_stream,
 )
+from tests.helpers.mp4_duration import as_streamed
 from tests.helpers.server import StartServer
 from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter, parse_fragment, parse_init_segment
 from vaecast.codecs.quantize import quantize_to_host
@@ -116,10 +117,11 @@ async def test_create_then_fetch_content_gives_the_same_video(start_server: Star
         assert response.status == 200
         data = await response.read()
     check_stream(data, latents)
-    # Once complete, the same URL is a plain file with a length.
+    # Once complete, the same URL is a plain file with a length: the same bytes, its
+    # init segment now stating the duration the live stream could not.
     async with server.client.get(job["urls"]["content"]) as response:
         assert response.headers["Content-Length"] == str(len(data))
-        assert await response.read() == data
+        assert as_streamed(await response.read()) == data
     async with server.client.get(f"/v1/videos/{job['id']}") as response:
         assert (await response.json())["fps"] == pytest.approx(30000 / 1001)
 

@@ -32,9 +32,10 @@ from vaecast.errors import (
     GoneError,
     VaecastError,
 )
-from vaecast.job_record import JobStatus, SegmentAdded, VariantEnded
+from vaecast.job_record import Completed, JobStatus, SegmentAdded, Transition, VariantEnded
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.pipeline import TimedAudio
+from vaecast.server.stream.finished_file import state_duration
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.retention import EvictionReason
 from vaecast.server.stream.segment_log import SegmentLog
@@ -143,6 +144,7 @@ class MirrorRunner:
                         await job.sink(transition.variant).append(await next(refs))
                         fragments += 1
                     else:
+                        await _state_duration_before(job, transition)
                         job.apply(transition)
                         if isinstance(transition, VariantEnded):
                             _close(job.rendition(transition.variant).log, transition.error)
@@ -244,6 +246,18 @@ class MirrorRunner:
         task = asyncio.ensure_future(run())
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
+
+
+async def _state_duration_before(job: Job, transition: Transition) -> None:
+    """A rendition that completes states its duration first, as a local one does."""
+    if isinstance(transition, Completed):
+        rendition = job.final
+    elif isinstance(transition, VariantEnded) and transition.status is JobStatus.COMPLETED:
+        rendition = job.rendition(transition.variant)
+    else:
+        return
+    if not rendition.log.closed:
+        await state_duration(rendition)
 
 
 def _close(log: SegmentLog, error: VaecastError | None) -> None:

@@ -28,8 +28,8 @@ from typing import TypeAlias
 # The 32-bit size field cannot describe boxes this large; they get a 64-bit largesize.
 _MAX_32BIT_BOX_BYTES = 0xFFFFFFFF
 
-# Movie-level clock (mvhd); only used for durations, which are 0 in a fragmented
-# movie, so its value is conventional (1 ms ticks, as ffmpeg writes).
+# Movie-level clock (mvhd, tkhd and mehd durations): 0 while a movie streams, the
+# finished file's length once `fmp4_finish` states it; 1 ms ticks, as ffmpeg writes.
 MOVIE_TIMESCALE_HZ = 1000
 
 # ISO/IEC 14496-12 8.8.3.1 sample_flags.
@@ -318,13 +318,22 @@ def _trak(track: Track) -> bytes:
     return box(b"trak", header, box(b"mdia", mdhd(track.timescale), handler, minf))
 
 
+def mehd(fragment_duration: int = 0) -> bytes:
+    # Version 1 (64-bit): the reserved box can state any length in place at the finish
+    # (`fmp4_finish`). 0 until then, which players read as "not known yet" (live).
+    return full_box(b"mehd", 1, 0, struct.pack(">Q", fragment_duration))
+
+
 def trex(track_id: int) -> bytes:
     # Defaults are unused: every trun carries its own durations, sizes and flags.
     return full_box(b"trex", 0, 0, struct.pack(">IIIII", track_id, 1, 0, 0, 0))
 
 
 def init_segment(tracks: Sequence[Track]) -> bytes:
-    """ftyp + moov for a fragmented movie of `tracks` (durations 0, samples in moofs)."""
+    """ftyp + moov for a fragmented movie of `tracks` (durations 0, samples in moofs).
+
+    Its mvex holds a mehd of 0, reserved so that a finished file's init segment can
+    state the movie's length without changing size (`fmp4_finish.with_durations`)."""
     if not tracks:
         raise ValueError("an init segment needs at least one track")
     ids = [track.track_id for track in tracks]
@@ -334,7 +343,7 @@ def init_segment(tracks: Sequence[Track]) -> bytes:
         b"moov",
         mvhd(next_track_id=max(ids) + 1),
         *(_trak(track) for track in tracks),
-        box(b"mvex", *(trex(track.track_id) for track in tracks)),
+        box(b"mvex", mehd(), *(trex(track.track_id) for track in tracks)),
     )
     return ftyp() + moov
 

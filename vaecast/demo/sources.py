@@ -110,20 +110,34 @@ def scene_audio_span(
     )
 
 
-def video_file_latents(
-    path: Path, max_frames: int | None = None, device: str = "cpu"
-) -> tuple[torch.Tensor, Fraction]:
-    """Read a video file with PyAV and encode it: (latents, the file's frame rate).
+@dataclass(frozen=True, slots=True)
+class VideoFile:
+    """The frames of a video file that its latents encode, and when they play."""
+
+    pixels: torch.Tensor  # (1, 3, T, H, W) float in [0, 1]
+    fps: Fraction
+    start_s: float  # the first frame's time in the file (where its soundtrack lines up)
+
+    @property
+    def seconds(self) -> Fraction:
+        return self.pixels.shape[2] / self.fps
+
+
+def read_video_file(path: Path, max_frames: int | None = None) -> VideoFile:
+    """Read a video file's frames with PyAV, as its latents can hold them.
 
     The frame count is cut down to the largest 1 + 4k that fits, and each side to a
     multiple of 8 (cropped from the bottom/right), because that is what the
     latent geometry can represent.
     """
     frames: list[np.ndarray] = []
+    start_s = 0.0
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate or Fraction(16)
         for frame in container.decode(stream):
+            if not frames and frame.time is not None:
+                start_s = frame.time
             frames.append(frame.to_ndarray(format="rgb24"))
             if max_frames is not None and len(frames) >= max_frames:
                 break
@@ -135,4 +149,4 @@ def video_file_latents(
     check_video_geometry(count, width, height)
     pixels = np.stack(frames[:count])[:, :height, :width]
     video = torch.from_numpy(pixels).permute(3, 0, 1, 2).unsqueeze(0).float() / 255.0
-    return encode_video(video, device=device), Fraction(rate)
+    return VideoFile(video, Fraction(rate), start_s)

@@ -26,6 +26,7 @@ from contextlib import AbstractAsyncContextManager
 from fractions import Fraction
 from typing import Any, Protocol
 
+from vaecast.codecs.fmp4_finish import DurationTally
 from vaecast.errors import (
     DecodeCancelled,
     GoneError,
@@ -431,6 +432,7 @@ class Rendition:
         self.broadcast = Broadcast(log, metrics.bytes_sent, fanout)
         # Each part's duration and keyframe, for the HLS playlist of the same bytes.
         self.parts = PartIndex()
+        self.durations = DurationTally()  # what the finished file's init segment states
 
 
 class _RenditionSink:
@@ -443,4 +445,5 @@ class _RenditionSink:
     async def append(self, segment: bytes) -> None:
         await self._rendition.log.append(segment)
         self._rendition.parts.add(segment)
+        self._rendition.durations.add(segment)
         self._job.apply(SegmentAdded(len(segment), self._rendition.variant))

@@ -55,6 +55,7 @@ from vaecast.pipeline import (
 from vaecast.playback_deadlines import slack
 from vaecast.preview_first import FinalSide, PreviewFirst, PreviewSide
 from vaecast.server.config import ServerConfig
+from vaecast.server.stream.finished_file import state_duration
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
 
@@ -160,6 +161,7 @@ class LocalRunner:
                     await self._run_renditions(job, plan)
                 else:
                     await self._pipeline(job, source, job.decoder, plan, output, self._workers)
+                    await state_duration(job.final)
                     job.apply(Completed())
                     job.log.finish()
             if not job.finished:  # a job with a preview ends as its final did
@@ -233,6 +235,7 @@ class LocalRunner:
         variant, log = run.variant, job.rendition(run.variant).log
         try:
             await self._pipeline(job, run.source, decoder, plan, run.output, run.workers, variant)
+            await state_duration(job.rendition(variant))
         except asyncio.CancelledError:
             if run.stop is None:
                 raise  # the job is being stopped: it records how

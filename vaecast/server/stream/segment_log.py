@@ -257,6 +257,28 @@ class SegmentLog:
         for listener in self._listeners:
             listener.closed()
 
+    async def rewrite_init(self, segment: bytes) -> None:
+        """Replace the init segment, before the log is finished, by one of the same
+        length (the finished file's, which states its duration: `fmp4_finish`): every
+        later segment keeps its offset. Viewers sent the first keep it; both are valid.
+
+        The copy in RAM changes first, at once, and every reader from then on takes it,
+        so none reads the file while it is rewritten; a durable log's file is written
+        next (the store fsyncs it at `completed`). Once finished, the log's bytes are
+        served as a file under an ETag of its size, so they no longer change."""
+        if self.closed:
+            raise RuntimeError("rewrite of a closed SegmentLog")
+        items = self._segments.items()
+        first = items[0]
+        if len(segment) != first.length:
+            raise ValueError(f"an init segment of {len(segment)} bytes for {first.length}")
+        if first.data is None:
+            self._memory_bytes += len(segment)
+        items[0] = _Segment(first.offset, first.length, segment, first.file_offset)
+        if self.durable:
+            assert self._file is not None
+            await asyncio.to_thread(self._file.write, segment, first.file_offset)
+
     async def wait_for_init(self) -> None:
         """Until the init segment exists (or the log broke before it, raising why)."""
         await self._segments.wait_for(1)

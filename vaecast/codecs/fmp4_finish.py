@@ -1,0 +1,210 @@
+"""A finished fragmented MP4's init segment: the durations a live stream cannot state.
+
+While a video streams, its init segment goes out before any fragment exists, so it
+says duration 0: not known yet (ISO/IEC 14496-12 8.8.2 lets a live movie leave it
+out; Chromium's MSE then treats the stream as live). Once the last fragment is
+written the file knows its length. `DurationTally` sums each track's sample
+durations from the segments as they are written (the `moof`s only, as
+`fmp4_reader.fragment_timing` reads them: every track starts at decode time 0 and
+runs without a gap, as `codecs.stream` writes them, so the sum is where it ends;
+AAC priming is trimmed and the audio fitted to end with the video, see `aac`),
+and `with_durations` rewrites the init
+segment to state them: mvhd.duration and mvex/mehd.fragment_duration (the movie, its
+longest track), and each trak's tkhd.duration (movie clock) and mdhd.duration (the
+track's own clock).
+
+Every one of those fields is fixed width and `fmp4.init_segment` reserves the mehd,
+so the rewritten init segment has the length of the first: written over it at the
+start of the file, every later byte keeps its offset (the store's segment rows, byte
+ranges, the ETag made of the size, the HLS parts). Pure: bytes in, bytes out.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vaecast.codecs.fmp4_boxes import Box, children, find_child, full_box_header, iter_boxes
+from vaecast.codecs.fmp4_reader import fragment_timing
+
+# A version-0 duration that does not fit its 32 bits: "unknown" (14496-12 8.2.2.3).
+_UNKNOWN_32BIT_DURATION = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class MovieDurations:
+    """What an init segment states: the movie's length, in its own clock, and each
+    track's (track_id -> ticks of its mdhd timescale)."""
+
+    movie_timescale: int
+    movie_duration: int  # mvhd
+    fragment_duration: int | None  # mehd; None: no mehd
+    tracks: Mapping[int, int]  # mdhd durations
+
+    @property
+    def seconds(self) -> float:
+        """For messages and tests only; boxes hold ticks."""
+        return self.movie_duration / self.movie_timescale if self.movie_timescale else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """A field's place after the full-box header, in a version-0 box and in a
+    version-1 one; `time`: a time field, 64-bit in version 1 (the rest stay 32-bit)."""
+
+    v0_offset: int
+    v1_offset: int
+    time: bool
+
+
+# mvhd and mdhd hold creation, modification, timescale, duration; tkhd creation,
+# modification, track_ID, reserved, duration; mehd fragment_duration alone.
+_TIMESCALE = _Field(8, 16, time=False)
+_DURATION = _Field(12, 20, time=True)
+_TRACK_ID = _Field(8, 16, time=False)
+_TKHD_DURATION = _Field(16, 24, time=True)
+_MEHD_DURATION = _Field(0, 0, time=True)
+
+
+def _field_at(data: bytes | bytearray, b: Box, field: _Field) -> tuple[int, int]:
+    """(absolute offset, width) of `field` in box `b`, placed by the box's version."""
+    version, _ = full_box_header(data, b)
+    offset = field.v1_offset if version == 1 else field.v0_offset
+    width = 8 if version == 1 and field.time else 4
+    start = b.payload_offset + 4 + offset
+    if start + width > b.end:
+        raise ValueError(f"{b.type!r} at offset {b.offset} is too short")
+    return start, width
+
+
+def _read(data: bytes | bytearray, field: tuple[int, int]) -> int:
+    start, width = field
+    return struct.unpack_from(">Q" if width == 8 else ">I", data, start)[0]
+
+
+def _write(data: bytearray, field: tuple[int, int], value: int) -> None:
+    start, width = field
+    if width == 4:
+        struct.pack_into(">I", data, start, min(value, _UNKNOWN_32BIT_DURATION))
+    else:
+        struct.pack_into(">Q", data, start, value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Places:
+    mvhd: Box
+    mehd: Box | None
+    traks: tuple[tuple[Box, Box], ...]  # (tkhd, mdhd) of each trak
+
+
+def _places(data: bytes | bytearray) -> _Places:
+    moov = next((b for b in iter_boxes(data) if b.type == "moov"), None)
+    if moov is None:
+        raise ValueError("an init segment needs a moov")
+    inside = children(data, moov)
+    mvex = next((b for b in inside if b.type == "mvex"), None)
+    mehd = None
+    if mvex is not None:
+        mehd = next((b for b in children(data, mvex) if b.type == "mehd"), None)
+    traks = tuple(
+        (find_child(data, b, "tkhd"), find_child(data, find_child(data, b, "mdia"), "mdhd"))
+        for b in inside
+        if b.type == "trak"
+    )
+    return _Places(find_child(data, moov, "mvhd"), mehd, traks)
+
+
+def read_durations(init: bytes) -> MovieDurations:
+    """The durations an init segment states (0 in a live one)."""
+    places = _places(init)
+    tracks = {}
+    for tkhd, mdhd in places.traks:
+        track_id = _read(init, _field_at(init, tkhd, _TRACK_ID))
+        tracks[track_id] = _read(init, _field_at(init, mdhd, _DURATION))
+    return MovieDurations(
+        _read(init, _field_at(init, places.mvhd, _TIMESCALE)),
+        _read(init, _field_at(init, places.mvhd, _DURATION)),
+        None if places.mehd is None else _read(init, _field_at(init, places.mehd, _MEHD_DURATION)),
+        tracks,
+    )
+
+
+def with_durations(init: bytes, durations: Mapping[int, int]) -> bytes:
+    """`init` (ftyp + moov) stating each track's `durations` (track_id -> ticks of its
+    mdhd timescale; a track not named has none) and the movie's, the same length.
+
+    Movie-clock values are rounded up (as ffmpeg does), so the movie is never said to
+    end before its last sample. Raises ValueError for an init segment without a mehd
+    to state the movie's length in (one the rewrite would have to grow)."""
+    places = _places(init)
+    if places.mehd is None:
+        raise ValueError("the init segment has no mehd: its duration cannot be stated in place")
+    out = bytearray(init)
+    movie_timescale = _read(out, _field_at(out, places.mvhd, _TIMESCALE))
+    movie_duration = 0
+    for tkhd, mdhd in places.traks:
+        track_id = _read(out, _field_at(out, tkhd, _TRACK_ID))
+        timescale = _read(out, _field_at(out, mdhd, _TIMESCALE))
+        ticks = durations.get(track_id, 0)
+        if timescale == 0:
+            raise ValueError(f"track {track_id} has timescale 0")
+        in_movie = -(-ticks * movie_timescale // timescale)  # ceiling division
+        movie_duration = max(movie_duration, in_movie)
+        _write(out, _field_at(out, tkhd, _TKHD_DURATION), in_movie)
+        _write(out, _field_at(out, mdhd, _DURATION), ticks)
+    _write(out, _field_at(out, places.mvhd, _DURATION), movie_duration)
+    _write(out, _field_at(out, places.mehd, _MEHD_DURATION), movie_duration)
+    return bytes(out)
+
+
+class DurationTally:
+    """One stream's track durations so far, from its segments in the order written.
+
+    `add` takes the init segment first, then each fragment; `finished_init` is then
+    the init segment stating what the fragments hold. A stream the tally cannot read
+    (no init segment first, a segment that is not a fragment) leaves it without an
+    answer (`finished_init` None) rather than failing the writer: the file is then
+    as it was streamed, valid, only silent about its length.
+    """
+
+    __slots__ = ("_durations", "_init", "_unreadable")
+
+    def __init__(self) -> None:
+        self._init: bytes | None = None
+        self._durations: dict[int, int] = {}
+        self._unreadable: str | None = None
+
+    @property
+    def durations(self) -> dict[int, int]:
+        return dict(self._durations)
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why the tally gave up, or None."""
+        return self._unreadable
+
+    def add(self, segment: bytes) -> None:
+        if self._unreadable is not None:
+            return
+        try:
+            if self._init is None:
+                if segment[4:8] != b"ftyp":
+                    raise ValueError("the first segment is not an init segment")
+                _places(segment)
+                self._init = segment
+                return
+            for run in fragment_timing(segment):
+                self._durations[run.track_id] = self._durations.get(run.track_id, 0) + run.duration
+        except (ValueError, struct.error) as error:  # a box too short for its fields
+            self._unreadable = str(error)
+
+    def finished_init(self) -> bytes | None:
+        """The init segment stating the durations so far; None: see the class docstring."""
+        if self._init is None or self._unreadable is not None:
+            return None
+        try:
+            return with_durations(self._init, self._durations)
+        except (ValueError, struct.error) as error:
+            self._unreadable = str(error)
+            return None
