@@ -99,9 +99,24 @@ async def test_live_bytes_say_0_and_the_finished_file_its_length(
         "tracks": [["video", SECONDS]],
         "ffprobe": SECONDS,
     }
-    # The HLS init segment is the finished file's, too.
-    hls_init = await get(server, f"{job['urls']['self']}/hls/init.mp4")
-    assert hls_init == finished[: len(init)]
+    # The HLS init segment is the finished file's, too, and only that one may be cached.
+    async with server.client.get(f"{job['urls']['self']}/hls/init.mp4") as response:
+        assert response.headers["Cache-Control"] == "max-age=3600"
+        assert await response.read() == finished[: len(init)]
+
+
+async def test_a_running_jobs_hls_init_segment_is_not_cached(start_server: StartServer) -> None:
+    """It is rewritten when the job finishes: a cache keeping the live one would say 0."""
+    decoder = GatedDecoder(hold_at=2)
+    server = await start_server(decoders={"linear": decoder})
+    job = await create(server)
+    await asyncio.to_thread(decoder.holding.wait, 30)
+    async with server.client.get(f"{job['urls']['self']}/hls/init.mp4") as response:
+        assert response.status == 200
+        assert response.headers["Cache-Control"] == "no-cache"
+        assert read_durations(await response.read()).fragment_duration == 0
+    decoder.gate.set()
+    await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
 
 
 async def test_with_audio_both_tracks_state_the_videos_length(

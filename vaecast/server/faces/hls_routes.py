@@ -50,6 +50,8 @@ MEDIA_NUMBER = re.compile(r"[0-9]{1,9}")
 # A blocking request waits at most this many target durations, then gets what exists
 # (the specification asks for an answer within three).
 BLOCK_TARGET_DURATIONS = 3
+# A part or segment never changes once it exists.
+CACHE_FINISHED = "max-age=3600"
 
 
 def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
@@ -81,7 +83,10 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
         async def init(request: web.Request) -> web.StreamResponse:
             job, rendition = found(request, variant)
             await wait_for_init(job, rendition)
-            return await _send_segments(request, job, rendition, [0])
+            # A running rendition's init segment is rewritten once it finishes, to state
+            # its duration (`finished_file`): kept by a cache only from then on.
+            cache = CACHE_FINISHED if rendition.log.complete else "no-cache"
+            return await _send_segments(request, job, rendition, [0], cache)
 
         async def part(request: web.Request) -> web.StreamResponse:
             job, rendition = found(request, variant)
@@ -239,15 +244,17 @@ async def _parts(job: Job, rendition: Rendition, count: int) -> None:
 
 
 async def _send_segments(
-    request: web.Request, job: Job, rendition: Rendition, indexes: list[int]
+    request: web.Request,
+    job: Job,
+    rendition: Rendition,
+    indexes: list[int],
+    cache: str = CACHE_FINISHED,
 ) -> web.StreamResponse:
     """Log segments `indexes`, in order, as one MP4 body."""
     log = rendition.log
     if log.released:
         raise NotFoundError(f"video {job.id} is no longer kept")
-    response = web.StreamResponse(
-        headers={"Content-Type": "video/mp4", "Cache-Control": "max-age=3600"}
-    )
+    response = web.StreamResponse(headers={"Content-Type": "video/mp4", "Cache-Control": cache})
     response.content_length = sum(log.segment_size(i) for i in indexes)
     await response.prepare(request)
     if request.method != "HEAD":
