@@ -59,7 +59,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="log lines as text or json (one object per line, job_id on a job's lines)",
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument(
+        "--port", type=port_number, default=8000, help="0 picks a free port (default: %(default)s)"
+    )
     serve.add_argument(
         "--model",
         action="append",
@@ -79,6 +81,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument(
         "--preview-device",
         default=None,
+        type=torch_device,
         help="torch device of the --preview decoders (default: the --device, where the "
         "model yields to its preview chunk by chunk)",
     )
@@ -363,6 +366,21 @@ def at_least(
         return value
 
     return convert
+
+
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """--port: a TCP port, 0-65535, as an argparse type (the socket layer would take
+    70000 as 70000 - 65536, and -1 as an unreadable resolver error)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text[:40]!r}") from None
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0-{MAX_PORT} (0: any free one), got {port}")
+    return port
 
 
 def option_type(parse: Callable[[str], str]) -> Callable[[str], str]:

@@ -21,6 +21,7 @@ from vaecast.cli_decode_options import (
     resolve_diffusers,
     weights_by_model,
 )
+from vaecast.cli_start_checks import check_encoder, check_writable_folder
 from vaecast.cluster.records import ReplicaOptions
 from vaecast.errors import InvalidRequestError
 from vaecast.params import parse_fps
@@ -91,6 +92,10 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
     )
 
+    # Before the port opens (as the models below): a setting that would fail every job
+    # ends the start with one line.
+    check_encoder(config.encoder, config.default_fps)
+    check_writable_folder("--spill-dir", config.spill_dir)
     replicas = None if args.ray is None else start_replicas(args, models, weights)
 
     async def serve() -> None:
