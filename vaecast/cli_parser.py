@@ -220,6 +220,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         f"stay open); default ${API_KEY_ENV}, which other users cannot read in `ps`",
     )
     serve.add_argument(
+        "--require-api-key",
+        action="store_true",
+        help="refuse to start beyond loopback (--host 0.0.0.0) without an API key; the "
+        "container image (deploy/serve.Dockerfile) sets it",
+    )
+    serve.add_argument(
         "--allowed-host",
         action="append",
         type=option_type(normalize_host_pattern),
