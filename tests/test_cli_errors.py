@@ -193,7 +193,7 @@ TINY_WEIGHTS = Path(__file__).parents[1] / "vaecast" / "models" / "weights" / "t
         ("output-is-a-folder", "vaecast: error: {tmp}: -o names a folder, not a file"),
         (
             "unknown-model",
-            "vaecast: error: --model nosuch: unknown model 'nosuch'; this server knows:",
+            "vaecast: error: unknown model 'nosuch'; this server knows:",
         ),
         (
             "weights-of-another-model",

@@ -44,25 +44,17 @@ def serve_on_held_port(*flags: str) -> subprocess.CompletedProcess[str]:
 
 
 def bad_settings(tmp_path: Path) -> list[tuple[list[str], str]]:
+    """A bad setting of each kind (a missing plugin module: tests/server/test_plugins.py;
+    a cut weights file: the test below)."""
     (tmp_path / "a-file").write_text("")
-    truncated = truncated_safetensors(tmp_path / "cut.safetensors")
     return [
         (
             ["--model", "nosuch"],
-            "--model nosuch: unknown model 'nosuch'; this server knows: cogvideox, diffusers,",
-        ),
-        (
-            ["--model", "no_such_package.decoders:factory"],
-            "--model no_such_package.decoders:factory: model 'no_such_package.decoders:factory':"
-            " cannot import 'no_such_package.decoders'",
+            "unknown model 'nosuch'; this server knows: cogvideox, diffusers,",
         ),
         (
             ["--model", "taehv", "--weights", str(TINY_WEIGHTS)],
             f"--model taehv: {TINY_WEIGHTS} is not a TAEHV decoder: missing keys: decoder.1.weight",
-        ),
-        (
-            ["--model", "taehv", "--weights", str(truncated)],
-            f"--model taehv: {truncated}: not a readable safetensors file",
         ),
         (
             ["--model", "linear", "--preview", "linear=nosuch"],
@@ -121,4 +113,7 @@ def test_nothing_ever_listens_on_the_port_of_a_refused_start(tmp_path: Path):
     assert server.returncode == 2, stderr
     assert (answered, "Traceback" in stderr) == (0, False), stderr
     assert tries > 10  # it was polled while the server started (torch's import alone)
-    assert stderr.strip().splitlines()[-1].startswith("vaecast: error: --model taehv: ")
+    assert stderr.strip().splitlines()[-1] == (
+        f"vaecast: error: --model taehv: {cut}: not a readable safetensors file: "
+        "Error while deserializing header: incomplete metadata, file not fully covered"
+    )
