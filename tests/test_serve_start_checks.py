@@ -117,3 +117,36 @@ def test_nothing_ever_listens_on_the_port_of_a_refused_start(tmp_path: Path):
         f"vaecast: error: --model taehv: {cut}: not a readable safetensors file: "
         "Error while deserializing header: incomplete metadata, file not fully covered"
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--decode-slots", "0", "must be a finite number at least 1, got 0"),
+        ("--max-frames", "0", "must be a finite number at least 1, got 0"),
+        ("--max-upload-mb", "-1", "must be a finite number at least 1, got -1"),
+        ("--max-pixels", "lots", "not a number: 'lots'"),
+        ("--max-queued", "-1", "must be a finite number at least 0, got -1"),
+        ("--push-queue-blocks", "0", "must be a finite number at least 1, got 0"),
+        ("--reader-timeout", "nan", "must be a finite number more than 0, got nan"),
+        ("--header-timeout", "0", "must be a finite number more than 0, got 0"),
+        ("--body-timeout", "inf", "must be a finite number more than 0, got inf"),
+        ("--push-idle-timeout", "-2", "must be a finite number more than 0, got -2"),
+        ("--retention", "-5", "must be a finite number at least 0, got -5"),
+        ("--retention-memory-mb", "-1", "must be a finite number at least 0, got -1"),
+        ("--spill-threshold-mb", "-1", "must be a finite number at least 0, got -1"),
+        ("--shutdown-grace", "nan", "must be a finite number at least 0, got nan"),
+    ],
+)
+def test_a_number_no_job_could_run_with_is_one_usage_line(
+    flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+):
+    """A server with no decode slot, no frame allowed or a NaN timeout used to start
+    and refuse or hang every job (--decode-slots 0 was a traceback)."""
+    from vaecast.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["serve", flag, value])
+    assert ended.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert errors == [f"vaecast serve: error: argument {flag}: {says}"]

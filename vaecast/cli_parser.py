@@ -85,44 +85,46 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="torch device of the --preview decoders (default: the --device, where the "
         "model yields to its preview chunk by chunk)",
     )
-    serve.add_argument("--max-upload-mb", type=int, default=DEFAULTS.limits.max_upload_bytes // MIB)
-    serve.add_argument("--max-frames", type=int, default=DEFAULTS.limits.max_frames)
+    serve.add_argument(
+        "--max-upload-mb", type=at_least(int, 1), default=DEFAULTS.limits.max_upload_bytes // MIB
+    )
+    serve.add_argument("--max-frames", type=at_least(int, 1), default=DEFAULTS.limits.max_frames)
     serve.add_argument(
         "--max-pixels",
-        type=int,
+        type=at_least(int, 1),
         default=DEFAULTS.limits.max_pixels_per_frame,
         help="largest width x height of a decoded frame",
     )
-    serve.add_argument("--decode-slots", type=int, default=DEFAULTS.decode_slots)
+    serve.add_argument("--decode-slots", type=at_least(int, 1), default=DEFAULTS.decode_slots)
     serve.add_argument(
         "--max-queued",
-        type=int,
+        type=at_least(int, 0),
         default=DEFAULTS.max_queued_jobs,
         help="jobs that may wait for a decode slot before POST answers 429",
     )
     serve.add_argument(
         "--reader-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.reader_write_timeout_s,
         metavar="SECONDS",
         help="drop a viewer whose socket accepts nothing for this long",
     )
     serve.add_argument(
         "--push-queue-blocks",
-        type=int,
+        type=at_least(int, 1),
         default=DEFAULTS.push_queue_blocks,
         help="push sessions: latent blocks that may wait for the decoder before a push waits",
     )
     serve.add_argument(
         "--push-idle-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.push_idle_timeout_s,
         metavar="SECONDS",
         help="a push session that receives nothing this long fails",
     )
     serve.add_argument(
         "--header-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.header_timeout_s,
         metavar="SECONDS",
         help="close a connection whose request head is not complete this long after it "
@@ -130,7 +132,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--body-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.body_timeout_s,
         metavar="SECONDS",
         help="answer 408 when no part of a request body arrives for this long",
@@ -170,20 +172,20 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--retention",
-        type=float,
+        type=at_least(float, 0),
         default=DEFAULTS.retention_s,
         metavar="SECONDS",
         help="keep finished videos this long",
     )
     serve.add_argument(
         "--retention-memory-mb",
-        type=int,
+        type=at_least(int, 0),
         default=DEFAULTS.retention_memory_bytes // MIB,
         help="RAM that finished videos may hold; the oldest are evicted past it",
     )
     serve.add_argument(
         "--spill-threshold-mb",
-        type=int,
+        type=at_least(int, 0),
         default=DEFAULTS.spill_threshold_bytes // MIB,
         help="a video's bytes past this go to a temporary file instead of RAM",
     )
@@ -205,7 +207,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=at_least(float, 0),
         default=DEFAULTS.shutdown_grace_s,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, let running jobs finish this long before cancelling them",
