@@ -31,7 +31,8 @@ RUN pip install --no-cache-dir . \
 # By number: a runtime that checks "not root" cannot read names from the image.
 USER 10001
 # Every serve option also reads VAECAST_<OPTION>: jobs and finished videos go to the
-# /data volume, and a start without VAECAST_API_KEY ends with one line. (DL3064 takes
+# /data volume, and a start without VAECAST_API_KEY ends with one line. Another port:
+# `-e VAECAST_PORT=...`, not --port, so that the health check asks the right one. (DL3064 takes
 # REQUIRE_API_KEY, a switch, for a secret; the key itself is given at `docker run`.)
 # hadolint ignore=DL3064
 ENV PYTHONUNBUFFERED=1 \
