@@ -11,32 +11,12 @@ setting of `serve` is refused before its port opens: tests/test_serve_start_chec
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import safetensors_bytes, smooth_latents
-
-TIMEOUT_S = 120
-
-
-def vaecast(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vaecast", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-
-
-def one_error_line(finished: subprocess.CompletedProcess[str]) -> str:
-    assert finished.returncode == 2, finished
-    assert "Traceback" not in finished.stderr, finished.stderr
-    errors = [line for line in finished.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, finished.stderr
-    return errors[0]
+from tests.helpers.cli_process import one_error_line, vaecast
 
 
 @pytest.fixture

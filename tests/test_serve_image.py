@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.helpers.cli_process import TIMEOUT_S, one_error_line
 from tests.helpers.serve_process import vaecast_serve
-from tests.test_cli_errors import TIMEOUT_S, one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "deploy" / "serve.Dockerfile"

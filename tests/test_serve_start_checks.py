@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.test_cli_errors import TIMEOUT_S, one_error_line
+from tests.helpers.cli_process import TIMEOUT_S, one_error_line
 
 TINY_WEIGHTS = Path(__file__).parents[1] / "vaecast" / "models" / "weights" / "tiny.safetensors"
 
