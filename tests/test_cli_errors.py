@@ -1,36 +1,22 @@
 """Every mistake a user can make on the command line is one line, a cause, and exit
 status 2, through the real `vaecast` command in a subprocess; `--debug` shows the
-traceback instead."""
+traceback instead.
+
+Each class of issue 36 has a case: a missing file, an unreadable file, a port in use, a
+bad port, a missing output folder, an unwritable output, a device this machine lacks, an
+unknown model, weights that do not fit, typo'd flags and conflicting flags (a bad
+setting of `serve` is refused before its port opens: tests/test_serve_start_checks.py).
+"""
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import safetensors_bytes, smooth_latents
-
-TIMEOUT_S = 120
-
-
-def vaecast(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vaecast", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-
-
-def one_error_line(finished: subprocess.CompletedProcess[str]) -> str:
-    assert finished.returncode == 2, finished
-    assert "Traceback" not in finished.stderr, finished.stderr
-    errors = [line for line in finished.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, finished.stderr
-    return errors[0]
+from tests.helpers.cli_process import one_error_line, vaecast
 
 
 @pytest.fixture
@@ -162,4 +148,85 @@ def test_every_serve_option_reads_its_environment_variable(monkeypatch: pytest.M
 def test_a_bad_environment_value_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("VAECAST_PORT", "eighty")
     line = one_error_line(vaecast("serve"))
-    assert line == "vaecast: error: VAECAST_PORT='eighty': not an integer"
+    assert line == "vaecast: error: VAECAST_PORT='eighty': not a port number: 'eighty'"
+
+
+TINY_WEIGHTS = Path(__file__).parents[1] / "vaecast" / "models" / "weights" / "tiny.safetensors"
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        # An unreadable input (as root, chmod 000 reads anyway): a folder, or not latents.
+        ("input-is-a-folder", "vaecast: error: {tmp}: Is a directory"),
+        (
+            "input-is-not-latents",
+            "vaecast: error: {tmp}/notes.txt: not a latent file: the upload is not a "
+            "safetensors or .npy file",
+        ),
+        # Unwritable output: a folder that is a file, a folder no file can go in, a folder.
+        (
+            "output-under-a-file",
+            "vaecast: error: {tmp}/notes.txt: -o names a folder that is a file",
+        ),
+        ("output-in-proc", "vaecast: error: -o /proc: cannot write a file there"),
+        ("output-is-a-folder", "vaecast: error: {tmp}: -o names a folder, not a file"),
+        (
+            "unknown-model",
+            "vaecast: error: unknown model 'nosuch'; this server knows:",
+        ),
+        (
+            "weights-of-another-model",
+            f"vaecast: error: --model taehv: {TINY_WEIGHTS} is not a TAEHV decoder: missing keys:",
+        ),
+    ],
+)
+def test_each_class_of_decode_mistake_is_one_line(
+    latents: Path, tmp_path: Path, case: str, says: str
+):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not latents")
+    output = str(tmp_path / "x.mp4")
+    arguments = {
+        "input-is-a-folder": [str(tmp_path), "-o", output],
+        "input-is-not-latents": [str(notes), "-o", output],
+        "output-under-a-file": [str(latents), "-o", str(notes / "x.mp4")],
+        "output-in-proc": [str(latents), "-o", "/proc/x.mp4"],
+        "output-is-a-folder": [str(latents), "-o", str(tmp_path)],
+        "unknown-model": [str(latents), "-o", output, "--model", "nosuch"],
+        "weights-of-another-model": [
+            *(str(latents), "-o", output),
+            *("--model", "taehv", "--weights", str(TINY_WEIGHTS)),
+        ],
+    }[case]
+    line = one_error_line(vaecast("decode", *arguments))
+    assert line.startswith(says.format(tmp=tmp_path)), line
+    assert not (tmp_path / "x.mp4").exists()
+
+
+def test_a_bad_port_is_one_line():
+    line = one_error_line(vaecast("serve", "--port", "70000"))
+    assert (
+        line
+        == "vaecast serve: error: argument --port: a port is 0-65535 (0: any free one), got 70000"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("-1", "a port is 0-65535 (0: any free one), got -1"),
+        ("65536", "a port is 0-65535 (0: any free one), got 65536"),
+        ("eighty", "not a port number: 'eighty'"),
+        ("8.5", "not a port number: '8.5'"),
+    ],
+)
+def test_what_a_port_may_be(text: str, says: str):
+    import argparse
+
+    from vaecast.cli_parser import port_number
+
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        port_number(text)
+    assert str(refused.value) == says
+    assert [port_number(p) for p in ("0", "8000", "65535")] == [0, 8000, 65535]

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from vaecast.codecs.h264 import MAX_QP, EncoderSettings
-from vaecast.errors import InvalidRequestError
+from vaecast.errors import InvalidRequestError, UnknownModelError, VaecastError
 from vaecast.models.base import ChunkedDecoder
 from vaecast.models.registry import (
     DIFFUSERS_MODEL,
@@ -187,4 +187,11 @@ def resolve_diffusers(
 
 
 def load_decoder(name: str, device: str, weights: str | None) -> ChunkedDecoder:
-    return get_decoder(name, device=device, weights=weights)
+    """Model `name`'s decoder; a model that fails to load is one line naming the option
+    (an unknown model's says so itself)."""
+    try:
+        return get_decoder(name, device=device, weights=weights)
+    except UnknownModelError:
+        raise
+    except VaecastError as error:
+        raise InvalidRequestError(f"--model {name}: {error.message}") from None

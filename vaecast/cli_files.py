@@ -17,8 +17,10 @@ from vaecast.cli_decode_options import (
     resolve_diffusers,
     weights_by_model,
 )
+from vaecast.cli_start_checks import check_encoder, check_writable_folder
 from vaecast.codecs.stream import Soundtrack
 from vaecast.decode_file import decode_to_file
+from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.models.layouts import layout_of
 from vaecast.params import parse_fps
@@ -71,13 +73,23 @@ def run_latents(args: argparse.Namespace) -> int:
 
 def run_decode(args: argparse.Namespace) -> int:
     folder = args.output.parent
+    # The output's place is checked before anything is read or decoded, and said as -o:
+    # the file is written beside it as a hidden .part first, whose name means nothing.
     if not folder.is_dir():
+        if folder.exists():
+            raise NotADirectoryError(errno.ENOTDIR, "-o names a folder that is a file", str(folder))
         raise FileNotFoundError(errno.ENOENT, "-o names a folder that does not exist", str(folder))
+    if args.output.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "-o names a folder, not a file", str(args.output))
+    check_writable_folder("-o", str(folder))
     data = args.latents.read_bytes()
     models, weights = resolve_diffusers([args.model], weights_by_model(args.weights, [args.model]))
     decoder = load_decoder(models[0], args.device, weights.get(models[0]))
     layout = layout_of(decoder)
-    latent_file = load_latents(data, layout=layout.bind)
+    try:
+        latent_file = load_latents(data, layout=layout.bind)
+    except VaecastError as error:
+        raise InvalidRequestError(f"{args.latents}: not a latent file: {error.message}") from None
     fps = parse_fps(args.fps or latent_file.metadata.get("fps"), DEFAULTS.default_fps)
     soundtrack = None
     if latent_file.audio is not None:  # muxed as the server muxes it
@@ -85,7 +97,9 @@ def run_decode(args: argparse.Namespace) -> int:
             latent_file.audio, latent_file.metadata.get(AUDIO_RATE_KEY)
         )
         soundtrack = Soundtrack(waveform, sample_rate)
-    output = VideoOutput(fps, encoder_settings(args), soundtrack)
+    settings = encoder_settings(args)
+    check_encoder(settings, fps)  # one line before the decode, not a traceback after it
+    output = VideoOutput(fps, settings, soundtrack)
     plan = decode_to_file(latent_file.latents, decoder, output, args.output)
     sound = "" if soundtrack is None else f", {soundtrack.channels} audio channel(s)"
     print(

@@ -59,7 +59,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="log lines as text or json (one object per line, job_id on a job's lines)",
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    serve.add_argument(
+        "--port", type=port_number, default=8000, help="0 picks a free port (default: %(default)s)"
+    )
     serve.add_argument(
         "--model",
         action="append",
@@ -79,47 +81,50 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument(
         "--preview-device",
         default=None,
+        type=torch_device,
         help="torch device of the --preview decoders (default: the --device, where the "
         "model yields to its preview chunk by chunk)",
     )
-    serve.add_argument("--max-upload-mb", type=int, default=DEFAULTS.limits.max_upload_bytes // MIB)
-    serve.add_argument("--max-frames", type=int, default=DEFAULTS.limits.max_frames)
+    serve.add_argument(
+        "--max-upload-mb", type=at_least(int, 1), default=DEFAULTS.limits.max_upload_bytes // MIB
+    )
+    serve.add_argument("--max-frames", type=at_least(int, 1), default=DEFAULTS.limits.max_frames)
     serve.add_argument(
         "--max-pixels",
-        type=int,
+        type=at_least(int, 1),
         default=DEFAULTS.limits.max_pixels_per_frame,
         help="largest width x height of a decoded frame",
     )
-    serve.add_argument("--decode-slots", type=int, default=DEFAULTS.decode_slots)
+    serve.add_argument("--decode-slots", type=at_least(int, 1), default=DEFAULTS.decode_slots)
     serve.add_argument(
         "--max-queued",
-        type=int,
+        type=at_least(int, 0),
         default=DEFAULTS.max_queued_jobs,
         help="jobs that may wait for a decode slot before POST answers 429",
     )
     serve.add_argument(
         "--reader-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.reader_write_timeout_s,
         metavar="SECONDS",
         help="drop a viewer whose socket accepts nothing for this long",
     )
     serve.add_argument(
         "--push-queue-blocks",
-        type=int,
+        type=at_least(int, 1),
         default=DEFAULTS.push_queue_blocks,
         help="push sessions: latent blocks that may wait for the decoder before a push waits",
     )
     serve.add_argument(
         "--push-idle-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.push_idle_timeout_s,
         metavar="SECONDS",
         help="a push session that receives nothing this long fails",
     )
     serve.add_argument(
         "--header-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.header_timeout_s,
         metavar="SECONDS",
         help="close a connection whose request head is not complete this long after it "
@@ -127,7 +132,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--body-timeout",
-        type=float,
+        type=at_least(float, 0, above=True),
         default=DEFAULTS.body_timeout_s,
         metavar="SECONDS",
         help="answer 408 when no part of a request body arrives for this long",
@@ -167,20 +172,20 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--retention",
-        type=float,
+        type=at_least(float, 0),
         default=DEFAULTS.retention_s,
         metavar="SECONDS",
         help="keep finished videos this long",
     )
     serve.add_argument(
         "--retention-memory-mb",
-        type=int,
+        type=at_least(int, 0),
         default=DEFAULTS.retention_memory_bytes // MIB,
         help="RAM that finished videos may hold; the oldest are evicted past it",
     )
     serve.add_argument(
         "--spill-threshold-mb",
-        type=int,
+        type=at_least(int, 0),
         default=DEFAULTS.spill_threshold_bytes // MIB,
         help="a video's bytes past this go to a temporary file instead of RAM",
     )
@@ -202,7 +207,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=at_least(float, 0),
         default=DEFAULTS.shutdown_grace_s,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, let running jobs finish this long before cancelling them",
@@ -215,6 +220,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' on /v1 (the page, /healthz and /metrics "
         f"stay open); default ${API_KEY_ENV}, which other users cannot read in `ps`",
+    )
+    serve.add_argument(
+        "--require-api-key",
+        action="store_true",
+        help="refuse to start beyond loopback (--host 0.0.0.0) without an API key; the "
+        "container image (deploy/serve.Dockerfile) sets it",
     )
     serve.add_argument(
         "--allowed-host",
@@ -363,6 +374,21 @@ def at_least(
         return value
 
     return convert
+
+
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """--port: a TCP port, 0-65535, as an argparse type (the socket layer would take
+    70000 as 70000 - 65536, and -1 as an unreadable resolver error)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text[:40]!r}") from None
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0-{MAX_PORT} (0: any free one), got {port}")
+    return port
 
 
 def option_type(parse: Callable[[str], str]) -> Callable[[str], str]:

@@ -21,11 +21,17 @@ from vaecast.cli_decode_options import (
     resolve_diffusers,
     weights_by_model,
 )
+from vaecast.cli_start_checks import check_encoder, check_writable_folder
 from vaecast.cluster.records import ReplicaOptions
 from vaecast.errors import InvalidRequestError
 from vaecast.params import parse_fps
 from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.edge.security_config import SecurityConfig, for_bind_address
+from vaecast.server.edge.security_config import (
+    API_KEY_ENV,
+    SecurityConfig,
+    for_bind_address,
+    is_loopback_bind,
+)
 from vaecast.server.webrtc.settings import WebRtcSettings, host_addresses_for
 
 
@@ -43,6 +49,11 @@ def run_serve(args: argparse.Namespace) -> int:
     # Checked before any model loads: a --weights mistake is a usage error.
     models, weights = resolve_diffusers(models, weights_by_model(args.weights, models))
     previews = preview_pairs(args.preview, models)
+    if args.require_api_key and args.api_key is None and not is_loopback_bind(args.host):
+        raise InvalidRequestError(
+            f"--require-api-key: listening on {args.host or 'all interfaces'} needs a key: "
+            f"set {API_KEY_ENV} (or --api-key KEY)"
+        )
     security, warnings = for_bind_address(
         SecurityConfig(
             api_key=args.api_key,
@@ -91,6 +102,10 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
     )
 
+    # Before the port opens (as the models below): a setting that would fail every job
+    # ends the start with one line.
+    check_encoder(config.encoder, config.default_fps)
+    check_writable_folder("--spill-dir", config.spill_dir)
     replicas = None if args.ray is None else start_replicas(args, models, weights)
 
     async def serve() -> None:

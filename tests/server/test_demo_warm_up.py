@@ -125,18 +125,36 @@ async def test_no_warm_up_without_the_demo_model_as_the_default():
         await runner.cleanup()
 
 
-@pytest.mark.slow
-async def test_a_failing_warm_up_is_logged_and_harmless(caplog: pytest.LogCaptureFixture):
-    class Broken(TinyDecoder):
-        def decode_stream(self, blocks, on_chunk):  # type: ignore[no-untyped-def]
-            raise RuntimeError("no decoder today")
+class Broken(TinyDecoder):
+    def decode_stream(self, blocks, on_chunk):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no decoder today")
 
+
+@pytest.mark.slow
+async def test_a_failing_warm_up_is_logged_and_raised(caplog: pytest.LogCaptureFixture):
     caplog.set_level(logging.INFO, logger="vaecast.demo")
-    result = await warm_up_demo(
-        Broken(), "cpu", Fraction(16), EncoderSettings(), timeout_s=WARM_UP_WAIT_S
-    )
-    assert result is None
+    with pytest.raises(RuntimeError, match="no decoder today"):
+        await warm_up_demo(
+            Broken(), "cpu", Fraction(16), EncoderSettings(), timeout_s=WARM_UP_WAIT_S
+        )
     assert any("demo warm-up failed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+async def test_healthz_is_not_ready_once_the_warm_up_failed():
+    """What failed the warm-up (the default model's decode) fails every job of it."""
+    app = create_app(CONFIG, {"tiny": Broken()}, warm_demo=True)
+    async with serving(app) as client:
+        warm_up = app[DEMO_WARM_UP]
+        assert warm_up is not None
+        await asyncio.wait(  # the scene step runs first: a second or two
+            [warm_up], timeout=WARM_UP_WAIT_S
+        )
+        async with client.get("/healthz") as response:
+            assert response.status == 503
+            health = await response.json()
+    assert (health["status"], health["ready"]) == ("failing", False)
+    assert health["warm_up"] == {"state": "failed", "error": "no decoder today"}
 
 
 @pytest.mark.slow
@@ -200,6 +218,13 @@ async def test_what_healthz_says_of_each_way_the_warm_up_ends():
     pending.cancel()
     await asyncio.gather(pending, return_exceptions=True)
     assert warm_up_state(pending) == {"state": "failed"}
+
+    async def raising():
+        raise RuntimeError("x264 said no")
+
+    failed = asyncio.create_task(raising())
+    await asyncio.gather(failed, return_exceptions=True)
+    assert warm_up_state(failed) == {"state": "failed", "error": "x264 said no"}
     all_steps = dict.fromkeys(("scene", "audio", "decode", "encode"), 0.1)
     for value, expected in [
         (None, {"state": "failed"}),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -68,7 +69,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise WeightsError(
             f"{path}: not a safetensors file or a readable PyTorch checkpoint ({detail})"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as error:
+    # torch.load reads a file that looks like safetensors with safetensors, whose
+    # errors are their own type.
+    except (RuntimeError, EOFError, OSError, ValueError, SafetensorError) as error:
         kind = "zip checkpoint" if is_zip else "file"
         raise WeightsError(
             f"{path}: not a safetensors file or a readable PyTorch {kind}: {error}"

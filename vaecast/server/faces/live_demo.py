@@ -54,6 +54,8 @@ AUDIO_LEAD_FRAMES = 4  # one later latent frame's worth of video
 WARM_UP_BLOCKS = 2
 # The warm-up is a few seconds of CPU; past this it is given up (logged), whatever the load.
 WARM_UP_TIMEOUT_S = 120.0
+# What /healthz quotes of a warm-up's error.
+MAX_ERROR_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +112,26 @@ async def _produce(job: Job, demo: LiveDemoRequest) -> None:
 
 def warm_up_state(task: asyncio.Task[dict[str, float] | None] | None) -> dict[str, Any]:
     """What `/healthz` says of the warm-up: `off` (none), `running`, `done` (every step),
-    `stopped` (a job came first), `failed` (an error or its timeout); with the seconds
-    of the steps done once it has ended."""
+    `stopped` (a job came first), `failed` (an error, with it, or its timeout); with the
+    seconds of the steps done once it has ended."""
     if task is None:
         return {"state": "off"}
     if not task.done():
         return {"state": "running"}
+    if not task.cancelled() and task.exception() is not None:
+        return {"state": "failed", "error": str(task.exception())[:MAX_ERROR_CHARS]}
     seconds = None if task.cancelled() else task.result()
     if seconds is None:
         return {"state": "failed"}
     state = "done" if set(seconds) == set(WARM_UP_STEPS) else "stopped"
     return {"state": state, "seconds": seconds}
+
+
+def warm_up_raised(task: asyncio.Task[dict[str, float] | None] | None) -> bool:
+    """Whether the warm-up ended in an error: the default model or the encoder failed
+    at what every job does, so the server is not ready (a timeout says only that the
+    machine is busy)."""
+    return task is not None and task.done() and not task.cancelled() and bool(task.exception())
 
 
 async def warm_up_demo(
@@ -134,8 +145,9 @@ async def warm_up_demo(
     timeout_s: float = WARM_UP_TIMEOUT_S,
 ) -> dict[str, float] | None:
     """Run a demo click's first-call work once (see the module docstring): the seconds
-    each step took, or None when it failed or ran past `timeout_s` (logged either way;
-    a failed warm-up costs the first viewer the first-call time, nothing more).
+    each step took, or None when it ran past `timeout_s` (logged: it costs the first
+    viewer the first-call time, nothing more). An error in a step is logged and raised:
+    the jobs would meet it too, so `/healthz` is then not ready (`warm_up_raised`).
 
     Each step runs in a thread; cancelling this stops it between steps. The decode
     and the encode run on `workers`, the job manager's own threads, when given: some
@@ -205,8 +217,8 @@ async def warm_up_demo(
         log.warning("demo warm-up gave up after %.0f s (%s done)", timeout_s, seconds)
         return None
     except Exception:
-        log.exception("demo warm-up failed (%s done); the first demo pays its first calls", seconds)
-        return None
+        log.exception("demo warm-up failed (%s done); /healthz is not ready", seconds)
+        raise
     log.info(
         "demo warm-up done in %.2f s (%s)",
         time.perf_counter() - started,

@@ -20,6 +20,7 @@ from vaecast.server.faces.live_demo import (
     DEMO_WARM_UP,
     LiveDemoRequest,
     start_producer,
+    warm_up_raised,
     warm_up_state,
 )
 from vaecast.server.faces.push import PushSessions, push_json, push_latents
@@ -297,11 +298,16 @@ def _sse(event: str, event_id: int, data: dict[str, Any]) -> bytes:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """Liveness (any answer) and readiness (200 only while jobs are admitted)."""
+    """Liveness (any answer) and readiness (200 only while jobs are admitted and would
+    not fail as the warm-up did)."""
     manager = request.app[MANAGER]
-    ready = not manager.draining
+    warm_up = request.app.get(DEMO_WARM_UP)
+    # A warm-up that raised met what every job would: not ready, though not draining.
+    failing = warm_up_raised(warm_up)
+    ready = not manager.draining and not failing
+    status = "draining" if manager.draining else "failing" if failing else "ok"
     body: dict[str, Any] = {
-        "status": "ok" if ready else "draining",
+        "status": status,
         "ready": ready,
         "version": VERSION,
         "models": sorted(manager.decoders),
@@ -326,7 +332,7 @@ async def healthz(request: web.Request) -> web.Response:
             "max": manager.config.webrtc.max_viewers,
         },
         # The first demo click is as fast as later ones once this is `done`.
-        "warm_up": warm_up_state(request.app.get(DEMO_WARM_UP)),
+        "warm_up": warm_up_state(warm_up),
     }
     replicas = manager.replica_health()
     if replicas is not None:  # Ray mode: the decoder replicas (count, healthy, by state)
