@@ -75,13 +75,13 @@ def validate(value: Any, schema: dict[str, Any]) -> None:
         raise AssertionError(f"{error.message} at {list(error.absolute_path)}: {value!r:.500}")
 
 
-def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
-    """(event name, parsed data) of each event of an event stream's text."""
+def sse_events(text: str) -> list[dict[str, str]]:
+    """The events of an event stream's text, each its fields (`event`, `id`, `data`)."""
     events = []
     for block in text.split("\n\n"):
         fields = dict(
             line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
         )
-        if "event" in fields:
-            events.append((fields["event"], json.loads(fields["data"])))
+        if "data" in fields:
+            events.append(fields)
     return events

@@ -4,6 +4,7 @@ real answers of a real server (over HTTP) are what it says, status and schema.""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from dataclasses import replace
 from typing import Any
@@ -210,15 +211,20 @@ async def _ended(server: Server, contract: Contract, job_id: str) -> dict[str, A
 
 
 async def _events(server: Server, contract: Contract, url: str) -> list[str]:
-    """The event stream from now to the job's end: each payload validated, its names."""
+    """The event stream from now to the job's end: each event valid against the stream's
+    schema, its data against the schema its `contentSchema` names; their names."""
+    route = f"{VIDEO}/events"
     async with server.client.get(f"{url}/events") as response:
-        contract.check("GET", f"{VIDEO}/events", response, b"")
+        contract.check("GET", route, response, b"")
         text = (await response.read()).decode()
+    stream_schema = contract.schema("GET", route, 200, "text/event-stream")
     names = []
-    for name, data in sse_events(text):
-        validate(data, contract.component("JobObject" if name == "state" else "JobEvent"))
-        assert name == "state" or data["event"] == name
-        names.append(name)
+    for event in sse_events(text):
+        validate(event, stream_schema)
+        data = json.loads(event["data"])
+        validate(data, contract.component("JobObject" if event["event"] == "state" else "JobEvent"))
+        assert event["event"] == "state" or data["event"] == event["event"]
+        names.append(event["event"])
     return names
 
 

@@ -1,9 +1,9 @@
 """The document as OpenAPI 3.0, for the bundled Swagger UI (4.x renders 3.0 only).
 
 Only what 3.0 spells differently changes: `null` in a union becomes `nullable`,
-`const` a one-value `enum`, `contentMediaType` the `binary` format, and `info`
-loses the fields 3.0 lacks. The 3.1 document stays the contract; this is a view of
-it, made from it on each build. Pure.
+`const` a one-value `enum`, `contentMediaType` of bytes the `binary` format
+(`contentSchema` is dropped), and `info` loses the fields 3.0 lacks. The 3.1
+document stays the contract; this is a view of it, made from it on each build. Pure.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Any
 
 SWAGGER_OPENAPI_VERSION = "3.0.3"
 NULL = {"type": "null"}
+# A string of these media types is text, not bytes.
+TEXTUAL = ("application/json", "text/")
 
 
 def swagger_ui_view(document: dict[str, Any]) -> dict[str, Any]:
@@ -41,7 +43,8 @@ def _convert(value: Any) -> Any:
             out["nullable"] = True
     if "const" in out:
         out["enum"] = [out.pop("const")]
-    if "contentMediaType" in out:
-        out.pop("contentMediaType")
+    out.pop("contentSchema", None)  # 3.0 has no schema for a string's content
+    media_type = out.pop("contentMediaType", None)
+    if media_type is not None and not media_type.startswith(TEXTUAL):
         out["format"] = "binary"
     return out

@@ -45,12 +45,31 @@ from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 LIST_MAX = 100
 TEXT = {"type": "string"}
 NOT_ALLOWED = ErrorType(405, "method_not_allowed")
-# An event stream's text; the payload of each `data:` line is named for readers and
-# tools (a 3.1 media type cannot describe the items of a stream).
+# One event of an event stream, as OpenAPI 3.2 (`itemSchema`) and Schemathesis read a
+# 3.1 stream's schema: its fields, `data` the JSON of a JobEvent (`state`'s, a JobObject).
 EVENT_STREAM = {
-    **TEXT,
-    "description": "SSE lines: each `data:` is a JobEvent (`state`'s is a JobObject)",
-    "x-sse-data": {"$ref": "#/components/schemas/JobEvent"},
+    "type": "object",
+    "required": ["event", "id", "data"],
+    "properties": {
+        "event": {"enum": m.event_names()},
+        "id": {"type": "string", "pattern": "^-?[0-9]+$"},
+        "retry": {"type": "integer", "minimum": 0},
+        "data": {"type": "string", "contentMediaType": JSON},
+    },
+    "oneOf": [
+        {
+            "properties": {
+                "event": {"const": "state"},
+                "data": {"contentSchema": m.JobObject},
+            }
+        },
+        {
+            "properties": {
+                "event": {"not": {"const": "state"}},
+                "data": {"contentSchema": {"$ref": "#/components/schemas/JobEvent"}},
+            }
+        },
+    ],
 }
 # A JSON body the upload routes take beside the latent files.
 UPLOAD_BODY = {**LATENT_BODY, JSON: {"oneOf": [m.DemoRequest, m.PushSessionRequest]}}
