@@ -97,7 +97,9 @@ CONTENT_RANGE = Header("the bytes sent: `bytes a-b/N`, or `bytes a-b/*` while gr
 ACCEPT_RANGES = Header("`bytes`")
 VIDEO_ID_HEADER = Header("the id of the job the stream decodes")
 
-JOB_LOOKUP_ERRORS = (NotFoundError, GoneError)
+# A job's id finds nothing (404), a job since evicted or deleted (410), or, with --ray,
+# a cluster that cannot say (503: the lookup of a job another front end made).
+JOB_LOOKUP_ERRORS = (NotFoundError, GoneError, ClusterUnavailableError)
 MP4_BODY = {"type": "string", "contentMediaType": MP4}
 # 416 is answered by content.py itself (no VaecastError names it).
 RANGE_NOT_SATISFIABLE = ErrorType(416, "range_not_satisfiable")
