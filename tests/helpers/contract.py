@@ -1,9 +1,10 @@
 """Checking real answers against the OpenAPI document the server publishes.
 
 `Contract(document).check(method, route, response, body)` fails unless the document
-declares the answer's status for that route and method, the answer's media type for
-that status, and, for JSON, unless the body validates against that schema (JSON Schema
-2020-12, the document's components resolvable by `$ref`).
+declares the answer's status for that route and method, its required headers are
+there and valid, the answer's media type is declared for that status, and, for JSON,
+unless the body validates against that schema (JSON Schema 2020-12, the document's
+components resolvable by `$ref`).
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ class Contract:
         """Validate one answer; the JSON body (parsed) or None for other media types."""
         self.checked.add((method, route, response.status))
         media_type = response.content_type
+        declared = self.response_of(method, route, response.status)
+        for name, header in declared.get("headers", {}).items():
+            if name in response.headers:
+                validate(response.headers[name], header["schema"])
+            else:
+                assert not header.get("required"), f"{method} {route}: no {name} header"
         if method == "HEAD" or response.status in (204, 304):
-            self.response_of(method, route, response.status)
             return None
         schema = self.schema(method, route, response.status, media_type)
         if media_type != "application/json":

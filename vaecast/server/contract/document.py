@@ -42,12 +42,14 @@ REF = "#/components/schemas/{name}"
 INTERNAL = ErrorType(500, "internal_error")
 # Headers that an error of a status carries, whichever operation answers it.
 ERROR_HEADERS = {
-    401: {"WWW-Authenticate": Header("`Bearer`: the scheme the API key is sent in")},
-    405: {"Allow": Header("the methods the route takes")},
+    401: {"WWW-Authenticate": Header("`Bearer`: the scheme the API key is sent in", required=True)},
+    405: {"Allow": Header("the methods the route takes", required=True)},
     416: {"Content-Range": Header("`bytes */N`: the finished file's length")},
     429: {
         "Retry-After": Header(
-            "seconds to wait before trying again", {"type": "string", "pattern": "^[0-9]+$"}
+            "seconds to wait before trying again",
+            {"type": "string", "pattern": "^[0-9]+$"},
+            required=True,
         )
     },
 }
@@ -249,7 +251,11 @@ def _by_status(refusals: list[Any]) -> dict[int, list[str]]:
 
 def _headers(headers: Mapping[str, Header]) -> dict[str, Any]:
     return {
-        name: {"description": header.description, "schema": dict(header.schema)}
+        name: {
+            "description": header.description,
+            "schema": dict(header.schema),
+            **({"required": True} if header.required else {}),
+        }
         for name, header in headers.items()
     }
 

@@ -40,6 +40,7 @@ class Header:
 
     description: str
     schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "string"})
+    required: bool = False  # sent with every answer of its status
 
 
 @dataclass(frozen=True, slots=True)
