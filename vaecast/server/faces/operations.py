@@ -42,6 +42,7 @@ from vaecast.server.contract.shared import (
 from vaecast.server.contract.spec import ErrorType, Header, Param, Reply, operation
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
+LIST_DEFAULT = 20
 LIST_MAX = 100
 TEXT = {"type": "string"}
 NOT_ALLOWED = ErrorType(405, "method_not_allowed")
@@ -91,7 +92,7 @@ LIST_VIDEOS = operation(
         Param(
             "limit",
             "query",
-            {"type": "integer", "minimum": 1, "maximum": LIST_MAX, "default": 20},
+            {"type": "integer", "minimum": 1, "maximum": LIST_MAX, "default": LIST_DEFAULT},
             "how many, most recent first",
         ),
     ),

@@ -31,6 +31,7 @@ from vaecast.server.faces.operations import (
     GET_VIDEO,
     HEALTHZ,
     INDEX,
+    LIST_DEFAULT,
     LIST_MAX,
     LIST_VIDEOS,
     METRICS,
@@ -53,7 +54,6 @@ MANAGER = web.AppKey("manager", JobManager)
 PUSH_SESSIONS = web.AppKey("push_sessions", PushSessions)
 
 
-LIST_DEFAULT = 20
 SSE_RETRY_MS = 2000
 # A DELETE ?variant= is answered once that rendition stopped: at its next chunk.
 STOP_WAIT_S = 30.0
