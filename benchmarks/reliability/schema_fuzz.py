@@ -21,10 +21,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,8 @@ SERVE_OPTIONS = (
     "--body-timeout", "5",
 )  # fmt: skip
 SEEDED_JOB_TIMEOUT_S = 60.0
+SCHEMATHESIS_AGENT = 'agent="schemathesis/'
+ACCESS = re.compile(r"status=(?P<status>[0-9]{3}) .*duration_s=(?P<seconds>[0-9.]+)")
 DEFAULT_SEED = 20261206
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "schema_fuzz.json"
 
@@ -74,6 +78,7 @@ class FuzzResult:
     seconds: float
     output_tail: str
     server_trouble: list[str]
+    answers: dict[str, Any]
 
     @property
     def examples(self) -> int:
@@ -101,6 +106,7 @@ class FuzzResult:
             "seconds": round(self.seconds, 1),
             "phases": {name: phase["status"] for name, phase in self.report["phases"].items()},
             "server_log_trouble": len(self.server_trouble),
+            "answers": self.answers,
         }
 
 
@@ -119,7 +125,26 @@ def run(scale: FuzzScale, work_dir: Path, seed: int) -> FuzzResult:
             outputs.append(output)
         seconds = time.monotonic() - started
         trouble = served.trouble()
-    return FuzzResult(_merged(reports), seconds, "\n".join(outputs)[-8000:], trouble)
+        answers = _answers(served.log_lines())
+    return FuzzResult(_merged(reports), seconds, "\n".join(outputs)[-8000:], trouble, answers)
+
+
+def _answers(log_lines: list[str]) -> dict[str, Any]:
+    """What the server answered Schemathesis, from its access log: counts by status, and
+    the slowest answer (the time to its headers, as aiohttp logs it)."""
+    statuses: Counter[str] = Counter()
+    slowest = 0.0
+    for line in log_lines:
+        if "aiohttp.access" in line and SCHEMATHESIS_AGENT in line:
+            found = ACCESS.search(line)
+            if found is not None:
+                statuses[found["status"]] += 1
+                slowest = max(slowest, float(found["seconds"]))
+    return {
+        "requests": sum(statuses.values()),
+        "by_status": dict(sorted(statuses.items())),
+        "slowest_s": round(slowest, 3),
+    }
 
 
 def _merged(reports: list[dict[str, Any]]) -> dict[str, Any]:

@@ -23,3 +23,7 @@ def test_schemathesis_finds_nothing_off_the_contract(tmp_path: Path) -> None:
     # Each operation's coverage and fuzzing phases, and stateful scenarios besides.
     assert result.examples >= figures["operations_total"] * scale.max_examples, figures
     assert result.server_trouble == []
+    # The server's own log says the same: no 5xx, none slower than the bound.
+    answers = result.answers
+    assert not [status for status in answers["by_status"] if status.startswith("5")], answers
+    assert answers["slowest_s"] < scale.max_response_s, answers
