@@ -17,12 +17,14 @@ from openapi_spec_validator import OpenAPIV30SpecValidator, OpenAPIV31SpecValida
 from tests.helpers import FailingDecoder, GatedDecoder, safetensors_bytes, smooth_latents
 from tests.helpers.contract import Contract, sse_events, validate
 from tests.helpers.server import TEST_CONFIG, Server, StartServer
+from tests.helpers.whep import WhepViewer
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app
 from vaecast.server.config import Limits
 from vaecast.server.contract import default_app, openapi_document
 from vaecast.server.contract.swagger_view import swagger_ui_view
 from vaecast.server.edge.security_config import SecurityConfig
+from vaecast.server.webrtc.settings import WebRtcSettings
 from vaecast.version import VERSION
 
 LATENTS = smooth_latents(frames=6, height=6, width=8)
@@ -283,3 +285,28 @@ async def test_the_reference_page_and_its_files_are_served_from_here(
     assert view["openapi"].startswith("3.0") and view["paths"].keys() == (
         openapi_document(server.app)["paths"].keys()
     )
+
+
+async def test_whep_answers_are_what_the_document_says(start_server: StartServer) -> None:
+    """A live push session watched over WHEP by a real aiortc peer: the SDP answer with its
+    Location, the viewer limit's 429, the session's DELETE and its second 404."""
+    server = await start_server(webrtc=replace(WebRtcSettings(), max_viewers=1))
+    contract = Contract(openapi_document(server.app))
+    async with server.client.post("/v1/videos", json={"input": "push"}) as response:
+        session = await response.json()
+    whep = f"/v1/videos/{session['id']}/whep"
+    viewer, response, answer = await WhepViewer.connect(server.client, whep, audio=False)
+    try:
+        contract.check("POST", f"{VIDEO}/whep", response, answer.encode())
+        assert response.status == 201 and response.content_type == "application/sdp"
+        assert answer.startswith("v=0") and viewer.location.startswith(f"{whep}/")
+        other, busy, body = await WhepViewer.connect(server.client, whep, audio=False)
+        await other.close()
+        contract.check("POST", f"{VIDEO}/whep", busy, body.encode())
+        assert busy.status == 429
+    finally:
+        await viewer.pc.close()
+    for expected in (200, 404):
+        async with server.client.delete(viewer.location) as response:
+            contract.check("DELETE", f"{VIDEO}/whep/{{session}}", response, await response.read())
+            assert response.status == expected
