@@ -30,6 +30,17 @@ from aiohttp import web
 from vaecast.errors import MalformedRequestError, NotFoundError, VaecastError
 from vaecast.job_record import FINAL, FINAL_STATUSES, PREVIEW
 from vaecast.params import leading_int
+from vaecast.server.contract.shared import (
+    CACHE_CONTROL,
+    CONTENT_ERRORS,
+    JOB_LOOKUP_ERRORS,
+    M3U8,
+    MEDIA_NUMBER,
+    MP4,
+    MP4_BODY,
+    VIDEO_ID,
+)
+from vaecast.server.contract.spec import Param, Reply, operation
 from vaecast.server.faces.content import end_response, refuse_if_broken, wait_for_init
 from vaecast.server.faces.hls import (
     MEDIA_TYPE,
@@ -46,12 +57,56 @@ from vaecast.server.faces.hls import (
 from vaecast.server.stream.job import Job, Rendition
 from vaecast.server.stream.manager import JobManager
 
-MEDIA_NUMBER = re.compile(r"[0-9]{1,9}")
+MEDIA_NUMBER_TEXT = re.compile(r"[0-9]{1,9}")
 # A blocking request waits at most this many target durations, then gets what exists
 # (the specification asks for an answer within three).
 BLOCK_TARGET_DURATIONS = 3
 # A part or segment never changes once it exists.
 CACHE_FINISHED = "max-age=3600"
+PLAYLIST_TEXT = {"type": "string", "pattern": "^#EXTM3U"}
+HLS_NUMBER = {"type": "integer", "minimum": 0, "maximum": 999_999_999}
+PLAYLIST = operation(
+    "A rendition's LL-HLS media playlist",
+    tag="hls",
+    description="`_HLS_msn` (and `_HLS_part`) make it a blocking reload: answered once "
+    "that part is listed or the rendition ended, at most three target durations later. "
+    "A plain request waits likewise until the playlist lists a complete segment.",
+    params=(
+        VIDEO_ID,
+        Param("_HLS_msn", "query", HLS_NUMBER, "wait for this media sequence number"),
+        Param("_HLS_part", "query", HLS_NUMBER, "and this part of it (needs _HLS_msn)"),
+    ),
+    replies=(Reply(200, "the playlist", {M3U8: PLAYLIST_TEXT}, {"Cache-Control": CACHE_CONTROL}),),
+    errors=(*CONTENT_ERRORS, MalformedRequestError),
+)
+MASTER = operation(
+    "A job's multivariant playlist (its final rendition, and its preview)",
+    tag="hls",
+    params=(VIDEO_ID,),
+    replies=(Reply(200, "the playlist", {M3U8: PLAYLIST_TEXT}, {"Cache-Control": CACHE_CONTROL}),),
+    errors=JOB_LOOKUP_ERRORS,
+)
+INIT = operation(
+    "A rendition's init segment",
+    tag="hls",
+    params=(VIDEO_ID,),
+    replies=(Reply(200, "the init segment (ftyp, moov)", {MP4: MP4_BODY}),),
+    errors=CONTENT_ERRORS,
+)
+PART = operation(
+    "One part (a fragment) of a rendition, answered once it exists",
+    tag="hls",
+    params=(VIDEO_ID, MEDIA_NUMBER),
+    replies=(Reply(200, "the fragment (moof, mdat)", {MP4: MP4_BODY}),),
+    errors=CONTENT_ERRORS,
+)
+SEGMENT = operation(
+    "One complete segment of a rendition: its parts' fragments",
+    tag="hls",
+    params=(VIDEO_ID, MEDIA_NUMBER),
+    replies=(Reply(200, "the segment's fragments", {MP4: MP4_BODY}),),
+    errors=CONTENT_ERRORS,
+)
 
 
 def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
@@ -60,6 +115,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
         return job, job.rendition(variant)
 
     def routes(variant: str, prefix: str) -> None:
+        @PLAYLIST
         async def playlist(request: web.Request) -> web.Response:
             job, rendition = found(request, variant)
             msn = _hls_number(request, "_HLS_msn")
@@ -80,6 +136,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
                 headers={"Cache-Control": "no-cache"},
             )
 
+        @INIT
         async def init(request: web.Request) -> web.StreamResponse:
             job, rendition = found(request, variant)
             await wait_for_init(job, rendition)
@@ -88,6 +145,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
             cache = CACHE_FINISHED if rendition.log.complete else "no-cache"
             return await _send_segments(request, job, rendition, [0], cache)
 
+        @PART
         async def part(request: web.Request) -> web.StreamResponse:
             job, rendition = found(request, variant)
             index = _media_number(request)
@@ -98,6 +156,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
                 raise NotFoundError(f"video {job.id} has no part {index}")
             return await _send_segments(request, job, rendition, [index + 1])
 
+        @SEGMENT
         async def segment(request: web.Request) -> web.StreamResponse:
             job, rendition = found(request, variant)
             number = _media_number(request)
@@ -114,6 +173,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
         app.router.add_get(f"{prefix}/hls/part/{{number}}.m4s", part)
         app.router.add_get(f"{prefix}/hls/segment/{{number}}.m4s", segment)
 
+    @MASTER
     async def master(request: web.Request) -> web.Response:
         job = request.app[manager_key].get(request.match_info["video_id"])
         async with _blocking(job):  # CODECS come from the init segment
@@ -280,6 +340,6 @@ def _hls_number(request: web.Request, name: str) -> int | None:
 
 def _media_number(request: web.Request) -> int:
     text = request.match_info["number"]
-    if not MEDIA_NUMBER.fullmatch(text):
+    if not MEDIA_NUMBER_TEXT.fullmatch(text):
         raise NotFoundError(f"no media {text[:20]!r}")
     return int(text)

@@ -14,6 +14,7 @@ from aiohttp import web
 from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
 from vaecast.job_record import PREVIEW
 from vaecast.params import leading_int, parse_int
+from vaecast.server.contract.routes import add_contract_routes
 from vaecast.server.faces.content import end_response, send_content, send_stream
 from vaecast.server.faces.hls_routes import add_hls_routes
 from vaecast.server.faces.live_demo import (
@@ -23,7 +24,23 @@ from vaecast.server.faces.live_demo import (
     warm_up_raised,
     warm_up_state,
 )
-from vaecast.server.faces.push import PushSessions, push_json, push_latents
+from vaecast.server.faces.operations import (
+    CREATE_VIDEO,
+    DELETE_VIDEO,
+    GET_CONTENT,
+    GET_EVENTS,
+    GET_VIDEO,
+    HEALTHZ,
+    INDEX,
+    LIST_DEFAULT,
+    LIST_MAX,
+    LIST_VIDEOS,
+    METRICS,
+    POST_ONLY,
+    STATIC_ASSET,
+    STREAM_VIDEO,
+)
+from vaecast.server.faces.push import PUSH_LATENTS, PushSessions, push_json, push_latents
 from vaecast.server.faces.push_batch import open_batch
 from vaecast.server.faces.uploads import MAX_DEMO_FRAME_PIXELS, read_decode_request
 from vaecast.server.faces.whep import WHEP_SESSIONS, add_whep_routes
@@ -38,8 +55,6 @@ MANAGER = web.AppKey("manager", JobManager)
 PUSH_SESSIONS = web.AppKey("push_sessions", PushSessions)
 
 
-LIST_DEFAULT = 20
-LIST_MAX = 100
 SSE_RETRY_MS = 2000
 # A DELETE ?variant= is answered once that rendition stopped: at its next chunk.
 STOP_WAIT_S = 30.0
@@ -66,12 +81,15 @@ def add_routes(app: web.Application) -> None:
     add_whep_routes(app, MANAGER)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    add_contract_routes(app)
 
 
+@INDEX
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+@STATIC_ASSET
 async def static_asset(request: web.Request) -> web.FileResponse:
     name = request.match_info["name"]
     path = STATIC_DIR / name
@@ -79,15 +97,18 @@ async def static_asset(request: web.Request) -> web.FileResponse:
         Path(name).suffix not in STATIC_SUFFIXES
         or name.startswith(".")
         or path.parent != STATIC_DIR
+        # FileResponse's own 404 for a missing file would be empty, not the JSON error.
+        or not await asyncio.to_thread(path.is_file)
     ):
         raise NotFoundError(f"no static asset {name[:80]!r}")
     headers = {"Cache-Control": "no-cache"}
     if path.suffix == ".js":  # module scripts need a JavaScript type, whatever the OS's table
         headers["Content-Type"] = "text/javascript; charset=utf-8"
-    # FileResponse stats and reads in a thread, and answers 404 for a missing file.
+    # FileResponse stats and reads in a thread.
     return web.FileResponse(path, headers=headers)
 
 
+@LIST_VIDEOS
 async def list_videos(request: web.Request) -> web.Response:
     """The most recent jobs first: `?limit=N` (default 20, at most 100)."""
     limit = parse_int(request.query.get("limit", str(LIST_DEFAULT)), "limit", 1, LIST_MAX)
@@ -96,6 +117,7 @@ async def list_videos(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [job_json(job, manager) for job in jobs]})
 
 
+@CREATE_VIDEO
 async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
@@ -127,14 +149,17 @@ def _submit(admission: Admission, request: DecodeRequest | PushRequest | LiveDem
     return admission.submit(request)
 
 
+@POST_ONLY
 async def post_only(request: web.Request) -> web.Response:
     raise web.HTTPMethodNotAllowed(request.method, ["POST"])
 
 
+@PUSH_LATENTS
 async def post_latents(request: web.Request) -> web.Response:
     return await push_latents(request, request.app[PUSH_SESSIONS])
 
 
+@GET_VIDEO
 async def get_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     return web.json_response(job_json(manager.get(request.match_info["video_id"]), manager))
@@ -167,6 +192,7 @@ def with_links(job_object: dict[str, Any], queue_position: int | None = None) ->
     return {**job_object, "queue_position": queue_position, "urls": urls}
 
 
+@DELETE_VIDEO
 async def delete_video(request: web.Request) -> web.Response:
     """Cancel a queued or running job (it stays, cancelled); delete a finished one.
 
@@ -204,12 +230,14 @@ async def _stop_variant(job: Job, variant: str, manager: JobManager) -> web.Resp
     return web.json_response(job_json(job, manager))
 
 
+@GET_CONTENT
 async def get_content(request: web.Request) -> web.StreamResponse:
     """The MP4, growing or finished (vaecast.server.faces.content has the rules)."""
     job = request.app[MANAGER].get(request.match_info["video_id"])
     return await send_content(request, job)
 
 
+@STREAM_VIDEO
 async def stream_video(request: web.Request) -> web.StreamResponse:
     """Upload latents; the response body is the progressive MP4 of their decode."""
     manager = request.app[MANAGER]
@@ -235,6 +263,7 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
             job.cancel("the client disconnected")
 
 
+@GET_EVENTS
 async def get_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: `state` (the job so far), then queued/started/chunk/done/error.
 
@@ -297,6 +326,7 @@ def _sse(event: str, event_id: int, data: dict[str, Any]) -> bytes:
     return f"event: {event}\nid: {event_id}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+@HEALTHZ
 async def healthz(request: web.Request) -> web.Response:
     """Liveness (any answer) and readiness (200 only while jobs are admitted and would
     not fail as the warm-up did)."""
@@ -340,6 +370,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503)
 
 
+@METRICS
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[MANAGER].metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})

@@ -15,19 +15,70 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from vaecast.errors import JobStateError
+from vaecast.errors import (
+    InvalidRequestError,
+    JobStateError,
+    MalformedRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    ServerBusyError,
+    UnsupportedMediaError,
+)
 from vaecast.job_transitions import FINAL_STATUSES
+from vaecast.server.contract.models import DeletedWhepSession
+from vaecast.server.contract.shared import CONTENT_ERRORS, JSON, LOCATION, SDP, VARIANT, VIDEO_ID
+from vaecast.server.contract.spec import Header, Param, Reply, operation
 from vaecast.server.faces.content import refuse_if_broken, rendition_of
 from vaecast.server.faces.uploads import read_small_body
 from vaecast.server.stream.manager import JobManager
-from vaecast.server.webrtc.offer import MAX_OFFER_BYTES, MEDIA_TYPE, read_offer
+from vaecast.server.webrtc.offer import MAX_OFFER_BYTES, MEDIA_TYPE, VideoCodec, read_offer
 from vaecast.server.webrtc.sessions import WhepSessions
 from vaecast.server.webrtc.settings import IceServer
 
 WHEP_SESSIONS = web.AppKey("whep_sessions", WhepSessions)
+SDP_TEXT = {"type": "string", "maxLength": MAX_OFFER_BYTES}
+SESSION_ID = Param("session", "path", {"type": "string", "maxLength": 64}, "the session", True)
+POST_WHEP = operation(
+    "Watch a running job over WebRTC (WHEP): an SDP offer in, its answer out",
+    tag="webrtc",
+    params=(VIDEO_ID, VARIANT),
+    body={SDP: {**SDP_TEXT, "description": "the viewer's SDP offer (receive-only video)"}},
+    replies=(
+        Reply(
+            201,
+            "the SDP answer, with every ICE candidate (no trickle)",
+            {SDP: SDP_TEXT},
+            {
+                "Location": LOCATION,
+                "Link": Header('an ICE server: `<url>; rel="ice-server"`, one header each'),
+                "X-WebRTC-Video": Header(
+                    "the video codec the session sends", {"enum": [c.value for c in VideoCodec]}
+                ),
+            },
+        ),
+    ),
+    errors=(
+        *CONTENT_ERRORS,
+        MalformedRequestError,
+        UnsupportedMediaError,
+        PayloadTooLargeError,
+        RequestTimeoutError,
+        InvalidRequestError,
+        ServerBusyError,
+    ),
+)
+DELETE_WHEP = operation(
+    "End a WHEP session",
+    tag="webrtc",
+    params=(VIDEO_ID, SESSION_ID),
+    replies=(Reply(200, "the session has ended", {JSON: DeletedWhepSession}),),
+    errors=(NotFoundError,),
+)
 
 
 def add_whep_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
+    @POST_WHEP
     async def post_whep(request: web.Request) -> web.Response:
         manager = request.app[manager_key]
         job = manager.get(request.match_info["video_id"])
@@ -57,6 +108,7 @@ def add_whep_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -
             response.headers.add("Link", link)
         return response
 
+    @DELETE_WHEP
     async def delete_whep(request: web.Request) -> web.Response:
         sessions = request.app[WHEP_SESSIONS]
         session = sessions.session(request.match_info["video_id"], request.match_info["session"])

@@ -1,0 +1,297 @@
+"""Schemathesis against a real `vaecast serve`, from the server's own /openapi.json.
+
+`run(scale, work_dir, seed)` starts `vaecast serve` (linear and tiny models, small
+limits, 127.0.0.1, a store in `work_dir`), gives it jobs to find (a finished job with
+a preview, a failed-looking id that never existed is Schemathesis's own), and runs
+`st run` over every operation of the document: its examples, coverage (boundary and
+negative values of every parameter), fuzzing and stateful (links) phases. The checks
+are the contract's: no 5xx, every answer's status declared, every body valid against
+its schema, and no answer slower than `max_response_s`. The video ids Schemathesis
+tries are mostly real ones (a dictionary: the seeded jobs), so the content, events,
+HLS and WHEP routes are reached beyond their 404.
+
+What it cannot generate stays hand-written elsewhere in this package: bombs and valid
+files that look like something else (`hostile`, `valid`), slow and vanishing clients
+(`lockout`, `disconnects`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.reliability.files import small_latents
+from benchmarks.reliability.process import REPO
+from benchmarks.reliability.vaecast_serve import HOST, final_job, session, vaecast_serve
+
+CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance")
+DELETE_JOB = "delete_delete_video"  # its operationId
+HOOKS = "benchmarks.reliability.schema_fuzz_hooks"
+# Small limits: a generated request that is accepted decodes in well under a second.
+SERVE_OPTIONS = (
+    "--model", "linear", "--model", "tiny",
+    "--max-upload-mb", "1", "--max-frames", "33", "--max-pixels", "16384",
+    "--max-queued", "4", "--retention", "3600",
+    # A push session Schemathesis opens and never feeds ends (and its event stream
+    # with it) well within the response-time bound.
+    "--push-first-block-timeout", "2", "--push-idle-timeout", "2",
+    "--body-timeout", "5",
+)  # fmt: skip
+SEEDED_JOB_TIMEOUT_S = 60.0
+SCHEMATHESIS_AGENT = 'agent="schemathesis/'
+ACCESS = re.compile(r"status=(?P<status>[0-9]{3}) .*duration_s=(?P<seconds>[0-9.]+)")
+DEFAULT_SEED = 20261206
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "schema_fuzz.json"
+
+
+@dataclass(frozen=True)
+class FuzzScale:
+    max_examples: int  # per operation and phase
+    max_response_s: float
+    # A bound on each `st run`, a safety net: a run ends after its examples (Schemathesis's
+    # own max-time would instead repeat the fuzzing until the time is spent).
+    max_time_s: int
+
+
+SCALES = {
+    "ci": FuzzScale(max_examples=25, max_response_s=10.0, max_time_s=240),
+    "full": FuzzScale(max_examples=400, max_response_s=10.0, max_time_s=1800),
+}
+
+
+@dataclass
+class FuzzResult:
+    """What `st run` reported: its figures, and every failure and error it found."""
+
+    report: dict[str, Any]
+    seconds: float
+    output_tail: str
+    server_trouble: list[str]
+    answers: dict[str, Any]
+
+    @property
+    def examples(self) -> int:
+        return int(self.report["test_cases"]["generated"])
+
+    @property
+    def failures(self) -> list[Any]:
+        return list(self.report["failures"])
+
+    @property
+    def errors(self) -> list[Any]:
+        return list(self.report["errors"])
+
+    def figures(self) -> dict[str, Any]:
+        cases = self.report["test_cases"]
+        return {
+            "schemathesis": self.report["schemathesis_version"],
+            "seed": self.report["seed"],
+            "operations_tested": self.report["operations"]["tested"],
+            "operations_total": self.report["operations"]["total"],
+            "examples": cases["generated"],
+            "with_failures": cases["with_failures"],
+            "unique_failures": cases["unique_failures"],
+            "errored": cases["errored"],
+            "seconds": round(self.seconds, 1),
+            "phases": {name: phase["status"] for name, phase in self.report["phases"].items()},
+            "server_log_trouble": len(self.server_trouble),
+            "answers": self.answers,
+        }
+
+
+def run(scale: FuzzScale, work_dir: Path, seed: int) -> FuzzResult:
+    options = [*SERVE_OPTIONS, "--port", "0", "--host", HOST, "--store", str(work_dir / "store")]
+    with vaecast_serve(options, work_dir, "schema-fuzz-server.log") as served:
+        video_ids = asyncio.run(_seed_jobs(served.url))
+        started = time.monotonic()
+        # Every operation but the DELETE of a job, then that one: deleting the seeded
+        # jobs first would leave every other route their 410.
+        reports, outputs = [], []
+        for deleting in (False, True):
+            config = _write_config(work_dir, seed, scale, video_ids, deleting)
+            output, report = _schemathesis(served.url, config, scale, work_dir, deleting)
+            reports.append(report)
+            outputs.append(output)
+        seconds = time.monotonic() - started
+        trouble = served.trouble()
+        answers = _answers(served.log_lines())
+    return FuzzResult(_merged(reports), seconds, "\n".join(outputs)[-8000:], trouble, answers)
+
+
+def _answers(log_lines: list[str]) -> dict[str, Any]:
+    """What the server answered Schemathesis, from its access log: counts by status, and
+    the slowest answer (the time to its headers, as aiohttp logs it)."""
+    statuses: Counter[str] = Counter()
+    slowest = 0.0
+    for line in log_lines:
+        if "aiohttp.access" in line and SCHEMATHESIS_AGENT in line:
+            found = ACCESS.search(line)
+            if found is not None:
+                statuses[found["status"]] += 1
+                slowest = max(slowest, float(found["seconds"]))
+    return {
+        "requests": sum(statuses.values()),
+        "by_status": dict(sorted(statuses.items())),
+        "slowest_s": round(slowest, 3),
+    }
+
+
+def _merged(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report of the runs: their counts added, their failures and errors listed."""
+    first, *rest = reports
+    merged = json.loads(json.dumps(first))
+    for report in rest:
+        for key in ("generated", "with_failures", "unique_failures", "errored"):
+            merged["test_cases"][key] += report["test_cases"][key]
+        merged["operations"]["tested"] += report["operations"]["tested"]
+        merged["failures"] += report["failures"]
+        merged["errors"] += report["errors"]
+    return merged
+
+
+async def _seed_jobs(url: str) -> list[str]:
+    """Finished jobs for the generated requests to find: one with a preview (both
+    renditions, the master playlist), one without."""
+    ids = []
+    async with session(url) as client:
+        for query in ("?preview=linear", ""):
+            body = small_latents(frames=3, height=4, width=4)
+            async with client.post(f"/v1/videos{query}", data=body) as response:
+                answer = await response.json()
+                if response.status != 201:
+                    raise RuntimeError(f"seeding a job was refused: {answer}")
+            status, job = await final_job(client, answer["id"], SEEDED_JOB_TIMEOUT_S)
+            if job.get("status") != "completed":
+                raise RuntimeError(f"the seeded job did not complete: {status} {job}")
+            ids.append(answer["id"])
+    return ids
+
+
+def _write_config(
+    work_dir: Path, seed: int, scale: FuzzScale, video_ids: list[str], deleting: bool
+) -> Path:
+    """schemathesis.toml: real ids most of the time, small part numbers most of the time;
+    the DELETE of a job alone (`deleting`), or everything but it."""
+    ids = ", ".join(json.dumps(video_id) for video_id in video_ids)
+    text = f"""
+seed = {seed}
+workers = 1
+request-timeout = {scale.max_response_s + 20}
+max-stream-events = 50
+
+[generation]
+max-examples = {scale.max_examples}
+database = "none"
+
+[dictionaries.videos]
+values = [{ids}]
+
+[dictionaries.parts]
+values = [0, 1, 2]
+
+[parameters.video_id]
+dictionary = "videos"
+probability = 0.8
+
+[parameters.number]
+dictionary = "parts"
+probability = 0.6
+
+"""
+    if not deleting:  # the other run's
+        text += f"""
+[[operations]]
+include-operation-id = "{DELETE_JOB}"
+enabled = false
+"""
+    path = work_dir / f"schemathesis{'-deleting' if deleting else ''}.toml"
+    path.write_text(text.lstrip())
+    return path
+
+
+def _schemathesis(
+    url: str, config: Path, scale: FuzzScale, work_dir: Path, deleting: bool
+) -> tuple[str, dict[str, Any]]:
+    report_path = work_dir / f"schemathesis-report{'-deleting' if deleting else ''}.json"
+    command = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",  # `st`, from this Python
+        "--config-file",
+        str(config),
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        ",".join(CHECKS),
+        "--max-response-time",
+        str(scale.max_response_s),
+        "--no-color",
+        "--report",
+        "json",
+        "--report-json-path",
+        str(report_path),
+        *(["--include-operation-id", DELETE_JOB] if deleting else []),
+    ]
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": HOOKS,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        command,
+        cwd=work_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scale.max_time_s,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    # Its own words, failures and errors in full (the JSON report counts them).
+    (work_dir / report_path.with_suffix(".txt").name).write_text(output)
+    if not report_path.exists():
+        raise RuntimeError(
+            f"schemathesis wrote no report (exit {done.returncode}): {output[-3000:]}"
+        )
+    return output, json.loads(report_path.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.reliability.schema_fuzz [--scale full|ci] [--seed N] [--json PATH]`"""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability.schema_fuzz")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--work-dir", type=Path, help="keep the logs and reports here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="vaecast-schema-fuzz-") as temp:
+        work = args.work_dir or Path(temp)
+        work.mkdir(parents=True, exist_ok=True)
+        result = run(SCALES[args.scale], work, args.seed)
+    figures = {
+        "scale": args.scale,
+        **result.figures(),
+        "failures": result.failures,
+        "errors": result.errors,
+        "server_log_trouble": result.server_trouble,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    print(result.output_tail[-3000:])
+    print(f"\n{json.dumps(result.figures())}\nwritten: {args.json}")
+    return 1 if result.failures or result.errors or result.server_trouble else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
