@@ -25,10 +25,11 @@ files, redirects). Requests without Origin (curl, Python clients) pass. Listed
 origins get CORS headers and their preflights answered; unlisted ones get no CORS
 headers, so the browser hides the answers to their GETs from them.
 
-**API key.** With `api_key` set, everything but the page (`/`, `/static/`), `/healthz`
-and `/metrics` (every `/v1` route, and any route added later) needs
-`Authorization: Bearer KEY`, compared in constant time; otherwise 401 with
-`WWW-Authenticate: Bearer`. CORS preflights need no key (browsers never send one).
+**API key.** With `api_key` set, everything but the page (`/`, `/static/`), `/healthz`,
+`/metrics` and the API reference (`/openapi.json`, `/docs`: the API's shape, no data)
+(every `/v1` route, and any route added later) needs `Authorization: Bearer KEY`,
+compared in constant time; otherwise 401 with `WWW-Authenticate: Bearer`. CORS
+preflights need no key (browsers never send one).
 The preview page sends the header with fetch(), but EventSource, `<video src>` and
 download links cannot send headers, so the key is also taken from the cookie
 `vaecast_api_key` (URL-encoded) that the page sets with `SameSite=Strict; Path=/`.
@@ -76,8 +77,9 @@ API_KEY_COOKIE = "vaecast_api_key"
 # What a server bound to a loopback address answers to by default (any port).
 # Added for a server bound beyond loopback: any IP address (never a rebinding name).
 # Routes (aiohttp's canonical paths) served without the key, and the static prefix.
-OPEN_RESOURCES = frozenset({"/", "/healthz", "/metrics"})
-OPEN_PREFIX = "/static"
+# The API reference (/openapi.json, /docs) is open too: it shows the API's shape, no data.
+OPEN_RESOURCES = frozenset({"/", "/healthz", "/metrics", "/openapi.json", "/docs"})
+OPEN_PREFIXES = ("/static/", "/docs/")
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CORS_ALLOW_METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 CORS_ALLOW_HEADERS = "Authorization, Content-Type, Range, Last-Event-ID, X-Push-Token"
@@ -260,8 +262,12 @@ def _is_open(request: web.Request) -> bool:
     resource = request.match_info.route.resource
     if resource is None:  # no route matched: 404 or 405 only for those with the key
         return False
-    canonical = resource.canonical
-    return canonical in OPEN_RESOURCES or f"{canonical}/".startswith(f"{OPEN_PREFIX}/")
+    return is_open_resource(resource.canonical)
+
+
+def is_open_resource(canonical: str) -> bool:
+    """Whether the route of this canonical path is served without the key."""
+    return canonical in OPEN_RESOURCES or canonical.startswith(OPEN_PREFIXES)
 
 
 def _foreign(origin: str) -> str:

@@ -29,10 +29,15 @@ from aiohttp import web
 
 from vaecast.codecs.aac import AAC_FRAME_SAMPLES
 from vaecast.errors import (
+    DecodeCancelled,
+    DecodeFailedError,
     ForbiddenError,
     InvalidRequestError,
+    JobInterruptedError,
     JobStateError,
     NotFoundError,
+    PreconditionRequiredError,
+    SessionTimeoutError,
     UnauthorizedError,
 )
 from vaecast.latent_files import AUDIO_RATE_KEY, LatentFile, check_audio, load_latents
@@ -41,17 +46,55 @@ from vaecast.models.layouts import layout_of
 from vaecast.pipeline import TimedAudio
 from vaecast.push_ledger import (
     SEQ_HEADER,
+    PushGapError,
     PushLedger,
     parse_seq,
     session_timeout,
 )
 from vaecast.server.config import ServerConfig
+from vaecast.server.contract.models import PushAccepted
+from vaecast.server.contract.shared import (
+    JOB_LOOKUP_ERRORS,
+    JSON,
+    LATENT_BODY,
+    PUSH_SEQ,
+    UPLOAD_ERRORS,
+    VIDEO_ID,
+)
+from vaecast.server.contract.spec import Param, Reply, operation
 from vaecast.server.faces.uploads import read_upload
 from vaecast.server.stream.job import Job, PushKind
 from vaecast.server.stream.manager import JobManager
 
 TOKEN_HEADER = "X-Push-Token"
 FINAL_VALUES = frozenset({"1", "true", "yes"})
+# `POST /v1/videos/{id}/latents`, as the OpenAPI document shows it (push_latents).
+PUSH_LATENTS = operation(
+    "Push a block of latents (or frames) to a push session",
+    tag="push",
+    params=(
+        VIDEO_ID,
+        PUSH_SEQ,
+        Param("final", "query", {"type": "string", "maxLength": 5}, "1, true or yes: the last"),
+    ),
+    body=LATENT_BODY,
+    body_required=False,
+    replies=(Reply(202, "the block is queued (or was taken before)", {JSON: PushAccepted}),),
+    errors=(
+        *UPLOAD_ERRORS,
+        *JOB_LOOKUP_ERRORS,
+        JobStateError,
+        PushGapError,
+        PreconditionRequiredError,
+        ForbiddenError,
+        UnauthorizedError,
+        SessionTimeoutError,
+        JobInterruptedError,
+        DecodeCancelled,
+        DecodeFailedError,
+    ),
+    extra_security=("pushToken",),
+)
 
 
 class PushSession:

@@ -11,9 +11,26 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
+from vaecast.errors import (
+    InvalidRequestError,
+    JobStateError,
+    NotFoundError,
+)
 from vaecast.job_record import PREVIEW
 from vaecast.params import leading_int, parse_int
+from vaecast.server.contract import models as m
+from vaecast.server.contract.routes import add_contract_routes
+from vaecast.server.contract.shared import (
+    JOB_LOOKUP_ERRORS,
+    JSON,
+    LATENT_BODY,
+    LOCATION,
+    UPLOAD_ERRORS,
+    UPLOAD_PARAMS,
+    VARIANT,
+    VIDEO_ID,
+)
+from vaecast.server.contract.spec import ErrorType, Param, Reply, operation
 from vaecast.server.faces.content import end_response, send_content, send_stream
 from vaecast.server.faces.hls_routes import add_hls_routes
 from vaecast.server.faces.live_demo import (
@@ -22,7 +39,7 @@ from vaecast.server.faces.live_demo import (
     start_producer,
     warm_up_state,
 )
-from vaecast.server.faces.push import PushSessions, push_json, push_latents
+from vaecast.server.faces.push import PUSH_LATENTS, PushSessions, push_json, push_latents
 from vaecast.server.faces.push_batch import open_batch
 from vaecast.server.faces.uploads import MAX_DEMO_FRAME_PIXELS, read_decode_request
 from vaecast.server.faces.whep import WHEP_SESSIONS, add_whep_routes
@@ -65,12 +82,25 @@ def add_routes(app: web.Application) -> None:
     add_whep_routes(app, MANAGER)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    add_contract_routes(app)
 
 
+NOT_ALLOWED = ErrorType(405, "method_not_allowed")
+TEXT = {"type": "string"}
+
+
+@operation("The preview page", tag="server", replies=(Reply(200, "the page", {"text/html": TEXT}),))
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+@operation(
+    "A file of the preview page",
+    tag="server",
+    params=(Param("name", "path", {"type": "string", "maxLength": 200}, "the file", True),),
+    replies=(Reply(200, "the file", {"text/javascript": TEXT, "text/css": TEXT}),),
+    errors=(NotFoundError,),
+)
 async def static_asset(request: web.Request) -> web.FileResponse:
     name = request.match_info["name"]
     path = STATIC_DIR / name
@@ -87,6 +117,13 @@ async def static_asset(request: web.Request) -> web.FileResponse:
     return web.FileResponse(path, headers=headers)
 
 
+@operation(
+    "List jobs",
+    tag="videos",
+    params=(Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": LIST_MAX}, ""),),
+    replies=(Reply(200, "the jobs, most recent first", {JSON: m.JobList}),),
+    errors=(InvalidRequestError,),
+)
 async def list_videos(request: web.Request) -> web.Response:
     """The most recent jobs first: `?limit=N` (default 20, at most 100)."""
     limit = parse_int(request.query.get("limit", str(LIST_DEFAULT)), "limit", 1, LIST_MAX)
@@ -95,6 +132,24 @@ async def list_videos(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [job_json(job, manager) for job in jobs]})
 
 
+@operation(
+    "Create a job: latents, a demo scene, or a push session",
+    tag="videos",
+    description="A latent file (raw body or multipart), a demo request, or a push session "
+    '(`{"input": "push"}`, answered with its push URL and token). A file holding B videos, '
+    "or a push batch, makes B jobs: a list.",
+    params=UPLOAD_PARAMS,
+    body={**LATENT_BODY, JSON: {"oneOf": [m.DemoRequest, m.PushSessionRequest]}},
+    replies=(
+        Reply(
+            201,
+            "the job, or the jobs of a batch",
+            {JSON: {"anyOf": [m.JobObject, m.JobList]}},
+            {"Location": LOCATION},
+        ),
+    ),
+    errors=UPLOAD_ERRORS,
+)
 async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
@@ -126,14 +181,23 @@ def _submit(admission: Admission, request: DecodeRequest | PushRequest | LiveDem
     return admission.submit(request)
 
 
+@operation("Not a route: POST it", tag="content", replies=(), errors=(NOT_ALLOWED,))
 async def post_only(request: web.Request) -> web.Response:
     raise web.HTTPMethodNotAllowed(request.method, ["POST"])
 
 
+@PUSH_LATENTS
 async def post_latents(request: web.Request) -> web.Response:
     return await push_latents(request, request.app[PUSH_SESSIONS])
 
 
+@operation(
+    "A job",
+    tag="videos",
+    params=(VIDEO_ID,),
+    replies=(Reply(200, "the job object", {JSON: m.JobObject}),),
+    errors=JOB_LOOKUP_ERRORS,
+)
 async def get_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     return web.json_response(job_json(manager.get(request.match_info["video_id"]), manager))
@@ -166,6 +230,15 @@ def with_links(job_object: dict[str, Any], queue_position: int | None = None) ->
     return {**job_object, "queue_position": queue_position, "urls": urls}
 
 
+@operation(
+    "Cancel a running job, delete a finished one, or stop one rendition",
+    tag="videos",
+    params=(VIDEO_ID, Param("variant", "query", VARIANT.schema, "stop only this rendition")),
+    replies=(
+        Reply(200, "the job, or its deletion", {JSON: {"anyOf": [m.JobObject, m.DeletedVideo]}}),
+    ),
+    errors=(*JOB_LOOKUP_ERRORS, InvalidRequestError, JobStateError),
+)
 async def delete_video(request: web.Request) -> web.Response:
     """Cancel a queued or running job (it stays, cancelled); delete a finished one.
 

@@ -1,0 +1,174 @@
+"""Parameters, headers and media types that many operations share.
+
+Each constraint is the one the server enforces: an id the manager could have made, a
+variant `Job.rendition` knows, an HLS number `hls_routes` parses, a block index the
+push ledger reads.
+"""
+
+from __future__ import annotations
+
+from vaecast.errors import (
+    ClusterUnavailableError,
+    GoneError,
+    InsufficientStorageError,
+    InvalidRequestError,
+    MalformedRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    ServerBusyError,
+    ShuttingDownError,
+    UnknownModelError,
+    UnsupportedMediaError,
+)
+from vaecast.job_record import FINAL, PREVIEW
+from vaecast.latent_files.audio import AUDIO_RATE_KEY
+from vaecast.params import MAX_NUMBER_CHARS
+from vaecast.push_ledger import MAX_SEQ_DIGITS, SEQ_HEADER
+from vaecast.server.contract.spec import Header, Param
+from vaecast.server.faces.uploads import MAX_FIELD_BYTES, MAX_PREVIEW_NAME
+
+JSON = "application/json"
+MP4 = "video/mp4"
+SSE = "text/event-stream"
+M3U8 = "application/vnd.apple.mpegurl"
+SDP = "application/sdp"
+SAFETENSORS = "application/x-safetensors"
+NPY = "application/x-npy"
+MULTIPART = "multipart/form-data"
+OCTETS = "application/octet-stream"
+BINARY = {"type": "string", "contentMediaType": OCTETS}
+# What parse_fps takes: a decimal (exponent of up to 3 digits) or a ratio.
+FPS_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?(/[0-9]+)?$"
+# The longest video id any client could hold ("video_" and 24 hex digits).
+VIDEO_ID_PATTERN = r"^video_[0-9a-f]{24}$"
+
+VIDEO_ID = Param(
+    "video_id",
+    "path",
+    {"type": "string", "pattern": VIDEO_ID_PATTERN, "maxLength": 30},
+    "the job's id, as `POST /v1/videos` answered it",
+    required=True,
+)
+VARIANT = Param(
+    "variant",
+    "query",
+    {"type": "string", "enum": [FINAL, PREVIEW], "default": FINAL},
+    "which rendition of a job with a preview decoder (404 for a preview it lacks)",
+)
+MEDIA_NUMBER = Param(
+    "number",
+    "path",
+    {"type": "integer", "minimum": 0, "maximum": 999_999_999},
+    "the part's (or segment's) index, as the playlist lists it",
+    required=True,
+)
+PUSH_SEQ = Param(
+    SEQ_HEADER,
+    "header",
+    {"type": "string", "pattern": rf"^[0-9]{{1,{MAX_SEQ_DIGITS}}}$"},
+    "the block's index from 0: a retry of a block already taken is answered again "
+    "and adds nothing; once a session numbers its blocks, every block needs it (428)",
+)
+RANGE = Param(
+    "Range",
+    "header",
+    {"type": "string", "maxLength": 200},
+    "one byte range (`bytes=a-b`, `bytes=a-`, `bytes=-n`); on a running job, the "
+    "committed bytes at once, and an open range past them waits for them",
+)
+IF_NONE_MATCH = Param(
+    "If-None-Match", "header", {"type": "string", "maxLength": 200}, "an ETag: 304 if it matches"
+)
+LAST_EVENT_ID = Param(
+    "Last-Event-ID",
+    "header",
+    {"type": "string", "maxLength": 32},
+    "resume after this event (EventSource sends it on a reconnect); 204 after the last",
+)
+
+CACHE_CONTROL = Header("caching: `no-store` while a representation grows")
+LOCATION = Header("the URL of what was created")
+ETAG = Header("the finished file's entity tag")
+CONTENT_RANGE = Header("the bytes sent: `bytes a-b/N`, or `bytes a-b/*` while growing")
+ACCEPT_RANGES = Header("`bytes`")
+VIDEO_ID_HEADER = Header("the id of the job the stream decodes")
+
+JOB_LOOKUP_ERRORS = (NotFoundError, GoneError)
+
+# The parameters of an upload, in the query string (a multipart form's text field of
+# the same name wins); a latent file's own metadata gives them too.
+UPLOAD_PARAMS = (
+    Param("model", "query", {"type": "string", "maxLength": 200}, "the decoder (404 if unknown)"),
+    Param(
+        "fps",
+        "query",
+        {"type": "string", "maxLength": MAX_NUMBER_CHARS, "pattern": FPS_PATTERN},
+        "frames per second, 1 to 240: a decimal or a ratio like 30000/1001",
+    ),
+    Param(
+        "preview",
+        "query",
+        {"type": "string", "minLength": 1, "maxLength": MAX_PREVIEW_NAME},
+        "a fast decoder of the same latent space, streamed first (`none`: no preview)",
+    ),
+    Param(
+        "width",
+        "query",
+        {"type": "string", "pattern": "^[0-9]{1,7}$"},
+        "crop to this width (with height); a packed layout's width",
+    ),
+    Param(
+        "height",
+        "query",
+        {"type": "string", "pattern": "^[0-9]{1,7}$"},
+        "crop to this height (with width); a packed layout's height",
+    ),
+    Param(
+        "num_frames",
+        "query",
+        {"type": "string", "pattern": "^[0-9]{1,7}$"},
+        "a packed layout's frame count (a pipeline's packed latents)",
+    ),
+    Param(
+        AUDIO_RATE_KEY,
+        "query",
+        {"type": "string", "pattern": "^[0-9]{1,6}$"},
+        "the sample rate of the file's `audio` tensor, in Hz",
+    ),
+)
+LATENT_FILE = {
+    **BINARY,
+    "description": "a safetensors file (tensor `latents`, BCTHW or CTHW, optional "
+    "`audio`) or a .npy array (never unpickled); anything else is 415",
+}
+LATENT_FORM = {
+    "type": "object",
+    "properties": {
+        "file": {**LATENT_FILE, "description": "the latent file (or in a part `latents`)"},
+        "latents": LATENT_FILE,
+        "model": {"type": "string", "maxLength": MAX_FIELD_BYTES},
+        "fps": {"type": "string", "maxLength": MAX_FIELD_BYTES},
+        "preview": {"type": "string", "maxLength": MAX_FIELD_BYTES},
+    },
+}
+# The raw body is the file itself (sniffed, never trusted by its Content-Type).
+LATENT_BODY = {
+    SAFETENSORS: LATENT_FILE,
+    NPY: LATENT_FILE,
+    OCTETS: LATENT_FILE,
+    MULTIPART: LATENT_FORM,
+}
+# What reading and admitting an upload can refuse.
+UPLOAD_ERRORS = (
+    MalformedRequestError,
+    RequestTimeoutError,
+    PayloadTooLargeError,
+    UnsupportedMediaError,
+    InvalidRequestError,
+    UnknownModelError,
+    ServerBusyError,
+    ShuttingDownError,
+    ClusterUnavailableError,
+    InsufficientStorageError,
+)
