@@ -64,7 +64,10 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         help=f"x264 constant quantizer, 0-{MAX_QP} (default {encoder.qp})",
     )
     rate_control.add_argument(
-        "--crf", type=quantizer, default=None, help="x264 constant rate factor instead of --qp"
+        "--crf",
+        type=quantizer,
+        default=None,
+        help="x264 constant rate factor instead of --qp (default: none, --qp applies)",
     )
     parser.add_argument(
         "--keyframe-interval",

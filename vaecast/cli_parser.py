@@ -8,6 +8,7 @@ and `decode` share are `vaecast.cli_decode_options`'.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 from vaecast.cli_checks import defaults_from_environment
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
 from vaecast.cli_files import run_decode, run_latents, run_push
+from vaecast.cli_help import DefaultsShown
 from vaecast.cli_serve import run_serve
 from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
@@ -31,7 +33,9 @@ from vaecast.version import VERSION
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The `vaecast` parser; each command's namespace has `run`, its runner."""
-    parser = argparse.ArgumentParser(prog="vaecast", description=description)
+    parser = argparse.ArgumentParser(
+        prog="vaecast", description=description, formatter_class=DefaultsShown
+    )
     parser.add_argument("--version", action="version", version=f"vaecast {VERSION}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
@@ -46,19 +50,26 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="json: one object per line, with job_id on a job's lines (default: %(default)s)",
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    command = functools.partial(commands.add_parser, formatter_class=DefaultsShown)
 
-    serve = commands.add_parser("serve", help="run the HTTP server")
+    serve = command("serve", help="run the HTTP server")
     serve.set_defaults(run=run_serve)
     # Also after the command, where a server's options are looked for (SUPPRESS: a value
     # given before the command is not reset by the command's default).
-    serve.add_argument("--log-level", choices=LEVELS, default=argparse.SUPPRESS)
+    serve.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=argparse.SUPPRESS,
+        help="as before the command (default: info)",
+    )
     serve.add_argument(
         "--log-format",
         choices=FORMATS,
         default=argparse.SUPPRESS,
-        help="log lines as text or json (one object per line, job_id on a job's lines)",
+        help="log lines as text or json (one object per line, job_id on a job's lines); as "
+        "before the command (default: text)",
     )
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument(
         "--model",
@@ -82,15 +93,27 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="torch device of the --preview decoders (default: the --device, where the "
         "model yields to its preview chunk by chunk)",
     )
-    serve.add_argument("--max-upload-mb", type=int, default=DEFAULTS.limits.max_upload_bytes // MIB)
-    serve.add_argument("--max-frames", type=int, default=DEFAULTS.limits.max_frames)
+    serve.add_argument(
+        "--max-upload-mb",
+        type=int,
+        default=DEFAULTS.limits.max_upload_bytes // MIB,
+        help="largest request body (413 past it)",
+    )
+    serve.add_argument(
+        "--max-frames",
+        type=int,
+        default=DEFAULTS.limits.max_frames,
+        help="most frames one video may decode to (413 past it, from the declared shape)",
+    )
     serve.add_argument(
         "--max-pixels",
         type=int,
         default=DEFAULTS.limits.max_pixels_per_frame,
         help="largest width x height of a decoded frame",
     )
-    serve.add_argument("--decode-slots", type=int, default=DEFAULTS.decode_slots)
+    serve.add_argument(
+        "--decode-slots", type=int, default=DEFAULTS.decode_slots, help="videos decoded at once"
+    )
     serve.add_argument(
         "--max-queued",
         type=int,
@@ -230,7 +253,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         type=option_type(normalize_origin),
         metavar="ORIGIN",
         help="let pages of this origin (https://app.example.com) call the API (repeatable); "
-        "other origins' POST and DELETE get 403",
+        "other origins' POST and DELETE get 403 (default: none, same-origin pages only)",
     )
     # WHEP viewers (vaecast.server.webrtc; README: WebRTC).
     serve.add_argument(
@@ -260,14 +283,15 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         metavar="ADDRESS",
         default=None,
         help="local (a Ray instance in this process), auto (the cluster this machine "
-        "joined with `ray start`) or ray://HOST:PORT",
+        "joined with `ray start`) or ray://HOST:PORT (default: none, decode in this process)",
     )
     cluster.add_argument("--replicas", type=int, default=1, help="decoder replicas (default 1)")
     cluster.add_argument(
         "--max-replicas",
         type=int,
         default=None,
-        help="autoscale between --replicas and this many replicas",
+        help="autoscale between --replicas and this many replicas (default: none, "
+        "--replicas and no autoscaling)",
     )
     cluster.add_argument(
         "--replica-gpus", type=float, default=0.0, help="GPUs per replica (default 0)"
@@ -289,14 +313,16 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     add_common_options(serve)
 
-    latents = commands.add_parser(
+    latents = command(
         "latents", help="make a latent file: a demo scene or a video, encoded with tiny"
     )
     latents.set_defaults(run=run_latents)
     source = latents.add_mutually_exclusive_group(required=True)
     source.add_argument("--scene", help="a demo scene: " + ", ".join(scene_names()))
     source.add_argument("--video", type=Path, help="a video file to encode (read with PyAV)")
-    latents.add_argument("-o", "--output", type=Path, required=True)
+    latents.add_argument(
+        "-o", "--output", type=Path, required=True, help="the .safetensors file to write"
+    )
     latents.add_argument("--frames", type=int, default=81, help="1 + 4k (scene only)")
     latents.add_argument("--width", type=int, default=832, help="multiple of 8 (scene only)")
     latents.add_argument("--height", type=int, default=480, help="multiple of 8 (scene only)")
@@ -306,18 +332,31 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--no-sound", action="store_true", help="scene only: leave out the soundtrack"
     )
     latents.add_argument(
-        "--max-frames", type=int, default=None, help="video only: read at most this many"
+        "--max-frames",
+        type=int,
+        default=None,
+        help="video only: read at most this many (default: all)",
     )
-    latents.add_argument("--device", default="cpu", type=torch_device)
+    latents.add_argument(
+        "--device",
+        default="cpu",
+        type=torch_device,
+        help="torch device that tiny's encoder runs on",
+    )
 
-    decode = commands.add_parser("decode", help="decode a latent file to an MP4 file")
+    decode = command("decode", help="decode a latent file to an MP4 file")
     decode.set_defaults(run=run_decode)
     decode.add_argument("latents", type=Path, help=".safetensors (tensor 'latents') or .npy")
-    decode.add_argument("-o", "--output", type=Path, required=True)
-    decode.add_argument("--model", default=DEFAULT_MODEL)
+    decode.add_argument("-o", "--output", type=Path, required=True, help="the MP4 file to write")
+    decode.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="the decoder: a built-in name, 'diffusers' (the model of the --weights "
+        "folder's config.json), or a plugin as package.module:factory",
+    )
     add_common_options(decode)
 
-    push = commands.add_parser(
+    push = command(
         "push", help="push a latent file to a server block by block, as a generator would"
     )
     push.set_defaults(run=run_push)
