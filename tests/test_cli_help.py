@@ -85,6 +85,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
+@pytest.mark.slow  # the real CLI, five times
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_shows_its_default(command: str, clean_environment: None):
     helps = option_helps(printed_help(command))
