@@ -45,12 +45,33 @@ DOCUMENT = {
                         },
                     },
                     "404": {"$ref": "#/components/responses/NotFound"},
+                    "410": {
+                        "description": "Gone: deleted",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "allOf": [
+                                        {"$ref": "#/components/schemas/Job"},
+                                        {"type": "object", "properties": {"x": {"const": 1}}},
+                                    ]
+                                }
+                            }
+                        },
+                    },
                 },
             },
             "delete": {
                 "tags": ["videos"],
                 "summary": "Cancel | delete",
                 "security": [{"apiKey": []}, {}],
+                "requestBody": {
+                    "required": False,
+                    "content": {
+                        "application/x-npy": {
+                            "schema": {"type": "string", "description": "an array"}
+                        }
+                    },
+                },
                 "responses": {"204": {"description": "gone"}},
             },
         },
@@ -94,6 +115,9 @@ def test_the_http_reference_lists_each_operation_and_schema():
     assert "| `video_id` | path | yes | `string` |  |" in lines
     assert "| 200 | the job | `application/json` [Job](#schema-job) |  |" in lines
     assert "| 404 | no such job |  | `X-Why` |" in lines  # a $ref'd response, resolved
+    assert "| 410 | Gone: deleted | `application/json` [Job](#schema-job) |  |" in lines
+    assert "Request body (optional)." in lines
+    assert "| `application/x-npy` | `string` | an array |" in lines
     assert "Credentials: `apiKey`." in lines and "Open without credentials too." in lines
     assert "### Job {#schema-job}" in lines
     assert '| `status` | one of `"queued"`, `"running"` |  |  |' in lines

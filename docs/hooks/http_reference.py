@@ -103,10 +103,15 @@ def _operation(document: Json, method: str, path: str, op: Json, shared: list[Js
     if body is not None:
         body = _resolve(document, body)
         required = " (required)" if body.get("required") else " (optional)"
-        lines += [f"Request body{required}: {_cell(body.get('description', ''))}", ""]
-        lines += ["| media type | schema |", "| --- | --- |"]
+        said = _cell(body.get("description", ""))
+        lines += [f"Request body{required}" + (f": {said}" if said else "."), ""]
+        lines += ["| media type | schema | description |", "| --- | --- | --- |"]
         for media, content in body.get("content", {}).items():
-            lines.append(f"| `{media}` | {_type(document, content.get('schema', {}))} |")
+            schema = content.get("schema", {})
+            lines.append(
+                f"| `{media}` | {_type(document, schema)} "
+                f"| {_cell(schema.get('description', ''))} |"
+            )
         lines.append("")
     responses = op.get("responses", {})
     if responses:
@@ -154,6 +159,11 @@ def _type(document: Json, schema: Json) -> str:
     for union in ("oneOf", "anyOf"):
         if union in schema:
             return " or ".join(_type(document, part) for part in schema[union])
+    if "allOf" in schema:
+        # A component narrowed by inline parts (an error body of one `type`): the
+        # component names it; the narrowing is in the response's description.
+        parts = [part for part in schema["allOf"] if "$ref" in part] or schema["allOf"]
+        return " and ".join(_type(document, part) for part in parts)
     if "const" in schema:
         return f"`{json.dumps(schema['const'])}`"
     if "enum" in schema:
