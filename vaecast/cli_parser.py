@@ -40,14 +40,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
-    parser.add_argument(
-        "--log-level", choices=LEVELS, default="info", help="(default: %(default)s)"
-    )
+    parser.add_argument("--log-level", choices=LEVELS, default="info", help="what goes to the log")
     parser.add_argument(
         "--log-format",
         choices=FORMATS,
         default="text",
-        help="json: one object per line, with job_id on a job's lines (default: %(default)s)",
+        help="json: one object per line, with job_id on a job's lines",
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     command = functools.partial(commands.add_parser, formatter_class=DefaultsShown)
@@ -161,15 +159,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULTS.min_body_rate,
         metavar="BYTES_PER_S",
         help="answer 408 when a request body, past its grace, has averaged fewer bytes/s "
-        "than this; 0: no minimum (default: %(default)s)",
+        "than this; 0: no minimum",
     )
     serve.add_argument(
         "--body-rate-grace",
         type=at_least(float, 0),
         default=DEFAULTS.body_rate_grace_s,
         metavar="SECONDS",
-        help="how long a request body may arrive at any rate before --min-body-rate "
-        "applies (default: %(default)s)",
+        help="how long a request body may arrive at any rate before --min-body-rate applies",
     )
     serve.add_argument(
         "--max-pending",
@@ -177,16 +174,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULTS.max_pending,
         metavar="N",
         help="requests whose body is still arriving, and push sessions with no block yet, "
-        "held at once apart from the decode queue; past it POST answers 429 "
-        "(default: %(default)s)",
+        "held at once apart from the decode queue; past it POST answers 429",
     )
     serve.add_argument(
         "--push-first-block-timeout",
         type=at_least(float, 0, above=True),
         default=DEFAULTS.push_first_block_timeout_s,
         metavar="SECONDS",
-        help="a push session whose first block does not come this long after its start "
-        "fails (default: %(default)s)",
+        help="a push session whose first block does not come this long after its start fails",
     )
     serve.add_argument(
         "--retention",
@@ -270,7 +265,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         type=at_least(int, 0),
         default=WebRtcSettings().max_viewers,
         metavar="N",
-        help="WHEP viewers at once; past it a WHEP POST gets 429 (default: %(default)s)",
+        help="WHEP viewers at once; past it a WHEP POST gets 429",
     )
     # Ray mode (vaecast.cluster; README: Across machines).
     cluster = serve.add_argument_group(
@@ -285,7 +280,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="local (a Ray instance in this process), auto (the cluster this machine "
         "joined with `ray start`) or ray://HOST:PORT (default: none, decode in this process)",
     )
-    cluster.add_argument("--replicas", type=int, default=1, help="decoder replicas (default 1)")
+    cluster.add_argument("--replicas", type=int, default=1, help="decoder replicas")
     cluster.add_argument(
         "--max-replicas",
         type=int,
@@ -293,12 +288,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="autoscale between --replicas and this many replicas (default: none, "
         "--replicas and no autoscaling)",
     )
-    cluster.add_argument(
-        "--replica-gpus", type=float, default=0.0, help="GPUs per replica (default 0)"
-    )
-    cluster.add_argument(
-        "--replica-cpus", type=float, default=1.0, help="CPUs per replica (default 1)"
-    )
+    cluster.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs per replica")
+    cluster.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs per replica")
     cluster.add_argument(
         "--replica-models",
         action="append",
@@ -309,7 +300,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--max-ongoing",
         type=int,
         default=2,
-        help="jobs one replica decodes at once: Serve's max_ongoing_requests (default 2)",
+        help="jobs one replica decodes at once: Serve's max_ongoing_requests",
     )
     add_common_options(serve)
 
@@ -366,7 +357,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--latent-fps",
         type=float,
         default=4.0,
-        help="latent frames the simulated generator makes per second (default 4; 0: no wait)",
+        help="latent frames the simulated generator makes per second (0: no wait)",
     )
     push.add_argument("--block-frames", type=int, default=1, help="latent frames per block")
     push.add_argument("--model", default=None, help="default: the file's, else the server's")
