@@ -34,7 +34,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--device",
         default="cpu",
         type=torch_device,
-        help="torch device of the decoder: cpu, cuda, cuda:N, mps (default cpu)",
+        help="torch device of the decoder: cpu, cuda, cuda:N, mps",
     )
     parser.add_argument(
         "--weights",
@@ -45,15 +45,15 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "models: a local diffusers folder); PATH alone is for the first --model",
     )
     parser.add_argument(
-        "--fps", default=None, help=f"frames per second (default {DEFAULTS.default_fps})"
+        "--fps", default=None, help=f"frames per second (default: {DEFAULTS.default_fps})"
     )
     parser.add_argument(
         "--preset",
         default=encoder.preset,
         choices=X264_PRESETS,
         metavar="PRESET",
-        help=f"x264 preset: {', '.join(X264_PRESETS)} (default {encoder.preset}); any slower "
-        "one is High profile, which WebRTC viewers get as VP8",
+        help=f"x264 preset: {', '.join(X264_PRESETS)}; any but ultrafast is High profile, "
+        "which WebRTC viewers get as VP8",
     )
     # One rate control or the other: both given is refused, not one silently ignored.
     rate_control = parser.add_mutually_exclusive_group()
@@ -61,17 +61,20 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--qp",
         type=quantizer,
         default=encoder.qp,
-        help=f"x264 constant quantizer, 0-{MAX_QP} (default {encoder.qp})",
+        help=f"x264 constant quantizer, 0-{MAX_QP}",
     )
     rate_control.add_argument(
-        "--crf", type=quantizer, default=None, help="x264 constant rate factor instead of --qp"
+        "--crf",
+        type=quantizer,
+        default=None,
+        help="x264 constant rate factor instead of --qp (default: none, --qp applies)",
     )
     parser.add_argument(
         "--keyframe-interval",
         type=positive_seconds,
         default=encoder.keyframe_interval_s,
         metavar="SECONDS",
-        help=f"a keyframe at least this often (default {encoder.keyframe_interval_s:g})",
+        help="a keyframe at least this often",
     )
 
 

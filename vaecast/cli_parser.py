@@ -8,6 +8,7 @@ and `decode` share are `vaecast.cli_decode_options`'.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 from vaecast.cli_checks import defaults_from_environment
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
 from vaecast.cli_files import run_decode, run_latents, run_push
+from vaecast.cli_help import DefaultsShown
 from vaecast.cli_serve import run_serve
 from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
@@ -31,37 +33,42 @@ from vaecast.version import VERSION
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The `vaecast` parser; each command's namespace has `run`, its runner."""
-    parser = argparse.ArgumentParser(prog="vaecast", description=description)
+    parser = argparse.ArgumentParser(
+        prog="vaecast", description=description, formatter_class=DefaultsShown
+    )
     parser.add_argument("--version", action="version", version=f"vaecast {VERSION}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
-    parser.add_argument(
-        "--log-level", choices=LEVELS, default="info", help="(default: %(default)s)"
-    )
+    parser.add_argument("--log-level", choices=LEVELS, default="info", help="what goes to the log")
     parser.add_argument(
         "--log-format",
         choices=FORMATS,
         default="text",
-        help="json: one object per line, with job_id on a job's lines (default: %(default)s)",
+        help="json: one object per line, with job_id on a job's lines",
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    command = functools.partial(commands.add_parser, formatter_class=DefaultsShown)
 
-    serve = commands.add_parser("serve", help="run the HTTP server")
+    serve = command("serve", help="run the HTTP server")
     serve.set_defaults(run=run_serve)
     # Also after the command, where a server's options are looked for (SUPPRESS: a value
     # given before the command is not reset by the command's default).
-    serve.add_argument("--log-level", choices=LEVELS, default=argparse.SUPPRESS)
+    serve.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=argparse.SUPPRESS,
+        help="as before the command (default: info)",
+    )
     serve.add_argument(
         "--log-format",
         choices=FORMATS,
         default=argparse.SUPPRESS,
-        help="log lines as text or json (one object per line, job_id on a job's lines)",
+        help="log lines as text or json (one object per line, job_id on a job's lines); as "
+        "before the command (default: text)",
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument(
-        "--port", type=port_number, default=8000, help="0 picks a free port (default: %(default)s)"
-    )
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    serve.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
     serve.add_argument(
         "--model",
         action="append",
@@ -86,16 +93,29 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "model yields to its preview chunk by chunk)",
     )
     serve.add_argument(
-        "--max-upload-mb", type=at_least(int, 1), default=DEFAULTS.limits.max_upload_bytes // MIB
+        "--max-upload-mb",
+        type=at_least(int, 1),
+        default=DEFAULTS.limits.max_upload_bytes // MIB,
+        help="largest request body (413 past it)",
     )
-    serve.add_argument("--max-frames", type=at_least(int, 1), default=DEFAULTS.limits.max_frames)
+    serve.add_argument(
+        "--max-frames",
+        type=at_least(int, 1),
+        default=DEFAULTS.limits.max_frames,
+        help="most frames one video may decode to (413 past it, from the declared shape)",
+    )
     serve.add_argument(
         "--max-pixels",
         type=at_least(int, 1),
         default=DEFAULTS.limits.max_pixels_per_frame,
         help="largest width x height of a decoded frame",
     )
-    serve.add_argument("--decode-slots", type=at_least(int, 1), default=DEFAULTS.decode_slots)
+    serve.add_argument(
+        "--decode-slots",
+        type=at_least(int, 1),
+        default=DEFAULTS.decode_slots,
+        help="videos decoded at once",
+    )
     serve.add_argument(
         "--max-queued",
         type=at_least(int, 0),
@@ -143,15 +163,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULTS.min_body_rate,
         metavar="BYTES_PER_S",
         help="answer 408 when a request body, past its grace, has averaged fewer bytes/s "
-        "than this; 0: no minimum (default: %(default)s)",
+        "than this; 0: no minimum",
     )
     serve.add_argument(
         "--body-rate-grace",
         type=at_least(float, 0),
         default=DEFAULTS.body_rate_grace_s,
         metavar="SECONDS",
-        help="how long a request body may arrive at any rate before --min-body-rate "
-        "applies (default: %(default)s)",
+        help="how long a request body may arrive at any rate before --min-body-rate applies",
     )
     serve.add_argument(
         "--max-pending",
@@ -159,16 +178,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULTS.max_pending,
         metavar="N",
         help="requests whose body is still arriving, and push sessions with no block yet, "
-        "held at once apart from the decode queue; past it POST answers 429 "
-        "(default: %(default)s)",
+        "held at once apart from the decode queue; past it POST answers 429",
     )
     serve.add_argument(
         "--push-first-block-timeout",
         type=at_least(float, 0, above=True),
         default=DEFAULTS.push_first_block_timeout_s,
         metavar="SECONDS",
-        help="a push session whose first block does not come this long after its start "
-        "fails (default: %(default)s)",
+        help="a push session whose first block does not come this long after its start fails",
     )
     serve.add_argument(
         "--retention",
@@ -241,7 +258,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         type=option_type(normalize_origin),
         metavar="ORIGIN",
         help="let pages of this origin (https://app.example.com) call the API (repeatable); "
-        "other origins' POST and DELETE get 403",
+        "other origins' POST and DELETE get 403 (default: none, same-origin pages only)",
     )
     # WHEP viewers (vaecast.server.webrtc; README: WebRTC).
     serve.add_argument(
@@ -258,7 +275,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         type=at_least(int, 0),
         default=WebRtcSettings().max_viewers,
         metavar="N",
-        help="WHEP viewers at once; past it a WHEP POST gets 429 (default: %(default)s)",
+        help="WHEP viewers at once; past it a WHEP POST gets 429",
     )
     # Ray mode (vaecast.cluster; README: Across machines).
     cluster = serve.add_argument_group(
@@ -271,21 +288,18 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         metavar="ADDRESS",
         default=None,
         help="local (a Ray instance in this process), auto (the cluster this machine "
-        "joined with `ray start`) or ray://HOST:PORT",
+        "joined with `ray start`) or ray://HOST:PORT (default: none, decode in this process)",
     )
-    cluster.add_argument("--replicas", type=int, default=1, help="decoder replicas (default 1)")
+    cluster.add_argument("--replicas", type=int, default=1, help="decoder replicas")
     cluster.add_argument(
         "--max-replicas",
         type=int,
         default=None,
-        help="autoscale between --replicas and this many replicas",
+        help="autoscale between --replicas and this many replicas (default: none, "
+        "--replicas and no autoscaling)",
     )
-    cluster.add_argument(
-        "--replica-gpus", type=float, default=0.0, help="GPUs per replica (default 0)"
-    )
-    cluster.add_argument(
-        "--replica-cpus", type=float, default=1.0, help="CPUs per replica (default 1)"
-    )
+    cluster.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs per replica")
+    cluster.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs per replica")
     cluster.add_argument(
         "--replica-models",
         action="append",
@@ -296,18 +310,20 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--max-ongoing",
         type=int,
         default=2,
-        help="jobs one replica decodes at once: Serve's max_ongoing_requests (default 2)",
+        help="jobs one replica decodes at once: Serve's max_ongoing_requests",
     )
     add_common_options(serve)
 
-    latents = commands.add_parser(
+    latents = command(
         "latents", help="make a latent file: a demo scene or a video, encoded with tiny"
     )
     latents.set_defaults(run=run_latents)
     source = latents.add_mutually_exclusive_group(required=True)
     source.add_argument("--scene", help="a demo scene: " + ", ".join(scene_names()))
     source.add_argument("--video", type=Path, help="a video file to encode (read with PyAV)")
-    latents.add_argument("-o", "--output", type=Path, required=True)
+    latents.add_argument(
+        "-o", "--output", type=Path, required=True, help="the .safetensors file to write"
+    )
     latents.add_argument("--frames", type=int, default=81, help="1 + 4k (scene only)")
     latents.add_argument("--width", type=int, default=832, help="multiple of 8 (scene only)")
     latents.add_argument("--height", type=int, default=480, help="multiple of 8 (scene only)")
@@ -317,18 +333,31 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--no-sound", action="store_true", help="leave out the scene's or the video's sound"
     )
     latents.add_argument(
-        "--max-frames", type=int, default=None, help="video only: read at most this many"
+        "--max-frames",
+        type=int,
+        default=None,
+        help="video only: read at most this many (default: all)",
     )
-    latents.add_argument("--device", default="cpu", type=torch_device)
+    latents.add_argument(
+        "--device",
+        default="cpu",
+        type=torch_device,
+        help="torch device that tiny's encoder runs on",
+    )
 
-    decode = commands.add_parser("decode", help="decode a latent file to an MP4 file")
+    decode = command("decode", help="decode a latent file to an MP4 file")
     decode.set_defaults(run=run_decode)
     decode.add_argument("latents", type=Path, help=".safetensors (tensor 'latents') or .npy")
-    decode.add_argument("-o", "--output", type=Path, required=True)
-    decode.add_argument("--model", default=DEFAULT_MODEL)
+    decode.add_argument("-o", "--output", type=Path, required=True, help="the MP4 file to write")
+    decode.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="the decoder: a built-in name, 'diffusers' (the model of the --weights "
+        "folder's config.json), or a plugin as package.module:factory",
+    )
     add_common_options(decode)
 
-    push = commands.add_parser(
+    push = command(
         "push", help="push a latent file to a server block by block, as a generator would"
     )
     push.set_defaults(run=run_push)
@@ -338,7 +367,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--latent-fps",
         type=float,
         default=4.0,
-        help="latent frames the simulated generator makes per second (default 4; 0: no wait)",
+        help="latent frames the simulated generator makes per second (0: no wait)",
     )
     push.add_argument("--block-frames", type=int, default=1, help="latent frames per block")
     push.add_argument("--model", default=None, help="default: the file's, else the server's")

@@ -10,22 +10,18 @@ import statistics
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
 from tests.helpers import safetensors_bytes, smooth_latents
-from tests.helpers.browser import assert_no_script_errors
+from tests.helpers.browser import Served, assert_no_script_errors, running
 from tests.helpers.cdp import Browser, Page
-from tests.helpers.server import serve_on_loopback
 from tests.helpers.whep import WhepViewer
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.linear import LinearDecoder
 from vaecast.pipeline import Stages
-from vaecast.server.app import create_app, runner_settings
+from vaecast.server.app import create_app
 from vaecast.server.config import ServerConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -70,33 +66,21 @@ class TimedEncoder(VideoStreamEncoder):
             cls.cpu_s += seconds
 
 
-@dataclass
-class Server:
-    url: str
-    client: aiohttp.ClientSession
-
-
 @pytest_asyncio.fixture(loop_scope="module")
-async def server() -> AsyncIterator[Server]:
+async def server() -> AsyncIterator[Served]:
     config = ServerConfig(default_model="linear")
     app = create_app(config, {"linear": LinearDecoder()}, Stages(encoder_factory=TimedEncoder))
-    runner = web.AppRunner(app, **runner_settings(config))
-    url = await serve_on_loopback(app, runner)
-    client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
-    try:
-        yield Server(url, client)
-    finally:
-        await client.close()
-        await runner.cleanup()
+    async with running(app, config) as served:
+        yield served
 
 
-async def push_session(server: Server) -> dict:
+async def push_session(server: Served) -> dict:
     async with server.client.post("/v1/videos", json={"input": "push", "fps": FPS}) as response:
         assert response.status == 201, await response.text()
         return await response.json()
 
 
-async def push_all(server: Server, session: dict) -> None:
+async def push_all(server: Served, session: dict) -> None:
     token = {"X-Push-Token": session["push"]["token"]}
     for first, last in BLOCKS:
         body = io.BytesIO(safetensors_bytes(latents=LATENTS[:, :, first:last].contiguous()))
@@ -107,7 +91,7 @@ async def push_all(server: Server, session: dict) -> None:
             assert response.status == 202, await response.text()
 
 
-async def open_webrtc_page(browser: Browser, server: Server, video_id: str) -> Page:
+async def open_webrtc_page(browser: Browser, server: Served, video_id: str) -> Page:
     page = await browser.new_page(640, 480)
     await page.navigate(f"{server.url}/?video={video_id}&player=webrtc")
     await page.wait_for(f"{STATS}.then(s => s && s.connection === 'connected')", 30)
@@ -118,7 +102,7 @@ async def frames_decoded(page: Page) -> int:
     return (await page.evaluate(STATS)).get("framesDecoded", 0)
 
 
-async def test_the_page_plays_a_push_session_over_whep(browser: Browser, server: Server):
+async def test_the_page_plays_a_push_session_over_whep(browser: Browser, server: Served):
     session = await push_session(server)
     page = await open_webrtc_page(browser, server, session["id"])
     try:
@@ -133,7 +117,7 @@ async def test_the_page_plays_a_push_session_over_whep(browser: Browser, server:
         await browser.close_page(page)
 
 
-async def watch(browser: Browser, server: Server, tabs: int, aiortc_peers: int) -> float:
+async def watch(browser: Browser, server: Served, tabs: int, aiortc_peers: int) -> float:
     """One push session watched by `tabs` Chromium pages and `aiortc_peers` aiortc
     clients, all connected before its first block: the encoder CPU of its decode."""
     session = await push_session(server)
@@ -163,7 +147,7 @@ async def watch(browser: Browser, server: Server, tabs: int, aiortc_peers: int) 
             await peer.close(server.client)
 
 
-async def test_five_peers_cost_the_encoder_what_one_does(browser: Browser, server: Server):
+async def test_five_peers_cost_the_encoder_what_one_does(browser: Browser, server: Served):
     alone, five = [], []
     for _ in range(ROUNDS):
         alone.append(await watch(browser, server, tabs=1, aiortc_peers=0))

@@ -170,12 +170,28 @@ async def serving(
     app = create_app(config, {"tiny": decoder})
     if extend is not None:
         extend(app)
+    async with running(app, config) as served:
+        try:
+            yield Server(served.url, served.client, app, decoder)
+        finally:
+            decoder.release()
+
+
+@dataclass
+class Served:
+    url: str
+    client: aiohttp.ClientSession
+
+
+@contextlib.asynccontextmanager
+async def running(app: web.Application, config: ServerConfig = CONFIG) -> AsyncIterator[Served]:
+    """`app` served on 127.0.0.1 as `vaecast serve` runs it with `config`: its base URL
+    and a client for it, both closed at the end."""
     runner = web.AppRunner(app, **runner_settings(config))
     url = await serve_on_loopback(app, runner)
     client = aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60))
     try:
-        yield Server(url, client, app, decoder)
+        yield Served(url, client)
     finally:
-        decoder.release()
         await client.close()
         await runner.cleanup()

@@ -1,0 +1,50 @@
+"""How `vaecast --help` shows each option's default, and the CLI reference with it.
+
+Apart from the parser (`vaecast.cli_parser`) because the documentation's CLI reference
+(docs/hooks/cli_reference.py) shows defaults the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+# A help text that says its default already ("(default 1)", "; default $VAECAST_API_KEY"),
+# where the value may be a secret read from the environment or not a value at all.
+_DEFAULT_SAID = re.compile(r"(?:^|[(;,] ?)default\b")
+# What `vaecast.cli_checks.defaults_from_environment` appends: the default goes before it.
+_ENV_NOTE = re.compile(r" ?\(env [A-Z0-9_]+\)$")
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """`--help` with every option's default: appended where its own text does not say it
+    (argparse's ArgumentDefaultsHelpFormatter, without "None" and "[]", and floats as
+    60 rather than 60.0)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = shown_default(action)
+        if shown is None or _DEFAULT_SAID.search(text):
+            return action.help
+        note = _ENV_NOTE.search(text)
+        head, tail = (text[: note.start()], note.group()) if note else (text, "")
+        said = "(default: " + shown.replace("%", "%%") + ")"
+        return " ".join(part for part in (head, said, tail.strip()) if part)
+
+
+def shown_default(action: argparse.Action) -> str | None:
+    """An option's default as `--help` and the CLI reference show it; None for one that
+    has none to show (a positional, a switch, a default of None or SUPPRESS)."""
+    default = action.default
+    if (
+        not action.option_strings
+        or action.nargs == 0
+        or default is None
+        or default is argparse.SUPPRESS
+    ):
+        return None
+    if isinstance(default, list | tuple):
+        return ", ".join(map(str, default)) or "none"
+    if isinstance(default, float):
+        return f"{default:g}"
+    return str(default)
