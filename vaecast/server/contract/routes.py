@@ -9,6 +9,7 @@ without the API key (vaecast.server.edge.security): they show the API, not its d
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +67,26 @@ JS = "text/javascript"
 ANY_OBJECT = {"type": "object"}
 
 
+Documents = tuple[dict[str, Any], dict[str, Any]]
+
+
 class _Documents:
     """The app's document and its 3.0 view, made on first request (the router is final
-    by then) and kept: they depend on nothing that changes while the app runs."""
+    by then) and kept: they depend on nothing that changes while the app runs. Made in
+    a thread (some 20 ms of schema generation), once, whoever asks meanwhile."""
 
     def __init__(self) -> None:
-        self.built: tuple[dict[str, Any], dict[str, Any]] | None = None
+        self._built: asyncio.Future[Documents] | None = None
 
-    def get(self, app: web.Application) -> tuple[dict[str, Any], dict[str, Any]]:
-        if self.built is None:
-            document = openapi_document(app)
-            self.built = document, swagger_ui_view(document)
-        return self.built
+    async def get(self, app: web.Application) -> Documents:
+        if self._built is None:
+            self._built = asyncio.ensure_future(asyncio.to_thread(_build, app))
+        return await asyncio.shield(self._built)
+
+
+def _build(app: web.Application) -> Documents:
+    document = openapi_document(app)
+    return document, swagger_ui_view(document)
 
 
 DOCUMENTS = web.AppKey("openapi_documents", _Documents)
@@ -97,7 +106,7 @@ def add_contract_routes(app: web.Application) -> None:
     replies=(Reply(200, "the document", {JSON: ANY_OBJECT}),),
 )
 async def openapi_json(request: web.Request) -> web.Response:
-    document, _ = request.app[DOCUMENTS].get(request.app)
+    document, _ = await request.app[DOCUMENTS].get(request.app)
     return web.json_response(document, headers={"Cache-Control": "no-cache"})
 
 
@@ -107,7 +116,7 @@ async def openapi_json(request: web.Request) -> web.Response:
     replies=(Reply(200, "the document, in OpenAPI 3.0", {JSON: ANY_OBJECT}),),
 )
 async def swagger_document(request: web.Request) -> web.Response:
-    _, view = request.app[DOCUMENTS].get(request.app)
+    _, view = await request.app[DOCUMENTS].get(request.app)
     return web.json_response(view, headers={"Cache-Control": "no-cache"})
 
 
