@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tracemalloc
 from fractions import Fraction
 from pathlib import Path
 
@@ -163,6 +164,21 @@ def test_the_sound_lines_up_with_the_first_frame_kept(tmp_path: Path) -> None:
     assert whole is not None and later is not None
     cut = round(0.25 * rate)
     np.testing.assert_array_equal(later.waveform, whole.waveform[:, cut:])
+
+
+def test_a_soundtrack_an_hour_from_the_frames_is_never_held(tmp_path: Path) -> None:
+    """The offset of a file's audio is the file's to say: an hour of silence before
+    it, or of audio before the first frame kept, is neither allocated nor kept."""
+    hours_later = make_video(tmp_path / "later.mkv", codec="pcm_s16le", audio_start_s=3_600.0)
+    tracemalloc.start()
+    try:
+        assert read_soundtrack(hours_later, 0.0, SECONDS) is None  # no sound with the frames
+        source = make_video(tmp_path / "clip.mkv", codec="pcm_s16le")
+        assert read_soundtrack(source, 3_600.0, SECONDS) is None  # it ended long before
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20  # a 17-frame clip's sound, not an hour of it
 
 
 def test_a_video_without_sound_makes_latents_without_it(tmp_path: Path) -> None:

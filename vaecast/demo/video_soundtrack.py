@@ -64,33 +64,46 @@ def _decode(
     if context is None:
         raise ValueError("FFmpeg has no decoder for it")
     rate = min(max(context.sample_rate, MIN_SAMPLE_RATE_HZ), MAX_SAMPLE_RATE_HZ)
-    channels = min(context.channels, MAX_CHANNELS)
+    channels = 1 if min(context.channels, MAX_CHANNELS) == 1 else 2
     resampler = av.AudioResampler(
         format="fltp", layout="mono" if channels == 1 else "stereo", rate=rate
     )
     wanted = math.ceil(seconds * rate)
     pieces: list[np.ndarray] = []
-    have = 0
-    lead: int | None = None  # samples of silence before the first one (< 0: cut)
+    have = 0  # samples kept, the lead's silence included
+    skip = 0  # samples before the first frame kept, still to drop
+    started = False
     for frame in container.decode(stream):
-        if lead is None:
+        if not started:
+            started = True
             first_s = frame.time if frame.time is not None else start_s
             lead = round((first_s - start_s) * rate)
+            if lead >= wanted:  # it starts after the frames end: no sound with them
+                return None
+            # Silence before a stream that starts late, at most the frames' length; the
+            # samples before the first frame of one that starts early are dropped as they
+            # come (never held, however much earlier it starts).
+            if lead > 0:
+                pieces.append(np.zeros((channels, lead), np.float32))
+                have = lead
+            skip = max(0, -lead)
         for converted in resampler.resample(frame):
-            pieces.append(converted.to_ndarray())
-            have += converted.samples
-        if lead + have >= wanted:  # enough: the rest of the file is never decoded
+            have, skip = _keep(pieces, converted.to_ndarray(), have, skip)
+        if have >= wanted:  # enough: the rest of the file is never decoded
             break
     for converted in resampler.resample(None):
-        pieces.append(converted.to_ndarray())
-    if lead is None or not pieces:
+        have, skip = _keep(pieces, converted.to_ndarray(), have, skip)
+    if not pieces or have <= 0:  # no audio, or it ends before the first frame kept
         return None
-    audio = np.concatenate(pieces, axis=1)
-    if lead > 0:
-        audio = np.concatenate([np.zeros((audio.shape[0], lead), np.float32), audio], axis=1)
-    else:
-        audio = audio[:, -lead:]
-    audio = np.clip(audio[:, :wanted], -1.0, 1.0).astype(np.float32)
-    if audio.shape[1] == 0:  # it ends before the first frame kept
-        return None
+    audio = np.concatenate(pieces, axis=1)[:, :wanted]
+    audio = np.clip(audio, -1.0, 1.0).astype(np.float32)
     return Soundtrack(np.ascontiguousarray(audio), rate)
+
+
+def _keep(pieces: list[np.ndarray], samples: np.ndarray, have: int, skip: int) -> tuple[int, int]:
+    """Append `samples` past the `skip` still to drop; the new (have, skip)."""
+    dropped = min(skip, samples.shape[1])
+    kept = samples[:, dropped:]
+    if kept.shape[1]:
+        pieces.append(kept)
+    return have + kept.shape[1], skip - dropped
