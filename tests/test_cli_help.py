@@ -4,6 +4,7 @@ every option's default."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -137,3 +138,38 @@ def test_a_default_goes_before_the_environment_note():
     assert helps["--grace"] == "seconds (default: 60)"
     assert helps["--key"] == "the key (default $VAECAST_API_KEY)"
     assert helps["--origin"] == "repeatable (default: none)"
+
+
+# What `--help`, `--version` and a usage mistake must not import: each takes seconds
+# on a busy machine (torch alone 2-11 s), and none is needed to print a line.
+HEAVY_PACKAGES = ("torch", "diffusers", "aiortc", "transformers", "av", "numpy", "aiohttp", "ray")
+PROBE = """
+import contextlib, io, json, sys
+from vaecast.cli import main
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def test_help_version_and_usage_mistakes_import_no_model_encoder_or_server():
+    argvs = [
+        ["--version"],
+        *[[*([command] if command else []), "--help"] for command in COMMANDS],
+        ["serve", "--port", "99999"],
+        ["decode", "--no-such-option"],
+    ]
+    finished = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert finished.returncode == 0, finished.stderr
+    imported = set(json.loads(finished.stdout))
+    assert "vaecast" in imported
+    assert imported.isdisjoint(HEAVY_PACKAGES), sorted(imported & set(HEAVY_PACKAGES))

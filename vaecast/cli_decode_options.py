@@ -11,18 +11,17 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vaecast.codecs.h264 import MAX_QP, EncoderSettings
+from vaecast.codecs.encoder_settings import MAX_QP, EncoderSettings
 from vaecast.errors import InvalidRequestError, UnknownModelError, VaecastError
-from vaecast.models.base import ChunkedDecoder
-from vaecast.models.registry import (
-    DIFFUSERS_MODEL,
-    available_decoders,
-    diffusers_model,
-    get_decoder,
-    takes_weights,
-)
 from vaecast.server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from vaecast.models.base import ChunkedDecoder
+
+# The model registry imports torch: it is imported by the functions that load or name
+# models, never by the parser (so `--help` and `--version` start at once).
 
 DEFAULT_MODEL = "tiny"
 DEFAULTS = ServerConfig()
@@ -152,6 +151,8 @@ def weights_by_model(specs: list[str], models: list[str]) -> dict[str, str]:
     is for the first model. Raises for weights of a model not in `models` and for a
     model that takes no weights file.
     """
+    from vaecast.models.registry import available_decoders, takes_weights
+
     known = set(available_decoders())
     weights: dict[str, str] = {}
     for spec in specs:
@@ -173,6 +174,8 @@ def resolve_diffusers(
 ) -> tuple[list[str], dict[str, str]]:
     """`--model diffusers` named as the model its `--weights` folder holds (its
     config.json's class), so that requests and the page name the real model."""
+    from vaecast.models.registry import DIFFUSERS_MODEL, diffusers_model
+
     if DIFFUSERS_MODEL not in models:
         return models, weights
     folder = weights.pop(DIFFUSERS_MODEL, None)
@@ -192,6 +195,8 @@ def resolve_diffusers(
 def load_decoder(name: str, device: str, weights: str | None) -> ChunkedDecoder:
     """Model `name`'s decoder; a model that fails to load is one line naming the option
     (an unknown model's says so itself)."""
+    from vaecast.models.registry import get_decoder
+
     try:
         return get_decoder(name, device=device, weights=weights)
     except UnknownModelError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import math
 import os
 from collections.abc import Callable
@@ -16,9 +17,7 @@ from pathlib import Path
 
 from vaecast.cli_checks import defaults_from_environment
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
-from vaecast.cli_files import run_decode, run_latents, run_push
 from vaecast.cli_help import DefaultsShown
-from vaecast.cli_serve import run_serve
 from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
 from vaecast.server.edge.security_config import (
@@ -29,6 +28,18 @@ from vaecast.server.edge.security_config import (
 )
 from vaecast.server.webrtc.settings import WebRtcSettings, parse_ice_server
 from vaecast.version import VERSION
+
+
+def _runner(target: str) -> Callable[[argparse.Namespace], int]:
+    """The command runner at `module:function`, imported only when its command runs:
+    `--help`, `--version` and a usage mistake import no model, encoder or server
+    (torch alone takes seconds to import)."""
+    module_name, name = target.split(":")
+
+    def run(args: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(module_name), name)(args))
+
+    return run
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -51,7 +62,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     command = functools.partial(commands.add_parser, formatter_class=DefaultsShown)
 
     serve = command("serve", help="run the HTTP server")
-    serve.set_defaults(run=run_serve)
+    serve.set_defaults(run=_runner("vaecast.cli_serve:run_serve"))
     # Also after the command, where a server's options are looked for (SUPPRESS: a value
     # given before the command is not reset by the command's default).
     serve.add_argument(
@@ -317,7 +328,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     latents = command(
         "latents", help="make a latent file: a demo scene or a video, encoded with tiny"
     )
-    latents.set_defaults(run=run_latents)
+    latents.set_defaults(run=_runner("vaecast.cli_files:run_latents"))
     source = latents.add_mutually_exclusive_group(required=True)
     source.add_argument("--scene", help="a demo scene: " + ", ".join(scene_names()))
     source.add_argument("--video", type=Path, help="a video file to encode (read with PyAV)")
@@ -346,7 +357,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
 
     decode = command("decode", help="decode a latent file to an MP4 file")
-    decode.set_defaults(run=run_decode)
+    decode.set_defaults(run=_runner("vaecast.cli_files:run_decode"))
     decode.add_argument("latents", type=Path, help=".safetensors (tensor 'latents') or .npy")
     decode.add_argument("-o", "--output", type=Path, required=True, help="the MP4 file to write")
     decode.add_argument(
@@ -360,7 +371,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     push = command(
         "push", help="push a latent file to a server block by block, as a generator would"
     )
-    push.set_defaults(run=run_push)
+    push.set_defaults(run=_runner("vaecast.cli_files:run_push"))
     push.add_argument("latents", type=Path, help=".safetensors (tensor 'latents', 'audio') or .npy")
     push.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
     push.add_argument(
@@ -434,6 +445,6 @@ def option_type(parse: Callable[[str], str]) -> Callable[[str], str]:
 
 
 def scene_names() -> tuple[str, ...]:
-    from vaecast.demo.scenes import SCENE_NAMES
+    from vaecast.demo.scene_names import SCENE_NAMES
 
     return SCENE_NAMES

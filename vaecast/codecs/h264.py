@@ -36,7 +36,6 @@ applied and the encoder converts nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 
 import av
@@ -55,21 +54,12 @@ from vaecast.codecs.avc import (
     split_annexb,
 )
 from vaecast.codecs.colour import Yuv420Frames
+from vaecast.codecs.encoder_settings import EncoderSettings
 from vaecast.codecs.fmp4 import Sample
 
-DEFAULT_PRESET = "ultrafast"
-DEFAULT_QP = 21
-# x264's quantizer and rate factor scales, for 8-bit video.
-MAX_QP = 51
-# One x264 thread. Its default here (sliced threads under zerolatency: each frame cut
-# into slices that threads encode and then wait for each other) bought ~10 % of wall
-# time alone for ~25 % more CPU, and beside a decode that keeps every core busy the
-# CPU is what counts (numbers: benchmarks/results/codecs_notes.md). 0 is x264's own
-# choice, for a machine with cores to spare.
-DEFAULT_THREADS = 1
-MAX_THREADS = 16
-DEFAULT_KEYFRAME_INTERVAL_S = 2.0
+__all__ = ["EncoderSettings", "H264Encoder", "media_timescale"]
 
+DEFAULT_SETTINGS = EncoderSettings()
 # Media timescales are 32-bit in mdhd.
 _MAX_TIMESCALE_HZ = 0xFFFFFFFF
 # Frame durations of at least this many ticks keep timestamps exact and fine-grained.
@@ -79,33 +69,6 @@ _MIN_FRAME_DURATION_TICKS = 1000
 # holds swscale's SWS_CS_* numbers, where 5 is BT.601 but AVColorSpace 5 would
 # tag BT.470BG; the matrices agree, the tag should match the primaries/trc below.
 _AVCOL_SPC_SMPTE170M = 6
-
-
-@dataclass(frozen=True, slots=True)
-class EncoderSettings:
-    """x264 knobs a deployment may change; see the module docstring for why these."""
-
-    preset: str = DEFAULT_PRESET
-    # x264's constant rate factor; None (the default) encodes at the constant `qp`.
-    crf: int | None = None
-    keyframe_interval_s: float = DEFAULT_KEYFRAME_INTERVAL_S
-    threads: int = DEFAULT_THREADS
-    qp: int = DEFAULT_QP
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.threads <= MAX_THREADS:
-            raise ValueError(f"threads must be in 0..{MAX_THREADS}, got {self.threads}")
-        if self.crf is not None and not 0 <= self.crf <= MAX_QP:
-            raise ValueError(f"crf must be in 0..{MAX_QP}, got {self.crf}")
-        if not 0 <= self.qp <= MAX_QP:
-            raise ValueError(f"qp must be in 0..{MAX_QP}, got {self.qp}")
-        if not self.keyframe_interval_s > 0:
-            raise ValueError(f"keyframe_interval_s must be > 0, got {self.keyframe_interval_s}")
-
-    @property
-    def rate_control(self) -> tuple[str, int]:
-        """x264's rate-control option and its value: ("qp", 21), or ("crf", n) when set."""
-        return ("qp", self.qp) if self.crf is None else ("crf", self.crf)
 
 
 def media_timescale(fps: Fraction) -> tuple[int, int]:
@@ -139,7 +102,7 @@ class H264Encoder:
         width: int,
         height: int,
         fps: Fraction,
-        settings: EncoderSettings = EncoderSettings(),
+        settings: EncoderSettings = DEFAULT_SETTINGS,
     ) -> None:
         if width <= 0 or height <= 0 or width % 2 or height % 2:
             # yuv420p subsamples chroma 2x2, so x264 needs even dimensions.

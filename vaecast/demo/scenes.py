@@ -19,18 +19,8 @@ import torch
 
 from vaecast.demo.layers import Ingredients, Layer, Reel, render
 from vaecast.demo.motion import Motion
+from vaecast.demo.scene_names import SCENE_NAMES
 from vaecast.errors import InvalidRequestError
-
-SCENE_NAMES: tuple[str, ...] = (
-    "showcase",
-    "shapes",
-    "gradient",
-    "texture",
-    "text",
-    "landscape",
-    "fade",
-    "noise",
-)
 
 # Largest clip one render may produce (frames * height * width), ~4x a Wan 2.1
 # 81-frame 1280x720 video: a bound on memory, not a quality limit.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from vaecast.codecs.h264 import EncoderSettings
+from vaecast.codecs.encoder_settings import EncoderSettings
 from vaecast.server.edge.security_config import SecurityConfig
 from vaecast.server.webrtc.settings import WebRtcSettings
 
