@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from tests.helpers import smooth_latents, until, vaecast_threads
+from tests.helpers import assert_threads_end, smooth_latents, until, vaecast_threads
 from tests.helpers.fragment_audio import assert_aligned
 from tests.test_pipeline_audio import RATE, Recorder
 from vaecast.codecs.aac import samples_for_duration
@@ -53,6 +53,7 @@ class Host:
 
 
 async def test_pulled_blocks_give_each_fragment_its_own_audio():
+    threads_before = vaecast_threads()
     host = Host()
     feed = LatentFeed(asyncio.get_running_loop(), 1, pull=host.pull)
     host.push(0, arrived=100.0)
@@ -75,7 +76,7 @@ async def test_pulled_blocks_give_each_fragment_its_own_audio():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         workers.shutdown()
-    assert vaecast_threads() == []
+    assert_threads_end(threads_before)  # the pipeline's own pools are stopped
     state = feed.feed_state()
     assert (state.latent_frames, state.ended, state.held_back) == (6, True, False)
     assert len(assert_aligned(recorder.data).spans) == 6

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import GatedDecoder, smooth_latents, until, vaecast_threads
+from tests.helpers import (
+    GatedDecoder,
+    assert_threads_end,
+    smooth_latents,
+    until,
+    vaecast_threads,
+)
 from tests.helpers.fragment_audio import assert_aligned, timeline
 from vaecast.codecs.aac import samples_for_duration
 from vaecast.errors import DecodeFailedError
@@ -103,6 +109,7 @@ async def session(
 ) -> AsyncIterator[Session]:
     """A feed with its first block (one latent frame) in and the pipeline running; on
     leaving, the pipeline has ended (its outcome is the test's) and no thread is left."""
+    threads_before = vaecast_threads()
     decoder = decoder or LinearDecoder()
     feed = LatentFeed(asyncio.get_running_loop(), max_blocks)
     live = Session(feed, Fraction(fps), Recorder())
@@ -122,7 +129,7 @@ async def session(
             live.task.cancel()
         await asyncio.gather(live.task, return_exceptions=True)
         workers.shutdown()
-        assert vaecast_threads() == []
+        assert_threads_end(threads_before)
 
 
 async def test_each_fragment_waits_for_the_next_blocks_audio_and_the_last_for_the_end():

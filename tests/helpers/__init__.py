@@ -124,6 +124,39 @@ def vaecast_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("vaecast-")]
 
 
+# How long a thread that must end may take to, once joined: generous, since a busy
+# machine may not schedule it at once; a thread still alive after it is a leak.
+THREAD_END_S = 20.0
+
+
+def assert_threads_end(before: Iterable[threading.Thread], bound_s: float = THREAD_END_S) -> None:
+    """Every vaecast thread started since `before` (`vaecast_threads()` then) ends: each
+    is joined, within `bound_s` in all. One that lives on fails the test with its name
+    and where it stands (its stack), which says why it lived.
+
+    Threads of `before` are not this test's to end (another test's idle pool, say, that
+    the garbage collector will stop): only the new ones are checked, so a thread of an
+    earlier test that happens to end meanwhile is no failure either.
+    """
+    import sys
+    import time
+    import traceback
+
+    known = {thread.ident for thread in before}
+    started = [thread for thread in vaecast_threads() if thread.ident not in known]
+    deadline = time.monotonic() + bound_s
+    for thread in started:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    alive = [thread for thread in started if thread.is_alive()]
+    frames = sys._current_frames()
+    where = {
+        thread.name: "".join(traceback.format_stack(frames[thread.ident])[-4:])
+        for thread in alive
+        if thread.ident in frames
+    }
+    assert not alive, f"threads alive {bound_s:.0f} s after their end: {where}"
+
+
 def split_stream(data: bytes) -> tuple[bytes, list[bytes]]:
     """(init segment, [moof+mdat, ...]) of a whole fMP4 stream; fails on anything else."""
     from vaecast.codecs.fmp4_reader import iter_boxes

@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import (
     FailingDecoder,
     GatedDecoder,
+    assert_threads_end,
     safetensors_bytes,
     smooth_latents,
     until,
@@ -68,7 +69,7 @@ async def test_client_leaving_the_stream_cancels_its_decode(
         # Noticed at the first write after the close, a few chunks later: the decode
         # still stops well before its end.
         assert decoder.published < LATENT_FRAMES
-    assert vaecast_threads() == threads_before  # the same idle pool workers, no more
+    assert_threads_end(threads_before)  # the same idle pool workers, no more
 
 
 async def test_delete_stops_the_decode_and_ends_every_reader(
@@ -105,7 +106,7 @@ async def test_delete_stops_the_decode_and_ends_every_reader(
     assert decoder.finished.is_set()
     assert isinstance(decoder.ended_with, DecodeCancelled)
     assert decoder.published == 2  # the held chunk was never published
-    assert vaecast_threads() == threads_before  # the same idle pool workers, no more
+    assert_threads_end(threads_before)  # the same idle pool workers, no more
     # The reader's stream ends truncated: no terminating chunk, so the client knows.
     with pytest.raises(aiohttp.ClientPayloadError):
         await reader.read()
@@ -137,17 +138,18 @@ async def test_a_decoder_error_cuts_the_stream_and_is_recorded(start_server: Sta
 
 
 async def test_shutdown_with_a_running_job_leaves_no_threads(start_server: StartServer):
+    threads_before = vaecast_threads()
     decoder = GatedDecoder(hold_at=1)
     server = await start_server(decoders={"linear": decoder})
     body = safetensors_bytes(latents=smooth_latents(frames=LATENT_FRAMES))
     async with server.client.post("/v1/videos", data=body) as response:
         job = server.manager.get((await response.json())["id"])
     await asyncio.to_thread(decoder.holding.wait, 30)
-    assert vaecast_threads()
+    assert len(vaecast_threads()) > len(threads_before)
     closing = asyncio.create_task(server.manager.close())
     await until(lambda: job.error is not None)
     decoder.gate.set()
     await closing
     assert job.status == "cancelled"
     assert job.error.message == "server shutting down"
-    assert vaecast_threads() == []
+    assert_threads_end(threads_before)

@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers import (
     GatedDecoder,
+    assert_threads_end,
     safetensors_bytes,
     smooth_latents,
     until,
@@ -100,6 +101,7 @@ async def test_draining_refuses_new_jobs_and_lets_running_streams_finish(
 async def test_past_the_grace_period_running_jobs_are_cancelled_and_nothing_is_left(
     start_server: StartServer, tmp_path: Path
 ):
+    threads_before = vaecast_threads()
     decoder = GatedDecoder(hold_at=2)
     server = await start_server(
         decoders={"linear": decoder}, spill_threshold_bytes=1024, spill_dir=str(tmp_path)
@@ -117,5 +119,5 @@ async def test_past_the_grace_period_running_jobs_are_cancelled_and_nothing_is_l
         await stream.read()
     stream.close()
     await server.manager.close()
-    assert vaecast_threads() == []
+    assert_threads_end(threads_before)
     assert not any(tmp_path.iterdir())
