@@ -87,7 +87,7 @@ export function blankState() {
     lastMediaTime: null,    // the frame last presented in front (requestVideoFrameCallback)
     backwardSteps: 0,       // presented frames earlier than the one before, seeks aside
     lastFrameAt: null,      // performance.now() of the frame last presented in front
-    stalls: [],             // {at, ms}: waits over STALL_MS between two presented frames
+    stalls: [],             // {at, ms, mediaMs}: waits over STALL_MS between two presented frames
     // Playing a job still decoding no earlier than it plays stall-free (see the top).
     stallFreeStartS: null,  // the latest stall_free_start_s heard (the final's, with a preview)
     firstFragmentAt: null,  // performance.now() when the front's first fragment was appended
@@ -182,13 +182,18 @@ export class Session extends EventTarget {
         if (!player.front) return; // the final behind, seeking
         const state = this.state;
         state.framesShown += 1;
-        if (state.lastMediaTime !== null && mediaTime < state.lastMediaTime - 1e-3) {
+        const previousMediaTime = state.lastMediaTime;
+        if (previousMediaTime !== null && mediaTime < previousMediaTime - 1e-3) {
           state.backwardSteps += 1;
         }
         state.lastMediaTime = mediaTime;
         const now = performance.now();
         if (state.lastFrameAt !== null && now - state.lastFrameAt > STALL_MS && !player.video.paused) {
-          state.stalls.push({ at: now, ms: now - state.lastFrameAt });
+          // mediaMs: how far the video's clock went meanwhile. A busy machine skips
+          // frames while the clock runs on (mediaMs close to ms); a halted playback
+          // presents the next frame with the clock where it stopped.
+          const mediaMs = previousMediaTime === null ? 0 : 1000 * (mediaTime - previousMediaTime);
+          state.stalls.push({ at: now, ms: now - state.lastFrameAt, mediaMs });
         }
         state.lastFrameAt = now;
         if (state.firstFrameAt === null) this.#firstFrame();
