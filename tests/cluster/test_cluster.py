@@ -341,6 +341,33 @@ async def test_a_preview_and_its_final_are_two_calls_on_the_replicas(front_ends)
         assert await read_all(session, f"{a.url}/v1/videos/{alone['id']}/content") == final
 
 
+# How often the race below is run: each front end follows the job's host at its own
+# pace, so one of them could still stream the live file after the other said completed.
+SAME_BYTES_REPEATS = 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_once_a_front_end_says_completed_every_front_end_sends_the_finished_bytes(
+    front_ends,
+):
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        for attempt in range(SAME_BYTES_REPEATS):
+            # The creator alternates; the other one reports the end, then the creator
+            # is read at once (its own follow of the host may not have got there yet).
+            creator, watcher = front_ends if attempt % 2 == 0 else front_ends[::-1]
+            job = await create(session, creator, latents=SMALL)
+            url = f"/v1/videos/{job['id']}"
+            seen = [event async for event in events(session, f"{watcher.url}{url}/events")]
+            assert seen[-1]["event"] == "done", seen[-1]
+            from_creator = await read_all(session, f"{creator.url}{url}/content")
+            state = await get_json(session, f"{creator.url}{url}")
+            assert state["status"] == "completed", (attempt, state["status"])
+            from_watcher = await read_all(session, f"{watcher.url}{url}/content")
+            assert from_creator == from_watcher, f"attempt {attempt}: the bytes differ"
+            assert as_streamed(from_creator) != from_creator  # it states its duration
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_ray_push_sessions_final_stopped_keeps_its_preview(front_ends):

@@ -67,6 +67,10 @@ class JobHost:
         job = self._jobs.get(job_id)
         return None if job is None else job.spec
 
+    async def transitions(self, job_id: str) -> int | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else len(job.record.transitions)
+
     async def follow(self, job_id: str, *args: Any) -> Update | None:
         job = self._jobs.get(job_id)
         return None if job is None else await job.follow(*args)

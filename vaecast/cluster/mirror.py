@@ -16,6 +16,7 @@ A front end going down stops only its mirrors: the job goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -44,6 +45,9 @@ log = logging.getLogger("vaecast.cluster")
 
 # A mirror's long poll: the host answers at once when something is new.
 FOLLOW_WAIT_S = 10.0
+# How long a request waits for this mirror to catch up with its host (`catch_up`)
+# before it is answered from what the mirror has.
+CATCH_UP_TIMEOUT_S = 15.0
 
 
 class ActorFeed:
@@ -120,6 +124,10 @@ class MirrorRunner:
         self.feed: ActorFeed | None = ActorFeed(shared, decoder) if spec.input == "push" else None
         self.stop_error: VaecastError | None = None
         self.synced = asyncio.Event()  # the host's first answer is applied
+        # Transitions applied here so far; `_progressed` is set (and replaced) at each.
+        self.applied = 0
+        self._progressed = asyncio.Event()
+        self._following = True
         self._creation = creation
         self._on_gone = on_gone
         self._calls: set[asyncio.Task[Any]] = set()
@@ -149,6 +157,7 @@ class MirrorRunner:
                         if isinstance(transition, VariantEnded):
                             _close(job.rendition(transition.variant).log, transition.error)
                     transitions += 1
+                    self._applied(transitions)
                 self.synced.set()
                 if update.final:
                     break
@@ -172,6 +181,36 @@ class MirrorRunner:
             self._in_background(job, self._until_gone(job, fragments, transitions))
         finally:
             self.synced.set()
+            self._following = False
+            self._progressed.set()
+
+    async def catch_up(self) -> None:
+        """Until this mirror has applied every transition its host had when asked.
+
+        Each front end follows the host at its own pace, so without this one could
+        still stream the live file (its init segment silent about the length) after
+        another has answered `completed` and sent the finished one. A read that waits
+        here first says at least what any front end said before it began. Bounded: a
+        host that does not answer, or a mirror that does not get there in
+        CATCH_UP_TIMEOUT_S, leaves the answer to what the mirror has.
+        """
+        if not self._following:
+            return
+        try:
+            target = await asyncio.wait_for(self.shared.transitions(), CATCH_UP_TIMEOUT_S)
+        except Exception:  # the host is gone or slow: the follow loop says so
+            return
+        if target is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CATCH_UP_TIMEOUT_S):
+                while self._following and self.applied < target:
+                    await self._progressed.wait()
+
+    def _applied(self, transitions: int) -> None:
+        self.applied = transitions
+        self._progressed.set()
+        self._progressed = asyncio.Event()
 
     def _take(self, job: Job, snapshot: Snapshot) -> None:
         if snapshot.plan is not None and job.plan is None:

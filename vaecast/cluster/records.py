@@ -182,6 +182,10 @@ class JobRef:
     def spec(self) -> Any:
         return self.host.spec.remote(self.job_id)
 
+    def transitions(self) -> Any:
+        """How many transitions the job's record has had (None: the host lost it)."""
+        return self.host.transitions.remote(self.job_id)
+
     def cancel(self, error: VaecastError) -> Any:
         return self.host.cancel.remote(self.job_id, error)
 

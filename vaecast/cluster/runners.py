@@ -135,6 +135,12 @@ class ClusterRunners:
             pending.add_done_callback(lambda _: self._lookups.pop(job_id, None))
         await asyncio.shield(pending)
 
+    async def catch_up(self, job: Job) -> None:
+        """Before a read of a job mirrored here: until the mirror has what its host had
+        (`MirrorRunner.catch_up`): every front end serves the same bytes."""
+        if isinstance(job.runner, MirrorRunner):
+            await job.runner.catch_up()
+
     async def delete(self, job: Job) -> None:
         assert isinstance(job.runner, MirrorRunner)
         refused = await job.runner.shared.delete()

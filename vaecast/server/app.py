@@ -131,12 +131,14 @@ async def find_jobs(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Before a route reads job `{video_id}`: adopt it if it runs elsewhere and this
-    process has not seen it; after a route created jobs: answer once they can be found
-    from elsewhere (both only in Ray mode: a manager of local jobs has nothing to do)."""
+    process has not seen it, and a read (GET, HEAD) of a running one waits until this
+    process has what any other said of it; after a route created jobs: answer once
+    they can be found from elsewhere (all only in Ray mode: a manager of local jobs
+    has nothing to do)."""
     manager = request.app[MANAGER]
     job_id = request.match_info.get("video_id")
     if job_id is not None:
-        await manager.find(job_id)
+        await manager.find(job_id, reading=request.method in ("GET", "HEAD"))
     response = await handler(request)
     await manager.settle()
     return response

@@ -51,6 +51,10 @@ class JobRunners(Protocol):
     async def find(self, manager: JobManager, job_id: str) -> None:
         """Adopt (`manager.adopt`) job `job_id` if it runs elsewhere and is not here."""
 
+    async def catch_up(self, job: Job) -> None:
+        """Before a read of `job`, still running here: until what this process has of it
+        is at least what any other process has said of it."""
+
     async def settle(self) -> None:
         """Until the jobs created here so far can be found from elsewhere."""
 
@@ -115,6 +119,9 @@ class LocalRunners:
 
     async def find(self, manager: JobManager, job_id: str) -> None:
         pass  # every job of this process is in its manager
+
+    async def catch_up(self, job: Job) -> None:
+        pass  # this process is the only one that runs it
 
     async def settle(self) -> None:
         pass

@@ -301,9 +301,16 @@ class JobManager:
         self._tasks.add(task)
         task.add_done_callback(lambda task: self._job_ended(task, job, counted))
 
-    async def find(self, job_id: str) -> None:
-        """Before a route reads job `job_id`: adopt it if it runs elsewhere (Ray mode)."""
-        if job_id in self.jobs or self.retention.gone(job_id) is not None or self.draining:
+    async def find(self, job_id: str, reading: bool = False) -> None:
+        """Before a route uses job `job_id`: adopt it if it runs elsewhere (Ray mode);
+        `reading` (a GET): bring a running job here up to what its runner elsewhere has
+        (`JobRunners.catch_up`)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            if reading and not job.finished:
+                await self.runners.catch_up(job)
+            return
+        if self.retention.gone(job_id) is not None or self.draining:
             return
         if self.durable is not None:  # finished, and stored by another front end?
             await self.durable.find(job_id)
