@@ -28,7 +28,8 @@ import { handOver } from "./player.js";
 const LIVE = ["queued", "in_progress"];
 const PREVIEW = "preview";
 const FINAL = "final";
-// A wait between two presented frames longer than this is a stall (a 16 fps frame: 62 ms).
+// The video's clock standing still between two presented frames longer than this is a
+// stall (a 16 fps frame: 62 ms).
 const STALL_MS = 150;
 // How often a start still waiting (or a final not yet safe to swap to) looks again.
 const WAIT_TICK_MS = 100;
@@ -87,7 +88,7 @@ export function blankState() {
     lastMediaTime: null,    // the frame last presented in front (requestVideoFrameCallback)
     backwardSteps: 0,       // presented frames earlier than the one before, seeks aside
     lastFrameAt: null,      // performance.now() of the frame last presented in front
-    stalls: [],             // {at, ms, mediaMs}: waits over STALL_MS between two presented frames
+    stalls: [],             // {at, ms, mediaMs}: the clock stood still over STALL_MS (see #attach)
     // Playing a job still decoding no earlier than it plays stall-free (see the top).
     stallFreeStartS: null,  // the latest stall_free_start_s heard (the final's, with a preview)
     firstFragmentAt: null,  // performance.now() when the front's first fragment was appended
@@ -188,12 +189,13 @@ export class Session extends EventTarget {
         }
         state.lastMediaTime = mediaTime;
         const now = performance.now();
-        if (state.lastFrameAt !== null && now - state.lastFrameAt > STALL_MS && !player.video.paused) {
-          // mediaMs: how far the video's clock went meanwhile. A busy machine skips
-          // frames while the clock runs on (mediaMs close to ms); a halted playback
-          // presents the next frame with the clock where it stopped.
+        if (state.lastFrameAt !== null && !player.video.paused) {
+          // A stall: the video's clock stood still for over STALL_MS between two
+          // presented frames. mediaMs is how far the clock went meanwhile: a busy
+          // machine that presents late, or skips frames, lets the clock run on.
+          const ms = now - state.lastFrameAt;
           const mediaMs = previousMediaTime === null ? 0 : 1000 * (mediaTime - previousMediaTime);
-          state.stalls.push({ at: now, ms: now - state.lastFrameAt, mediaMs });
+          if (ms - mediaMs > STALL_MS) state.stalls.push({ at: now, ms, mediaMs });
         }
         state.lastFrameAt = now;
         if (state.firstFrameAt === null) this.#firstFrame();
