@@ -3,90 +3,26 @@ mid-decode and started again on the same store."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import av
 import pytest
-import torch
 
-from tests.helpers import safetensors_bytes
+from tests.helpers.store_process import (
+    create,
+    job_of,
+    killable_server,
+    latents,
+    request,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
-
-START_TIMEOUT_S = 120.0
-
-
-@contextlib.contextmanager
-def killable_server(store: Path, log: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`vaecast serve` on `store`; yields its URL and process; SIGKILLs it on exit."""
-    command = [
-        sys.executable, "-m", "vaecast", "serve", "--port", "0", "--model", "tiny",
-        "--store", str(store),
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with (
-        log.open("a") as err,
-        subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=err, text=True, env=env
-        ) as process,
-    ):
-        try:
-            assert process.stdout is not None
-            line = process.stdout.readline()  # the announcement, or "" if it died
-            assert " on http://" in line, f"did not start: {log.read_text()[-3000:]}"
-            yield line.split(" on ")[1].strip().rstrip("/"), process
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGKILL)
-            process.wait(timeout=30)
-
-
-def request(
-    url: str, method: str = "GET", data: bytes | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read()
-
-
-def latents(frames: int, size: int, seed: int) -> bytes:
-    generator = torch.Generator().manual_seed(seed)
-    return safetensors_bytes(latents=torch.randn(1, 16, frames, size, size, generator=generator))
-
-
-def create(base: str, frames: int, size: int, seed: int) -> dict[str, Any]:
-    status, _, body = request(f"{base}/v1/videos", "POST", latents(frames, size, seed))
-    assert status == 201, body
-    return json.loads(body)
-
-
-def job_of(base: str, job_id: str) -> tuple[int, dict[str, Any]]:
-    status, _, body = request(f"{base}/v1/videos/{job_id}")
-    return status, json.loads(body)
-
-
-def wait_for(predicate: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def decoded_frames(data: bytes) -> int:

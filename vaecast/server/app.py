@@ -130,17 +130,26 @@ def create_app(
 async def find_jobs(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Before a route reads job `{video_id}`: adopt it if it runs elsewhere and this
-    process has not seen it, and a read (GET, HEAD) of a running one waits until this
-    process has what any other said of it; after a route created jobs: answer once
-    they can be found from elsewhere (all only in Ray mode: a manager of local jobs
-    has nothing to do)."""
+    """Around every API request: an answer is a promise.
+
+    Before the route: what has happened so far is committed (`manager.settle`), so a
+    read says nothing a crash could take back; job `{video_id}` is adopted if it runs
+    elsewhere and this process has not seen it, and a read (GET, HEAD) of a running
+    one waits until this process has what any other said of it (Ray mode). After the
+    route, before its answer goes out (a streamed body's end too: aiohttp writes it
+    after the middlewares return): what the route did is committed (a job created,
+    deleted, cancelled), and the jobs it created can be found from elsewhere.
+    """
     manager = request.app[MANAGER]
     job_id = request.match_info.get("video_id")
+    api = request.path.startswith("/v1/")
+    if api:
+        await manager.settle()
     if job_id is not None:
         await manager.find(job_id, reading=request.method in ("GET", "HEAD"))
     response = await handler(request)
-    await manager.settle()
+    if api:
+        await manager.settle()
     return response
 
 

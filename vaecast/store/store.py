@@ -11,6 +11,11 @@ with its whole file, never a `completed` one with a short file.
 
 `bytes_used` counts the videos this process knows of (what it restored and what its
 jobs wrote); `full` compares it with the disk budget (`--store-max-gb`).
+
+An answer is a promise: `settle` waits until every write handed over so far is
+committed, and the server calls it before it tells a client anything a crash could
+take back (a job created, completed, deleted). Writes are still batched: one commit
+covers whatever piled up meanwhile, and a server with nothing pending pays nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ class Store:
         self.database_note: str | None = None  # what was moved aside at open
         self._writer = writer
         self._lease = lease
+        # Writes handed over so far, and how many of them a finished flush covered.
+        self._submitted = 0
+        self._flushed = 0
 
     @classmethod
     async def open(
@@ -110,9 +118,15 @@ class Store:
 
     # What happens to a job (the server's job journal tells it).
 
+    def _submit(
+        self, write: Callable[[JobDatabase], None], after: Callable[[], None] | None = None
+    ) -> None:
+        self._submitted += 1
+        self._writer.submit(write, after)
+
     def created(self, job_id: str, snapshot: dict[str, Any]) -> None:
         owner, name = self._lease.id, self.video_path(job_id).name
-        self._writer.submit(lambda db: db.put_job(job_id, owner, snapshot, name))
+        self._submit(lambda db: db.put_job(job_id, owner, snapshot, name))
 
     def event(
         self, job_id: str, seq: int, event: dict[str, Any], snapshot: dict[str, Any], size: int
@@ -121,12 +135,12 @@ class Store:
             db.add_event(job_id, seq, event)
             db.update_job(job_id, snapshot, size)
 
-        self._writer.submit(write)
+        self._submit(write)
 
     def segment(self, job_id: str, index: int, segment: StoredSegment) -> None:
         self._sizes[job_id] = self._sizes.get(job_id, 0) + segment.length
         self._used += segment.length
-        self._writer.submit(lambda db: db.add_segment(job_id, index, segment))
+        self._submit(lambda db: db.add_segment(job_id, index, segment))
 
     def completed(
         self,
@@ -146,7 +160,7 @@ class Store:
             db.add_event(job_id, *event)
             db.update_job(job_id, snapshot, size, finished_at=time.time(), expires_at=expires_at)
 
-        self._writer.submit(write)
+        self._submit(write)
 
     def ended(
         self,
@@ -164,14 +178,14 @@ class Store:
             db.drop_file(job_id)
 
         self._uncount(job_id)
-        self._writer.submit(write, lambda: _remove(path))
+        self._submit(write, lambda: _remove(path))
 
     def forget(self, job_id: str, reason: str) -> None:
         """The job is gone (deleted, evicted): its row keeps only why; its file goes
         once that is committed."""
         self._uncount(job_id)
         path = self.video_path(job_id)
-        self._writer.submit(lambda db: db.forget(job_id, reason), lambda: _remove(path))
+        self._submit(lambda db: db.forget(job_id, reason), lambda: _remove(path))
 
     # Reads.
 
@@ -192,7 +206,15 @@ class Store:
 
     async def flush(self) -> None:
         """Until everything handed over so far is committed."""
+        target = self._submitted
         await self._writer.call(lambda db: None)
+        self._flushed = max(self._flushed, target)
+
+    async def settle(self) -> None:
+        """Until every write handed over so far is committed; at once when none is
+        pending (see the module docstring)."""
+        if self._flushed < self._submitted:
+            await self.flush()
 
     async def close(self) -> None:
         await self._writer.close()

@@ -305,6 +305,8 @@ async def get_events(request: web.Request) -> web.StreamResponse:
             except StopAsyncIteration:
                 break
             next_event = None
+            if job.finished:  # no end is told before it is committed (an answer is a promise)
+                await manager.settle()
             if "job" in event:  # the job object as the API shows it, links included
                 event = {**event, "job": with_links(event["job"])}
             await response.write(_sse(event["event"], index, event))

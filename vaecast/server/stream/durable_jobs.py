@@ -40,7 +40,6 @@ class DurableJobs:
     def __init__(self, store: Store, manager: JobManager) -> None:
         self.store = store
         self._manager = manager
-        self._unsettled = False  # jobs created since the last settle
         registry = manager.metrics.registry
         self.recovered = Counter(
             "vaecast_store_recovered",
@@ -100,14 +99,12 @@ class DurableJobs:
     def track(self, job: Job) -> None:
         """Journal `job` (one whose log writes the store's file)."""
         JobJournal(self.store, job, self._manager.config.retention_s)
-        self._unsettled = True
 
     async def settle(self) -> None:
-        """After a route created jobs, before it answers: until their rows are
-        committed, so an id a client was given survives a crash."""
-        if self._unsettled:
-            self._unsettled = False
-            await self.store.flush()
+        """Before an answer or an event: until what has happened so far is committed,
+        so that no job a client was told of (created, completed, deleted) is undone by a
+        crash."""
+        await self.store.settle()
 
     def make_room(self) -> None:
         """Before a new job: evict the oldest finished videos while the store is full;

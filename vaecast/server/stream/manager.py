@@ -318,7 +318,9 @@ class JobManager:
             await self.runners.find(self, job_id)
 
     async def settle(self) -> None:
-        """After a route created jobs: until they can be found from elsewhere."""
+        """Before an answer or an event: until what has happened to the jobs so far is
+        committed to the store (if any), and the jobs created here can be found from
+        elsewhere (Ray mode)."""
         if self.durable is not None:
             await self.durable.settle()
         await self.runners.settle()
