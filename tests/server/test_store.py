@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -152,6 +154,8 @@ async def test_a_full_store_evicts_the_oldest_finished_then_answers_507(tmp_path
         async with server.client.post("/v1/videos", data=body_bytes) as response:
             running = await response.json()
         await until(decoder.holding.is_set)
+        # Its first fragment is encoded and in the store (a busy machine encodes late).
+        await until(lambda: server.manager.get(running["id"]).record.bytes > 0)
         # The newer one goes for room; the running one cannot: 507.
         async with server.client.post("/v1/videos", data=body_bytes) as response:
             assert response.status == 507
@@ -253,3 +257,64 @@ async def test_a_job_with_a_preview_keeps_its_final_across_a_restart(tmp_path: P
         async with server.client.get(job["urls"]["content"], params={"variant": "preview"}) as r:
             assert r.status == 410
             assert "not kept across a restart" in (await r.json())["error"]["message"]
+
+
+# Each kind of damage a job row may have: what the `jobs` row's columns are set to.
+BAD_ROWS: dict[str, dict[str, Any]] = {
+    "not JSON": {"snapshot": "{not json"},
+    "an empty object": {"snapshot": "{}"},
+    "a list": {"snapshot": "[1, 2, 3]"},
+    "a record lacking its counts": {"snapshot": None},  # filled in below
+    "an absolute file": {"file": None},  # a path outside the store, below
+    "a file up the tree": {"file": "../outside.mp4"},
+}
+
+
+async def test_a_store_with_unreadable_rows_starts_quarantines_them_and_touches_nothing_outside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    store = tmp_path / "store"
+    jobs: dict[str, dict[str, Any]] = {}
+    async with stored_server(store) as server:
+        good = await finished_job(server, seed=99)
+        for seed, damage in enumerate(BAD_ROWS):
+            jobs[damage] = await finished_job(server, seed=seed)
+    outside = tmp_path / "outside.mp4"
+    outside.write_bytes(b"not the store's" * 100)
+    absolute = tmp_path / "absolute.mp4"
+    absolute.write_bytes(b"not the store's either" * 100)
+    with sqlite3.connect(store / "jobs.db") as db:
+        for damage, changes in BAD_ROWS.items():
+            job_id = jobs[damage]["id"]
+            if damage == "a record lacking its counts":
+                (text,) = db.execute("SELECT snapshot FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                record = json.loads(text)
+                del record["counts"]
+                changes = {"snapshot": json.dumps(record)}
+            if damage == "an absolute file":
+                changes = {"file": str(absolute)}
+            for column, value in changes.items():
+                db.execute(f"UPDATE jobs SET {column} = ? WHERE id = ?", (value, job_id))
+    with caplog.at_level(logging.WARNING, logger="vaecast.store"):
+        async with stored_server(store) as server:
+            assert (await status_of(server, good))[0] == 200
+            for damage, job in jobs.items():
+                assert (await status_of(server, job))[0] == 404, damage
+            async with server.client.get("/metrics") as response:
+                metrics = await response.text()
+            assert (await finished_job(server, seed=100))["status"] == "completed"
+    assert f'vaecast_store_recovered_total{{outcome="quarantined"}} {len(BAD_ROWS)}.0' in metrics
+    warnings = [r.getMessage() for r in caplog.records if "quarantined" in r.getMessage()]
+    assert len(warnings) == len(BAD_ROWS), warnings
+    for job in jobs.values():
+        assert sum(job["id"] in line for line in warnings) == 1, (job["id"], warnings)
+    with sqlite3.connect(store / "jobs.db") as db:
+        kept = dict(db.execute("SELECT id, reason FROM quarantine").fetchall())
+    assert set(kept) == {job["id"] for job in jobs.values()}
+    assert "outside the store" in kept[jobs["an absolute file"]["id"]]
+    assert "outside the store" in kept[jobs["a file up the tree"]["id"]]
+    assert "lacks 'counts'" in kept[jobs["a record lacking its counts"]["id"]]
+    assert "not JSON" in kept[jobs["not JSON"]["id"]]
+    # Nothing outside the store was opened, cut or removed.
+    assert outside.read_bytes() == b"not the store's" * 100
+    assert absolute.read_bytes() == b"not the store's either" * 100

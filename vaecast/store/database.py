@@ -45,6 +45,14 @@ class JobRow:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableRow:
+    """A job row whose record is not a JSON object (the store was damaged)."""
+
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentRow:
     offset: int
     length: int
@@ -73,6 +81,18 @@ class JobDatabase:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Inside a transaction: what the block wrote is undone if it raises."""
+        self._db.execute("SAVEPOINT one_job")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK TO one_job")
+            self._db.execute("RELEASE one_job")
+            raise
+        self._db.execute("RELEASE one_job")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -147,13 +167,28 @@ class JobDatabase:
         self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
         self._db.execute("DELETE FROM segments WHERE job_id = ?", (job_id,))
 
+    def quarantine(self, job_id: str, reason: str) -> None:
+        """Move job `job_id`'s row (it could not be read) to the quarantine table, with
+        why; its events and fragment index go."""
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        names = [column[1] for column in self._db.execute("PRAGMA table_info(jobs)")]
+        kept = json.dumps(dict(zip(names, row or (), strict=False)), default=str)
+        self._db.execute(
+            "INSERT INTO quarantine (id, reason, job, at) VALUES (?, ?, ?, ?)",
+            (job_id, reason, kept, time.time()),
+        )
+        for table, column in (("jobs", "id"), ("events", "job_id"), ("segments", "job_id")):
+            self._db.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
+
     # Reads.
 
     def job(self, job_id: str) -> JobRow | None:
+        """Job `job_id`'s row; None if there is none, or none that can be read."""
         row = self._db.execute(_JOB_COLUMNS + " WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else _job_row(row)
+        found = None if row is None else _job_row(row)
+        return found if isinstance(found, JobRow) else None
 
-    def kept_jobs(self) -> list[JobRow]:
+    def kept_jobs(self) -> list[JobRow | UnreadableRow]:
         """Every job not gone, oldest first."""
         rows = self._db.execute(_JOB_COLUMNS + " WHERE gone IS NULL ORDER BY created_at")
         return [_job_row(row) for row in rows]
@@ -182,9 +217,15 @@ class JobDatabase:
 _JOB_COLUMNS = "SELECT id, owner, status, snapshot, file, size, finished_at, gone FROM jobs"
 
 
-def _job_row(row: tuple[Any, ...]) -> JobRow:
+def _job_row(row: tuple[Any, ...]) -> JobRow | UnreadableRow:
     job_id, owner, status, snapshot, file, size, finished_at, gone = row
-    return JobRow(job_id, owner, status, json.loads(snapshot), file, size, finished_at, gone)
+    try:
+        data = json.loads(snapshot)
+    except (TypeError, ValueError) as error:
+        return UnreadableRow(job_id, f"its record is not JSON ({error})")
+    if not isinstance(data, dict):
+        return UnreadableRow(job_id, f"its record is a JSON {type(data).__name__}, not an object")
+    return JobRow(job_id, owner, status, data, file, size, finished_at, gone)
 
 
 class _NewerSchema(Exception):

@@ -10,7 +10,11 @@ For each job the database keeps (run on the store's thread, in one transaction):
   or whose index is not its whole length, cannot be served and is dropped (a
   completed job's file was fsynced before it was marked complete, so this means the
   disk lost it, not a crash);
-- one past its retention is forgotten, as the retention sweep would have done.
+- one past its retention is forgotten, as the retention sweep would have done;
+- one that cannot be read (its record is not a JSON object, lacks what a record has,
+  or names a file outside the store's `videos/` folder) is moved to the `quarantine`
+  table with one WARNING naming it, and the start goes on. A name that resolves
+  outside the folder is never opened or deleted.
 Files no row names (a job's file created just before a crash) are removed. What was
 done is counted (`Recovered.counts`), for the start's log line and `/metrics`.
 """
@@ -18,6 +22,7 @@ done is counted (`Recovered.counts`), for the start's log line and `/metrics`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from vaecast.job_snapshot import from_snapshot, snapshot
-from vaecast.store.database import JobDatabase, JobRow, SegmentRow
+from vaecast.store.database import JobDatabase, JobRow, SegmentRow, UnreadableRow
 from vaecast.store.owners import owner_gone
+
+log = logging.getLogger("vaecast.store")
 
 VIDEOS_FOLDER = "videos"
 GONE_IDS_KEPT = 10_000
@@ -61,6 +68,7 @@ class Recovered:
                 "interrupted",
                 "dropped",
                 "expired",
+                "quarantined",
                 "orphan_files",
             ),
             0,
@@ -86,39 +94,95 @@ def recover(
     named: set[str] = set()
     with db.transaction():
         for row in db.kept_jobs():
-            interrupted = row.status not in FINAL
-            if interrupted:
-                if row.owner == owner or not owner_gone(folder, row.owner):
-                    if row.file:
-                        named.add(row.file)  # another front end's running job
-                    continue
-                row = _interrupt(db, row, now)
-            job = _checked(db, videos, row)
-            if job is None:
-                db.forget(row.id, LOST_FILE)
-                found.counts["dropped"] += 1
+            try:
+                if isinstance(row, UnreadableRow):
+                    raise UnreadableJob(row.reason)
+                with db.savepoint():  # what a row that fails halfway wrote is undone
+                    outcome, kept = _recover_one(folder, db, row, owner, now, expires)
+                    if outcome == "expired":
+                        db.forget(row.id, expired_reason)
+                        _remove(_video_path(videos, row.file))
+            except Exception as error:
+                reason = _unreadable(error)
+                db.quarantine(row.id, reason)
+                log.warning("store: job %s cannot be read (%s): quarantined", row.id, reason)
+                found.counts["quarantined"] += 1
                 continue
-            if expires(job.finished_at):
-                db.forget(row.id, expired_reason)
-                _remove(job.path)
-                found.counts["expired"] += 1
-                continue
-            found.counts["interrupted" if interrupted else row.snapshot["status"]] += 1
-            if job.path is not None:
-                named.add(job.path.name)
-            found.jobs.append(job)
+            if kept is not None:
+                named.add(kept)
+            if isinstance(outcome, StoredJob):
+                found.jobs.append(outcome)
+                found.counts["interrupted" if row.status not in FINAL else row.status] += 1
+            elif outcome in found.counts:  # dropped, expired ("running": another's)
+                found.counts[outcome] += 1
         found.gone = db.gone_jobs(GONE_IDS_KEPT)
     if videos.is_dir():
         for path in videos.iterdir():
-            if path.name not in named:
+            if path.name not in named and not path.is_dir():
                 _remove(path)
                 found.counts["orphan_files"] += 1
     return found
 
 
+class UnreadableJob(ValueError):
+    """A job row that recovery cannot use (see the module docstring)."""
+
+
+def _recover_one(
+    folder: Path,
+    db: JobDatabase,
+    row: JobRow,
+    owner: str,
+    now: float,
+    expires: Callable[[float], bool],
+) -> tuple[StoredJob | str, str | None]:
+    """What becomes of one readable row: the job kept (a StoredJob), or "running"
+    (another front end's), "dropped" or "expired"; and the file name it keeps."""
+    videos = folder / VIDEOS_FOLDER
+    if row.status not in FINAL:
+        if row.owner == owner or not owner_gone(folder, row.owner):
+            return "running", _video_path(videos, row.file) and row.file
+        row = _interrupt(db, row, now)
+    job = _checked(db, videos, row)
+    if job is None:
+        db.forget(row.id, LOST_FILE)
+        return "dropped", None
+    from_snapshot(job.snapshot, job.events)  # what serving it will do: raises if it cannot
+    if expires(job.finished_at):
+        return "expired", None
+    return job, None if job.path is None else job.path.name
+
+
+def _video_path(videos: Path, name: str | None) -> Path | None:
+    """The store's file `name` in `videos`, refusing any name that is not a plain file
+    name there (absolute, `..`, a folder): such a row is never followed out of the store."""
+    if not name:
+        return None
+    if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+        raise UnreadableJob(f"its video file {str(name)[:200]!r} is outside the store's videos")
+    return videos / name
+
+
+def _unreadable(error: Exception) -> str:
+    if isinstance(error, UnreadableJob):
+        return str(error)
+    if isinstance(error, KeyError):
+        return f"its record lacks {error}"
+    return f"its record cannot be read ({type(error).__name__}: {str(error)[:200]})"
+
+
 def stored_job(db: JobDatabase, videos: Path, row: JobRow) -> StoredJob | None:
     """A finished job another process stored, as it is now (None: not servable)."""
-    return _checked(db, videos, row) if row.status in FINAL and row.gone is None else None
+    if row.status not in FINAL or row.gone is not None:
+        return None
+    try:
+        job = _checked(db, videos, row)
+        if job is not None:
+            from_snapshot(job.snapshot, job.events)
+    except Exception as error:
+        log.warning("store: job %s cannot be read (%s): not served", row.id, _unreadable(error))
+        return None
+    return job
 
 
 def _interrupt(db: JobDatabase, row: JobRow, now: float) -> JobRow:
@@ -133,9 +197,9 @@ def _interrupt(db: JobDatabase, row: JobRow, now: float) -> JobRow:
 def _checked(db: JobDatabase, videos: Path, row: JobRow) -> StoredJob | None:
     finished_at = row.finished_at or row.snapshot["created_at"]
     events = db.events(row.id)
-    if not row.file:
+    path = _video_path(videos, row.file)
+    if path is None:
         return StoredJob(row.id, row.snapshot, events, [], None, finished_at)
-    path = videos / row.file
     segments = db.segments(row.id)
     try:
         on_disk = path.stat().st_size

@@ -10,6 +10,8 @@ so every store written by an earlier vaecast opens in a later one.
 - `events`: the job's progress events, in order (their index is their SSE id).
 - `segments`: the job's fragment index: each segment's place in the MP4 file, and
   for HLS each fragment's duration and whether it starts with a keyframe.
+- `quarantine` (version 2): job rows a start could not read, moved out of `jobs` with
+  why and when, the row as it was (JSON), for a person to look at.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ MIGRATIONS: tuple[str, ...] = (
         independent INTEGER,
         PRIMARY KEY (job_id, idx)
     ) WITHOUT ROWID;
+    """,
+    """
+    CREATE TABLE quarantine (
+        id TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        job TEXT NOT NULL,
+        at REAL NOT NULL
+    );
     """,
 )
 
