@@ -209,6 +209,14 @@ class InsufficientStorageError(VaecastError):
     type = "insufficient_storage"
 
 
+class StoreUnavailableError(VaecastError):
+    """The durable store cannot write now (a full or read-only disk, an I/O error): what
+    would be answered as saved is not, so it is not answered; it recovers by itself."""
+
+    status = 503
+    type = "store_unavailable"
+
+
 class StoreError(VaecastError):
     """The durable store's folder cannot be made, opened or written (`--store`)."""
 

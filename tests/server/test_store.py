@@ -4,12 +4,15 @@ a full store, a corrupt database, a lost file and two servers on one store."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_la
 from tests.helpers.server import TEST_CONFIG, Server, serve_on_loopback
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app, runner_settings
+from vaecast.store.database import JobDatabase
 
 
 @contextlib.asynccontextmanager
@@ -54,6 +58,13 @@ async def whole(server: Server, job: dict[str, Any]) -> tuple[bytes, str]:
     async with server.client.get(job["urls"]["content"]) as response:
         assert response.status == 200, await response.text()
         return await response.read(), response.headers["ETag"]
+
+
+async def until_async(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
 
 
 async def status_of(server: Server, job: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -318,3 +329,51 @@ async def test_a_store_with_unreadable_rows_starts_quarantines_them_and_touches_
     # Nothing outside the store was opened, cut or removed.
     assert outside.read_bytes() == b"not the store's" * 100
     assert absolute.read_bytes() == b"not the store's either" * 100
+
+
+async def test_a_store_that_cannot_write_says_so_refuses_new_jobs_and_recovers_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    broken = threading.Event()
+    real_transaction = JobDatabase.transaction
+
+    @contextlib.contextmanager
+    def transaction(self: JobDatabase) -> Iterator[None]:
+        with real_transaction(self):
+            yield
+            if broken.is_set():  # as a full disk or a failing device answers a commit
+                raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(JobDatabase, "transaction", transaction)
+    async with stored_server(tmp_path) as server:
+        kept = await finished_job(server, seed=1)
+        deleted = await finished_job(server, seed=2)
+        broken.set()
+        # Nothing is answered as saved that was not: not a delete, not a new job.
+        async with server.client.delete(deleted["urls"]["self"]) as response:
+            assert response.status == 503, await response.text()
+            assert (await response.json())["error"]["type"] == "store_unavailable"
+        async with server.client.get("/healthz") as response:
+            health = await response.json()
+            assert response.status == 503
+        assert (health["status"], health["ready"], health["store"]) == ("failing", False, "failing")
+        assert "disk I/O error" in health["store_error"]
+        body = safetensors_bytes(latents=smooth_latents(frames=3, seed=3))
+        async with server.client.post("/v1/videos", data=body) as response:
+            assert response.status == 503
+            error = (await response.json())["error"]
+            assert error["type"] == "store_unavailable" and "disk I/O error" in error["message"]
+        # The disk comes back: the writes held are committed, and the store says so.
+        broken.clear()
+
+        async def healthy() -> bool:
+            async with server.client.get("/healthz") as response:
+                return response.status == 200 and (await response.json())["store"] == "ok"
+
+        await until_async(healthy)
+        assert (await status_of(server, deleted))[0] == 410  # the delete held, now on disk
+        fresh = await finished_job(server, seed=4)
+    async with stored_server(tmp_path) as server:
+        assert (await status_of(server, kept))[0] == 200
+        assert (await status_of(server, fresh))[0] == 200
+        assert (await status_of(server, deleted))[0] == 410

@@ -18,7 +18,8 @@ import pytest
 from tests.helpers.mp4_duration import as_streamed
 from tests.helpers.store_process import create, job_of, killable_server, request, wait_for
 
-pytestmark = pytest.mark.slow
+# 21 starts of `vaecast serve` a test: about 90 s on 2 idle cores, minutes on busy ones.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 KILLS = 20
 

@@ -99,10 +99,12 @@ class JobDatabase:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # a COMMIT that failed (I/O) leaves it open
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     # Writes (inside `transaction`).
 

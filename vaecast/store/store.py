@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vaecast.errors import StoreUnavailableError
 from vaecast.store.database import JobDatabase
 from vaecast.store.owners import OwnerLease
 from vaecast.store.recovery import VIDEOS_FOLDER, Recovered, StoredJob, StoredSegment, recover
@@ -53,9 +54,6 @@ class Store:
         self.database_note: str | None = None  # what was moved aside at open
         self._writer = writer
         self._lease = lease
-        # Writes handed over so far, and how many of them a finished flush covered.
-        self._submitted = 0
-        self._flushed = 0
 
     @classmethod
     async def open(
@@ -121,8 +119,12 @@ class Store:
     def _submit(
         self, write: Callable[[JobDatabase], None], after: Callable[[], None] | None = None
     ) -> None:
-        self._submitted += 1
         self._writer.submit(write, after)
+
+    @property
+    def failing(self) -> str | None:
+        """Why the store cannot write now (its last commit failed); None: it can."""
+        return self._writer.failing
 
     def created(self, job_id: str, snapshot: dict[str, Any]) -> None:
         owner, name = self._lease.id, self.video_path(job_id).name
@@ -205,15 +207,21 @@ class Store:
         return await self._writer.call(read)
 
     async def flush(self) -> None:
-        """Until everything handed over so far is committed."""
-        target = self._submitted
-        await self._writer.call(lambda db: None)
-        self._flushed = max(self._flushed, target)
+        """Until everything handed over so far is committed; StoreUnavailableError if
+        the commit failed (it is tried again: see `vaecast.store.writer`)."""
+        writer = self._writer
+        target = writer.submitted
+        await writer.call(lambda db: None)
+        if writer.committed < target:
+            raise StoreUnavailableError(
+                f"the store cannot save right now ({writer.failing or 'its writes failed'}); "
+                "nothing was answered as saved: try again"
+            )
 
     async def settle(self) -> None:
         """Until every write handed over so far is committed; at once when none is
-        pending (see the module docstring)."""
-        if self._flushed < self._submitted:
+        pending (see the module docstring). Raises StoreUnavailableError as `flush`."""
+        if self._writer.committed < self._writer.submitted:
             await self.flush()
 
     async def close(self) -> None:

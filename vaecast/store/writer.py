@@ -10,6 +10,12 @@ fragment rows always precede its `completed` row.
 
 The queue holds what a running server produces between two commits: a few rows
 per fragment, bounded by the jobs in flight and their fragments.
+
+A commit that fails (a full or read-only disk, an I/O error) is rolled back and its
+writes are kept, in order, to be tried again (every RETRY_S, and before any later
+write): the database never skips a write, and the store says it is `failing` (with
+the reason) until a retry commits. Each write has a number; `committed` is the
+number of the last one on disk, so a caller knows whether what it handed over is.
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ log = logging.getLogger("vaecast.store")
 T = TypeVar("T")
 # Writes per transaction at most: a commit every so often even under a flood.
 BATCH_WRITES = 512
+# How soon a failed commit is tried again when nothing new comes.
+RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class _Write:
     write: Callable[[JobDatabase], None]
     after: Callable[[], None] | None
+    number: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,9 @@ class StoreWriter:
         self._ops: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._db: JobDatabase | None = None
         self.failed_writes = 0  # batches a database error rolled back
+        self.submitted = 0  # writes handed over (their numbers run from 1)
+        self.committed = 0  # the number of the last write on disk
+        self.failing: str | None = None  # why the last commit failed; None: it did not
         self._thread = threading.Thread(target=self._run, name="vaecast-store", daemon=True)
         self._thread.start()
 
@@ -59,7 +71,8 @@ class StoreWriter:
         self, write: Callable[[JobDatabase], None], after: Callable[[], None] | None = None
     ) -> None:
         """Run `write` in the next transaction, then `after` once it is committed."""
-        self._ops.put(_Write(write, after))
+        self.submitted += 1
+        self._ops.put(_Write(write, after, self.submitted))
 
     async def call(self, call: Callable[[JobDatabase | None], T]) -> T:
         """Run `call` on the thread, after every write handed over before it."""
@@ -78,9 +91,13 @@ class StoreWriter:
         await asyncio.to_thread(self._thread.join)
 
     def _run(self) -> None:
+        retry: list[_Write] = []  # a failed commit's writes, first in the next one
         while True:
-            op = self._ops.get()
-            writes: list[_Write] = []
+            try:
+                op = self._ops.get(timeout=RETRY_S) if retry else self._ops.get()
+            except queue.Empty:
+                op = None
+            writes, retry = retry, []
             while isinstance(op, _Write):
                 writes.append(op)
                 if len(writes) >= BATCH_WRITES:  # commit, then go on with the queue
@@ -90,7 +107,8 @@ class StoreWriter:
                     op = self._ops.get_nowait()
                 except queue.Empty:
                     op = None
-            self._commit(writes)
+            if not self._commit(writes):
+                retry = writes
             if isinstance(op, _Call):
                 self._answer(op)
             elif op is _STOP:
@@ -98,25 +116,35 @@ class StoreWriter:
                     self._db.close()
                 return
 
-    def _commit(self, writes: list[_Write]) -> None:
+    def _commit(self, writes: list[_Write]) -> bool:
+        """Commit `writes` in one transaction; False if it failed (rolled back)."""
         if not writes or self._db is None:
-            return
+            return True
         try:
             with self._db.transaction():
                 for write in writes:
                     write.write(self._db)
-        except Exception:
+        except Exception as error:
             self.failed_writes += 1
-            log.exception(
-                "store: a write of %d row change(s) failed and was rolled back", len(writes)
-            )
-            return
+            if self.failing is None:  # once per failing spell, not once per retry
+                log.exception(
+                    "store: a write of %d row change(s) failed and was rolled back; "
+                    "it is tried again until it commits",
+                    len(writes),
+                )
+            self.failing = f"{type(error).__name__}: {error}"
+            return False
+        if self.failing is not None:
+            log.warning("store: writes commit again (after: %s)", self.failing)
+            self.failing = None
+        self.committed = writes[-1].number
         for write in writes:
             if write.after is not None:
                 try:
                     write.after()
                 except OSError as error:
                     log.warning("store: %s", error)
+        return True
 
     def _answer(self, op: _Call) -> None:
         try:

@@ -19,7 +19,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from vaecast.errors import ForbiddenError, MisdirectedRequestError, UnauthorizedError
+from vaecast.errors import (
+    ForbiddenError,
+    MisdirectedRequestError,
+    StoreUnavailableError,
+    UnauthorizedError,
+)
 from vaecast.server.contract.models import ErrorBody, JobEvent
 from vaecast.server.contract.spec import (
     ErrorType,
@@ -170,6 +175,8 @@ def _operation(
     head = method == "HEAD"
     keyed = not is_open_resource(path)
     refusals = [*spec.errors, refusal_of(MisdirectedRequestError), INTERNAL]
+    if path.startswith("/v1/"):  # every API answer waits for the store (vaecast.store.store)
+        refusals.append(refusal_of(StoreUnavailableError))
     if keyed:
         refusals.append(refusal_of(UnauthorizedError))
     if method in STATE_CHANGING:

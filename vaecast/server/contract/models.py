@@ -222,7 +222,7 @@ class WebRtcState(Struct, forbid_unknown_fields=True):
 class Health(Struct, forbid_unknown_fields=True):
     """Liveness (any answer) and readiness (200 only while jobs are admitted)."""
 
-    status: Literal["ok", "draining"]
+    status: Literal["ok", "draining", "failing"]
     ready: bool
     version: str
     models: list[str]
@@ -233,6 +233,9 @@ class Health(Struct, forbid_unknown_fields=True):
     places: dict[str, int]
     webrtc: WebRtcState
     warm_up: WarmUp
+    # With a store: "failing" while it cannot write (503), and why in store_error.
+    store: Literal["ok", "failing"] | UnsetType = UNSET
+    store_error: str | UnsetType = UNSET
     replicas: dict[str, Any] | UnsetType = UNSET
 
 

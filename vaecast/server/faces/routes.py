@@ -336,8 +336,15 @@ async def healthz(request: web.Request) -> web.Response:
     warm_up = request.app.get(DEMO_WARM_UP)
     # A warm-up that raised met what every job would: not ready, though not draining.
     failing = warm_up_raised(warm_up)
-    ready = not manager.draining and not failing
-    status = "draining" if manager.draining else "failing" if failing else "ok"
+    store_failing = manager.durable.store.failing if manager.durable is not None else None
+    ready = not manager.draining and not failing and store_failing is None
+    status = (
+        "draining"
+        if manager.draining
+        else "failing"
+        if failing or store_failing is not None
+        else "ok"
+    )
     body: dict[str, Any] = {
         "status": status,
         "ready": ready,
@@ -366,6 +373,10 @@ async def healthz(request: web.Request) -> web.Response:
         # The first demo click is as fast as later ones once this is `done`.
         "warm_up": warm_up_state(warm_up),
     }
+    if manager.durable is not None:  # --store: whether it can write, and if not why
+        body["store"] = "ok" if store_failing is None else "failing"
+        if store_failing is not None:
+            body["store_error"] = store_failing
     replicas = manager.replica_health()
     if replicas is not None:  # Ray mode: the decoder replicas (count, healthy, by state)
         body["replicas"] = replicas

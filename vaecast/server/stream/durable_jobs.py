@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
-from vaecast.errors import InsufficientStorageError
+from vaecast.errors import InsufficientStorageError, StoreUnavailableError
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_journal import JobJournal
 from vaecast.server.stream.restored_job import restored_job
@@ -105,6 +105,16 @@ class DurableJobs:
         so that no job a client was told of (created, completed, deleted) is undone by a
         crash."""
         await self.store.settle()
+
+    def check_writable(self) -> None:
+        """Before a new job is read: 503 while the store cannot write (a job it could
+        not keep would be answered as kept)."""
+        failing = self.store.failing
+        if failing is not None:
+            self._manager.metrics.jobs_rejected.labels("store_unavailable").inc()
+            raise StoreUnavailableError(
+                f"the store cannot save new videos right now ({failing}); try again later"
+            )
 
     def make_room(self) -> None:
         """Before a new job: evict the oldest finished videos while the store is full;

@@ -176,6 +176,8 @@ class JobManager:
         if self.draining:
             self.metrics.jobs_rejected.labels("shutting_down").inc()
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
+        if self.durable is not None:
+            self.durable.check_writable()  # 503 while the store cannot write
         return self.places.admit(self._start_job, self._checked_start)
 
     def submit(self, request: DecodeRequest) -> Job:
