@@ -68,6 +68,10 @@ def bad_settings(tmp_path: Path) -> list[tuple[list[str], str]]:
             ["--model", "linear", "--spill-dir", str(tmp_path / "a-file")],
             f"--spill-dir {tmp_path / 'a-file'}: is not a folder; give a writable folder",
         ),
+        (  # TEST-NET-1 (RFC 5737): an address no machine here has
+            ["--model", "linear", "--host", "192.0.2.1"],
+            "--host 192.0.2.1: cannot listen on 192.0.2.1 (Cannot assign requested address)",
+        ),
     ]
 
 
@@ -123,6 +127,7 @@ def test_nothing_ever_listens_on_the_port_of_a_refused_start(tmp_path: Path):
     ("flag", "value", "says"),
     [
         ("--decode-slots", "0", "must be a finite number at least 1, got 0"),
+        ("--decode-slots", "100000", "must be at most 256, got 100000"),
         ("--max-frames", "0", "must be a finite number at least 1, got 0"),
         ("--max-upload-mb", "-1", "must be a finite number at least 1, got -1"),
         ("--max-pixels", "lots", "not a number: 'lots'"),

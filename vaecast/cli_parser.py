@@ -29,6 +29,10 @@ from vaecast.server.edge.security_config import (
 from vaecast.server.webrtc.settings import WebRtcSettings, parse_ice_server
 from vaecast.version import VERSION
 
+# Decode slots at most: each is a decode thread and a live encoder, and far fewer
+# than this already share a GPU or a CPU's cores.
+MAX_DECODE_SLOTS = 256
+
 
 def _runner(target: str) -> Callable[[argparse.Namespace], int]:
     """The command runner at `module:function`, imported only when its command runs:
@@ -123,9 +127,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--decode-slots",
-        type=at_least(int, 1),
+        type=at_least(int, 1, high=MAX_DECODE_SLOTS),
         default=DEFAULTS.decode_slots,
-        help="videos decoded at once",
+        help=f"videos decoded at once (each a decode thread and an encoder; at most "
+        f"{MAX_DECODE_SLOTS})",
     )
     serve.add_argument(
         "--max-queued",
@@ -397,11 +402,11 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
 
 def at_least(
-    kind: Callable[[str], float], low: float, above: bool = False
+    kind: Callable[[str], float], low: float, above: bool = False, high: float | None = None
 ) -> Callable[[str], float]:
-    """A finite number of `kind` that is at least `low` (more than it, `above`), as an
-    argparse type: 'nan', 'inf' or -1 is one usage line, not a traceback or a server
-    that refuses every job."""
+    """A finite number of `kind` that is at least `low` (more than it, `above`) and at
+    most `high`, as an argparse type: 'nan', 'inf' or -1 is one usage line, not a
+    traceback or a server that refuses every job."""
 
     def convert(text: str) -> float:
         try:
@@ -411,6 +416,8 @@ def at_least(
         if not math.isfinite(value) or value < low or (above and value == low):
             bound = f"more than {low:g}" if above else f"at least {low:g}"
             raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text[:40]}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:g}, got {text[:40]}")
         return value
 
     return convert

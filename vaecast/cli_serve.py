@@ -21,7 +21,7 @@ from vaecast.cli_decode_options import (
     resolve_diffusers,
     weights_by_model,
 )
-from vaecast.cli_start_checks import check_encoder, check_writable_folder
+from vaecast.cli_start_checks import check_encoder, check_listen_address, check_writable_folder
 from vaecast.cluster.records import ReplicaOptions
 from vaecast.errors import InvalidRequestError
 from vaecast.params import parse_fps
@@ -36,6 +36,7 @@ from vaecast.server.webrtc.settings import WebRtcSettings, host_addresses_for
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    check_listen_address(args.host)  # before anything heavy is imported
     from vaecast.server.app import (
         ACCESS_LOG_FORMAT,
         create_app,

@@ -12,6 +12,7 @@ models and their weights are loaded before the port opens too, `vaecast.cli_serv
 from __future__ import annotations
 
 import math
+import socket
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -25,6 +26,26 @@ from vaecast.errors import InvalidRequestError
 # open, not the frame size.
 _CHECK_FRAME_PX = 32
 _MAX_C_INT = 2**31 - 1
+
+
+def check_listen_address(host: str) -> None:
+    """`--host` is bound for a moment (on a free port), before anything loads: a name
+    that does not resolve, or an address this machine does not have, is one line now
+    rather than after the models have loaded. (A port in use is found by the real bind,
+    which says so in its own line.)"""
+    try:
+        found = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise InvalidRequestError(f"--host {host[:200]}: not an address here ({reason})") from None
+    for family, kind, protocol, _, address in found:
+        with socket.socket(family, kind, protocol) as probe:
+            try:
+                probe.bind(address)
+            except OSError as error:
+                raise InvalidRequestError(
+                    f"--host {host[:200]}: cannot listen on {address[0]} ({error.strerror})"
+                ) from None
 
 
 def check_encoder(settings: EncoderSettings, fps: Fraction) -> None:

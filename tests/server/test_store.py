@@ -9,7 +9,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import shutil
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -23,6 +26,7 @@ from aiohttp import web
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import TEST_CONFIG, Server, serve_on_loopback
+from vaecast.errors import StoreError
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app, runner_settings
 from vaecast.store.database import JobDatabase
@@ -377,3 +381,25 @@ async def test_a_store_that_cannot_write_says_so_refuses_new_jobs_and_recovers_b
         assert (await status_of(server, kept))[0] == 200
         assert (await status_of(server, fresh))[0] == 200
         assert (await status_of(server, deleted))[0] == 410
+
+
+@pytest.mark.skipif(shutil.which("chattr") is None or os.geteuid() != 0, reason="chattr as root")
+async def test_a_store_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path):
+    """SQLite maps jobs.db-shm: one it cannot write used to end the server with SIGBUS
+    (exit 135, no log line) at its first write."""
+    async with stored_server(tmp_path) as server:
+        await finished_job(server)
+    shm = tmp_path / "jobs.db-shm"
+    shm.write_bytes(b"\0" * 32768)
+    made = await asyncio.to_thread(
+        subprocess.run, ["chattr", "+i", str(shm)], capture_output=True, text=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"this filesystem keeps no immutable flag: {made.stderr.strip()}")
+    try:
+        with pytest.raises(StoreError) as refused:
+            async with stored_server(tmp_path):
+                pass
+        assert str(shm) in refused.value.message and "cannot be written" in refused.value.message
+    finally:
+        await asyncio.to_thread(subprocess.run, ["chattr", "-i", str(shm)], check=True)

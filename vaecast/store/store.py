@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vaecast.errors import StoreUnavailableError
-from vaecast.store.database import JobDatabase
+from vaecast.errors import StoreError, StoreUnavailableError
+from vaecast.store.database import DATABASE_NAME, JobDatabase
 from vaecast.store.owners import OwnerLease
 from vaecast.store.recovery import VIDEOS_FOLDER, Recovered, StoredJob, StoredSegment, recover
 from vaecast.store.recovery import stored_job as _stored_job
@@ -68,6 +68,7 @@ class Store:
 
         def prepare() -> OwnerLease:
             (folder / VIDEOS_FOLDER).mkdir(parents=True, exist_ok=True)
+            _check_writable(folder)
             return OwnerLease(folder)
 
         lease = await asyncio.to_thread(prepare)
@@ -227,6 +228,23 @@ class Store:
     async def close(self) -> None:
         await self._writer.close()
         await asyncio.to_thread(self._lease.release)
+
+
+def _check_writable(folder: Path) -> None:
+    """Each of the database's files that exists opens for writing: SQLite maps the
+    `-shm` file, and one it cannot write (read-only, immutable) ends the process with
+    SIGBUS at its first write, with no log line; refused here, before the port opens."""
+    for name in (DATABASE_NAME, f"{DATABASE_NAME}-wal", f"{DATABASE_NAME}-shm"):
+        path = folder / name
+        try:
+            os.close(os.open(path, os.O_RDWR))
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            raise StoreError(
+                f"the store's {path} cannot be written ({error.strerror}): "
+                "make it writable, or give --store another folder"
+            ) from None
 
 
 def _fsync(path: Path) -> None:
