@@ -18,6 +18,7 @@ from pathlib import Path
 from vaecast.cli_checks import defaults_from_environment
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
 from vaecast.cli_help import DefaultsShown
+from vaecast.demo.scene_names import SCENE_NAMES
 from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
 from vaecast.server.edge.security_config import (
@@ -29,15 +30,12 @@ from vaecast.server.edge.security_config import (
 from vaecast.server.webrtc.settings import WebRtcSettings, parse_ice_server
 from vaecast.version import VERSION
 
-# Decode slots at most: each is a decode thread and a live encoder, and far fewer
-# than this already share a GPU or a CPU's cores.
-MAX_DECODE_SLOTS = 256
+MAX_DECODE_SLOTS = 256  # each a decode thread and a live encoder
 
 
 def _runner(target: str) -> Callable[[argparse.Namespace], int]:
-    """The command runner at `module:function`, imported only when its command runs:
-    `--help`, `--version` and a usage mistake import no model, encoder or server
-    (torch alone takes seconds to import)."""
+    """The runner at `module:function`, imported when its command runs: `--help`,
+    `--version` and usage mistakes import no torch (seconds), encoder or server."""
     module_name, name = target.split(":")
 
     def run(args: argparse.Namespace) -> int:
@@ -335,7 +333,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     latents.set_defaults(run=_runner("vaecast.cli_files:run_latents"))
     source = latents.add_mutually_exclusive_group(required=True)
-    source.add_argument("--scene", help="a demo scene: " + ", ".join(scene_names()))
+    source.add_argument("--scene", help="a demo scene: " + ", ".join(SCENE_NAMES))
     source.add_argument("--video", type=Path, help="a video file to encode (read with PyAV)")
     latents.add_argument(
         "-o", "--output", type=Path, required=True, help="the .safetensors file to write"
@@ -404,9 +402,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 def at_least(
     kind: Callable[[str], float], low: float, above: bool = False, high: float | None = None
 ) -> Callable[[str], float]:
-    """A finite number of `kind` that is at least `low` (more than it, `above`) and at
-    most `high`, as an argparse type: 'nan', 'inf' or -1 is one usage line, not a
-    traceback or a server that refuses every job."""
+    """A finite number of `kind`, at least `low` (more, `above`), at most `high`, as an
+    argparse type: 'nan', 'inf' or -1 is one usage line, not a traceback."""
 
     def convert(text: str) -> float:
         try:
@@ -449,9 +446,3 @@ def option_type(parse: Callable[[str], str]) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(str(error)) from None
 
     return convert
-
-
-def scene_names() -> tuple[str, ...]:
-    from vaecast.demo.scene_names import SCENE_NAMES
-
-    return SCENE_NAMES
