@@ -24,10 +24,13 @@ START_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
-def killable_server(store: Path, log: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`vaecast serve` on `store`; yields its URL and process; SIGKILLs it on exit."""
+def killable_server(
+    store: Path, log: Path, model: str = "tiny"
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`vaecast serve --model MODEL` on `store`; yields its URL and process; SIGKILLs it
+    on exit. (`tiny` also warms its demo up in the background at each start.)"""
     command = [
-        sys.executable, "-m", "vaecast", "serve", "--port", "0", "--model", "tiny",
+        sys.executable, "-m", "vaecast", "serve", "--port", "0", "--model", model,
         "--store", str(store),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

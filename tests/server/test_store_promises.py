@@ -22,13 +22,15 @@ from tests.helpers.store_process import create, job_of, killable_server, request
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 KILLS = 20
+# `linear`: the cheapest start and decode (no demo warm-up): what is tested is the store.
+MODEL = "linear"
 
 
 def test_a_delete_answered_stays_deleted_through_a_sigkill_at_once(tmp_path: Path):
     store, log = tmp_path / "store", tmp_path / "server.log"
     deleted: list[str] = []
     for attempt in range(KILLS + 1):
-        with killable_server(store, log) as (base, process):
+        with killable_server(store, log, MODEL) as (base, process):
             for job_id in deleted:
                 status, body = job_of(base, job_id)
                 assert status == 410, (deleted.index(job_id), body)
@@ -46,7 +48,7 @@ def test_a_completion_a_client_saw_stays_completed_through_a_sigkill_at_once(tmp
     store, log = tmp_path / "store", tmp_path / "server.log"
     seen: dict[str, str] = {}  # job id: the sha256 of the MP4 the client got
     for attempt in range(KILLS + 1):
-        with killable_server(store, log) as (base, process):
+        with killable_server(store, log, MODEL) as (base, process):
             for number, (job_id, digest) in enumerate(seen.items()):
                 status, job = job_of(base, job_id)
                 assert (status, job["status"]) == (200, "completed"), (number, job)
