@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.helpers import decode_mp4, psnr
 from tests.helpers.server import StartServer
@@ -10,6 +11,7 @@ from vaecast.demo.scenes import render_scene
 from vaecast.models.linear import LinearDecoder
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import Limits
+from vaecast.server.faces import uploads
 
 SMALL_DEMO = {"scene": "shapes", "frames": 5, "width": 64, "height": 48, "fps": 8}
 
@@ -129,3 +131,29 @@ async def test_a_demo_is_heard_where_it_is_seen(start_server: StartServer):
     motions = scene_motions("shapes", 33, 96, 128, seed=3)
     first_hit = min(hit for motion in motions for hit in motion.wall_hits(33))
     assert abs(first_click_frame - first_hit) < 1.0
+
+
+async def test_a_demo_naming_what_is_not_served_is_404_before_it_is_rendered(
+    start_server: StartServer, monkeypatch: pytest.MonkeyPatch
+):
+    """A demo's render and encode take seconds (up to 31 s at 81 frames of 832x480):
+    what it names is checked first."""
+    rendered: list[object] = []
+
+    def render(*args: object) -> None:
+        rendered.append(args)
+        raise AssertionError("rendered a demo that names what is not served")
+
+    monkeypatch.setattr(uploads, "scene_latents", render)
+    server = await start_server(decoders=with_tiny())
+    cases = [
+        ({**SMALL_DEMO, "model": "nosuch"}, "model 'nosuch' is not served here"),
+        ({**SMALL_DEMO, "preview": "nosuch"}, "preview decoder 'nosuch' is not served here"),
+        ({**SMALL_DEMO, "live": True, "model": "nosuch"}, "model 'nosuch' is not served here"),
+    ]
+    for body, says in cases:
+        async with server.client.post("/v1/videos", json=body) as response:
+            assert response.status == 404, body
+            error = (await response.json())["error"]
+        assert error["type"] == "model_not_found" and error["message"].startswith(says), error
+    assert rendered == []

@@ -122,7 +122,11 @@ async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
         decode_request = await read_decode_request(
-            request, manager.config, manager.check_latent_shape, manager.layout_for
+            request,
+            manager.config,
+            manager.check_latent_shape,
+            manager.layout_for,
+            manager.check_names,
         )
         if isinstance(decode_request, BatchRequest):  # a job per video, in order
             jobs = admission.submit_batch(decode_request.videos)
@@ -243,7 +247,11 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
     manager = request.app[MANAGER]
     with manager.admit() as admission:  # before reading a large upload for nothing
         decode_request = await read_decode_request(
-            request, manager.config, manager.check_latent_shape, manager.layout_for
+            request,
+            manager.config,
+            manager.check_latent_shape,
+            manager.layout_for,
+            manager.check_names,
         )
         if isinstance(decode_request, PushRequest):
             raise InvalidRequestError(

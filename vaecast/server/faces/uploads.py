@@ -108,17 +108,19 @@ async def read_decode_request(
     config: ServerConfig,
     check_shape: ShapeCheck,
     layout_for: Callable[[str], LatentLayout] = lambda model: BCTHW,
+    check_names: Callable[[str | None, str | None], None] = lambda model, preview: None,
 ) -> DecodeRequest | BatchRequest | PushRequest | LiveDemoRequest:
     """The request a POST makes: a push session, a demo, or an upload of latents read in
     the layout of the model they are for (`layout_for`, by name); a batch of several
-    videos makes a `BatchRequest`."""
+    videos makes a `BatchRequest`. `check_names(model, preview)` refuses what a demo
+    names before it is rendered."""
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
         if body.get("input") == "push":
             if "preview" in request.query and "preview" not in body:
                 body = {**body, "preview": request.query["preview"]}
             return _push_request(body, config)
-        return await _demo_request(body, config)
+        return await _demo_request(body, config, check_names)
     upload = await read_upload(request, config)
     named_model = upload.fields.get("model") or request.query.get("model") or None
 
@@ -283,7 +285,9 @@ def _crop(params: Mapping[str, str | None]) -> tuple[int, int] | None:
 
 
 async def _demo_request(
-    body: dict[str, Any], config: ServerConfig
+    body: dict[str, Any],
+    config: ServerConfig,
+    check_names: Callable[[str | None, str | None], None],
 ) -> DecodeRequest | LiveDemoRequest:
     unknown = sorted(set(body) - DEMO_FIELDS)
     if unknown:
@@ -318,6 +322,7 @@ async def _demo_request(
     if not isinstance(live, bool):
         raise InvalidRequestError(f"live must be true or false, got {live!r}")
     preview = preview_name(_text_field(body, "preview"))
+    check_names(model, preview)  # an unknown one is 404 now, not after seconds of render
     if live:  # produced block by block inside a push session (vaecast.server.faces.live_demo)
         return LiveDemoRequest(spec, model, fps, sound, config.device, preview)
     # Rendering and encoding take seconds of CPU: never on the loop.

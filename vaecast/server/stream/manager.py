@@ -195,6 +195,12 @@ class JobManager:
                 f"model {name!r} is not served here; this server serves: {served}"
             ) from None
 
+    def check_names(self, model: str | None, preview: str | None) -> None:
+        """What a request names (its model, its preview) is served here: 404 before
+        anything costly (a demo's render, an upload's read) is done for it."""
+        self.decoder_for(model)
+        self.previews.check_name(preview)
+
     def layout_for(self, model: str) -> LatentLayout:
         """The layout model `model`'s latents are uploaded in (BCTHW for a model not
         served here: the job's own model check then refuses it)."""

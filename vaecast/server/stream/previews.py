@@ -67,6 +67,12 @@ class Previews:
         for model, name in self._config.previews:
             check_preview(self._served(model), self._decoder(name))
 
+    def check_name(self, name: str | None) -> None:
+        """A request's preview, by name, is a decoder served here (or none): 404 first,
+        before anything costly is done for the request."""
+        if name is not None and name != NO_PREVIEW:
+            self._decoder(name)
+
     def preview_for(
         self, request: DecodeRequest | PushRequest, decoder: ChunkedDecoder
     ) -> ChunkedDecoder | None:
