@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import safetensors_bytes
+from tests.helpers import decode_mp4, safetensors_bytes
 from tests.helpers.media import decode_yuv420, gradient_frames
 from tests.helpers.server import TEST_CONFIG, Server, StartServer
 from vaecast.client import AsyncPushSession, PushError, PushSession
@@ -144,6 +144,16 @@ def rgb(frames: int, height: int = 16, width: int = 16, dtype: torch.dtype = tor
             "frames must be (T, H, W, 3) or (1, 3, T, H, W), got (2, 16, 16, 4)",
         ),
         ([torch.zeros(1, 4, 2, 16, 16)], 422, "frames must be RGB (3 channels), got 4"),
+        (
+            [rgb(1, height=65, width=63)],
+            422,
+            "frames must have an even width and height (H.264 4:2:0), got 63x65",
+        ),
+        (
+            [rgb(1, height=1, width=1)],
+            422,
+            "frames must have an even width and height (H.264 4:2:0), got 1x1",
+        ),
         ([torch.full((1, 3, 1, 16, 16), float("nan"))], 422, "frames contain NaN"),
         ([rgb(2), rgb(30)], 413, "the session's frames are 32 frames; this server allows 24"),
         (
@@ -228,3 +238,18 @@ async def test_a_crop_keeps_the_top_left_of_frames_and_of_decoded_latents(
         await asyncio.to_thread(
             lambda: PushSession(server.url, kind="frames", width=3, height=4).open()
         )
+
+
+async def test_the_smallest_even_frames_play(start_server: StartServer) -> None:
+    """What the push takes, the encoder takes: 2x2 is the smallest 4:2:0 frame."""
+    server = await start_server()
+    url, headers = await open_frames(server)
+    status, answer = await push(server, url, headers, frames=rgb(3, height=2, width=2))
+    assert status == 202, answer
+    async with server.client.post(url, headers=headers, params={"final": "1"}) as response:
+        assert response.status == 202, await response.text()
+    job = server.manager.get(url.split("/")[3])
+    await asyncio.wait_for(job.wait(), 30)
+    assert job.to_json()["status"] == "completed"
+    async with server.client.get(f"/v1/videos/{job.id}/content") as response:
+        assert len(decode_mp4(await response.read())) == 3

@@ -72,7 +72,15 @@ class FramesDecoder(StreamingDecoder):
     def _check(shape: Sequence[int]) -> tuple[int, int, int, int, int]:
         if len(shape) == 5 and int(shape[1]) != RGB_CHANNELS:
             raise InvalidRequestError(f"frames must be RGB (3 channels), got {int(shape[1])}")
-        return check_latent_shape(shape, RGB_CHANNELS)
+        checked = check_latent_shape(shape, RGB_CHANNELS)
+        height, width = checked[3], checked[4]
+        # H.264 here is 4:2:0: each chroma sample covers 2x2 pixels, so a frame the
+        # encoder takes has an even width and height (a 63x65 block failed the job later).
+        if height % 2 or width % 2:
+            raise InvalidRequestError(
+                f"frames must have an even width and height (H.264 4:2:0), got {width}x{height}"
+            )
+        return checked
 
 
 class _FramesStream:
