@@ -112,6 +112,26 @@ def test_growing_range_before_any_byte(header, expected):
 
 
 @pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("bytes=" + "9" * 24, None),  # no dash: not a range, ignored (the whole file)
+        ("bytes=" + "9" * 24 + "-", Unsatisfiable),
+        ("bytes=5000-", Unsatisfiable),  # at the bound: no video gets there
+        ("bytes=5000-5001", Unsatisfiable),
+        ("bytes=4999-", WaitFor(5000)),  # the last byte a video could have
+        ("bytes=0-9999999", WaitFor(10000000)),  # starts within: its first bytes come
+        ("bytes=-10", WaitFor(None)),
+    ],
+)
+def test_a_range_that_starts_where_no_video_reaches_is_unsatisfiable_at_once(header, expected):
+    if expected is Unsatisfiable:
+        with pytest.raises(Unsatisfiable):  # said at once, not after waiting to the end
+            growing_range(header, COMMITTED, never_reaches=5000)
+    else:
+        assert growing_range(header, COMMITTED, never_reaches=5000) == expected
+
+
+@pytest.mark.parametrize(
     ("if_none_match", "matches"),
     [
         (None, False),

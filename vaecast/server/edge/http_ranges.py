@@ -63,9 +63,12 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
     return ByteRange(first, size - 1 if last is None else min(last, size - 1))
 
 
-def growing_range(header: str | None, committed: int) -> ByteRange | WaitFor | None:
+def growing_range(
+    header: str | None, committed: int, never_reaches: int | None = None
+) -> ByteRange | WaitFor | None:
     """How to answer `header` now, for a representation that has `committed` bytes so
-    far and is still growing (its complete length unknown).
+    far and is still growing (its complete length unknown), and can never reach
+    `never_reaches` bytes (None: no bound is known).
 
     - None: no usable range, or `bytes=0-`: send the whole representation as it grows
       (200; Chromium's first request for a media URL is `bytes=0-`).
@@ -83,7 +86,9 @@ def growing_range(header: str | None, committed: int) -> ByteRange | WaitFor | N
     current end it waits for the next bytes, since a 416 would need the complete length.
     A suffix range `bytes=-N` names bytes relative to an end that does not exist yet,
     so it waits for completion; `bytes=-0` names none whatever the end, so it raises
-    Unsatisfiable at once. A closed range waits for its last byte.
+    Unsatisfiable at once, as does a first byte at or past `never_reaches` (waiting for
+    it would hold the request until the end for nothing). A closed range waits for its
+    last byte.
     """
     spec = _range_spec(header)
     if spec is None:
@@ -93,6 +98,8 @@ def growing_range(header: str | None, committed: int) -> ByteRange | WaitFor | N
         if not last:
             raise Unsatisfiable
         return WaitFor(None)
+    if never_reaches is not None and first >= never_reaches:
+        raise Unsatisfiable
     if last is None:
         if first == 0:
             return None

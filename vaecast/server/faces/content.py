@@ -21,6 +21,7 @@ from aiohttp import web
 
 from vaecast.errors import JobStateError, VaecastError
 from vaecast.job_record import FINAL, PREVIEW
+from vaecast.server.config import Limits
 from vaecast.server.edge.http_errors import error_response
 from vaecast.server.edge.http_ranges import (
     ByteRange,
@@ -48,14 +49,16 @@ async def send_content(request: web.Request, job: Job) -> web.StreamResponse:
       job's end (its end is unknown until then). A job that completes meanwhile answers
       as a finished file (206 with the real length, or 416); one that fails or is
       cancelled, 409 like any request for its content;
-    - `bytes=-0`, which no length can satisfy: 416 at once.
+    - `bytes=-0`, which no length can satisfy, and a first byte past what any video of
+      this server can reach (`max_video_bytes`): 416 at once.
     """
     rendition = rendition_of(request, job)
     log = rendition.log
     while not log.complete:
         refuse_if_broken(job, rendition)
         try:
-            plan = growing_range(request.headers.get("Range"), log.size)
+            bound = max_video_bytes(job.config.limits)
+            plan = growing_range(request.headers.get("Range"), log.size, bound)
         except Unsatisfiable:  # no end of the video could satisfy it: said at once
             return error_response(416, "range_not_satisfiable", "the range selects no bytes")
         if plan is None:
@@ -66,6 +69,22 @@ async def send_content(request: web.Request, job: Job) -> web.StreamResponse:
         with contextlib.suppress(VaecastError):
             await log.wait_for_size(plan.size)
     return await _send_file(request, job, rendition)
+
+
+# Bytes a video's MP4 may take, at most: per frame, H.264's worst case (a lossless
+# 4:2:0 frame is 1.5 bytes a pixel; 4 is generous) and each sample's headers, and the
+# sound of one frame at the slowest rate (1 fps: a second of 8-channel AAC at its
+# largest frame size, ~1.2 MB, rounded up); plus the init segment.
+_MAX_BYTES_PER_PIXEL = 4
+_MAX_BYTES_PER_FRAME = 64 * 1024 + 2 * 1024 * 1024
+_MAX_INIT_BYTES = 1024 * 1024
+
+
+def max_video_bytes(limits: Limits) -> int:
+    """The size no MP4 this server makes can reach, by its limits: a range that starts
+    there can never be satisfied."""
+    per_frame = limits.max_pixels_per_frame * _MAX_BYTES_PER_PIXEL + _MAX_BYTES_PER_FRAME
+    return limits.max_frames * per_frame + _MAX_INIT_BYTES
 
 
 def rendition_of(request: web.Request, job: Job) -> Rendition:
