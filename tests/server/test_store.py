@@ -29,6 +29,7 @@ from tests.helpers.server import TEST_CONFIG, Server, serve_on_loopback
 from vaecast.errors import StoreError
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app, runner_settings
+from vaecast.server.stream.durable_jobs import GONE_SYNC_S
 from vaecast.store.database import JobDatabase
 
 
@@ -252,8 +253,17 @@ async def test_two_servers_on_one_store_serve_each_others_finished_videos(tmp_pa
         assert await whole(second, job) == (data, etag)
         async with second.client.delete(job["urls"]["self"]) as response:
             assert response.status == 200
-        await second.manager.durable.store.flush()
         assert (await status_of(second, job))[0] == 410
+        # The first, which made it and holds it, stops serving it within the sync bound.
+
+        async def gone_at_first() -> bool:
+            return (await status_of(first, job))[0] == 410
+
+        await until_async(gone_at_first, timeout_s=10 * GONE_SYNC_S)
+        _, body = await status_of(first, job)
+        assert "deleted by request" in body["error"]["message"]
+        async with first.client.get(job["urls"]["content"]) as response:
+            assert response.status == 410
 
 
 async def test_a_job_with_a_preview_keeps_its_final_across_a_restart(tmp_path: Path):

@@ -161,10 +161,11 @@ class JobDatabase:
 
     def forget(self, job_id: str, reason: str) -> None:
         """The job is gone (deleted, evicted): only its id and why stay, for a 410."""
+        now = time.time()
         self._db.execute(
-            "UPDATE jobs SET gone = ?, file = NULL, size = 0, snapshot = '{}',"
+            "UPDATE jobs SET gone = ?, gone_at = ?, file = NULL, size = 0, snapshot = '{}',"
             " finished_at = coalesce(finished_at, ?) WHERE id = ?",
-            (reason, time.time(), job_id),
+            (reason, now, now, job_id),
         )
         self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
         self._db.execute("DELETE FROM segments WHERE job_id = ?", (job_id,))
@@ -202,6 +203,12 @@ class JobDatabase:
             (limit,),
         ).fetchall()
         return rows[::-1]
+
+    def gone_since(self, moment: float) -> list[tuple[str, str, float]]:
+        """The jobs that went after `moment` (wall clock): id, why, when; oldest first."""
+        return self._db.execute(
+            "SELECT id, gone, gone_at FROM jobs WHERE gone_at > ? ORDER BY gone_at", (moment,)
+        ).fetchall()
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT body FROM events WHERE job_id = ? ORDER BY seq", (job_id,))

@@ -12,6 +12,8 @@ so every store written by an earlier vaecast opens in a later one.
   for HLS each fragment's duration and whether it starts with a keyframe.
 - `quarantine` (version 2): job rows a start could not read, moved out of `jobs` with
   why and when, the row as it was (JSON), for a person to look at.
+- `jobs.gone_at` (version 3): when the job went (deleted, evicted), so that servers
+  sharing the store learn of it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ MIGRATIONS: tuple[str, ...] = (
         job TEXT NOT NULL,
         at REAL NOT NULL
     );
+    """,
+    """
+    ALTER TABLE jobs ADD COLUMN gone_at REAL;
+    CREATE INDEX jobs_by_gone_at ON jobs (gone_at);
     """,
 )
 

@@ -207,6 +207,10 @@ class Store:
 
         return await self._writer.call(read)
 
+    async def gone_since(self, moment: float) -> list[tuple[str, str, float]]:
+        """The jobs that went after `moment` (by any server of this store)."""
+        return await self._writer.call(lambda db: [] if db is None else db.gone_since(moment))
+
     async def flush(self) -> None:
         """Until everything handed over so far is committed; StoreUnavailableError if
         the commit failed (it is tried again: see `vaecast.store.writer`)."""

@@ -6,12 +6,16 @@ At start (before the port opens) the store recovers what it holds
 comes back failed, `interrupted`. Each new job's MP4 is written into its file as
 it is made, and its journal (`job_journal`) records the rest. A lookup of an id
 this process does not hold asks the store, so two front ends on one store serve
-each other's finished videos. When the store's disk budget is spent, the oldest
-finished videos go first (retention's `make_room`), then a new job gets 507.
+each other's finished videos; and every GONE_SYNC_S each asks the store which jobs went
+meanwhile (another server's DELETE or eviction), and stops serving those it holds:
+servers that share a store agree within that bound. When the store's disk budget is
+spent, the oldest finished videos go first (retention's `make_room`), then a new job
+gets 507.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -34,12 +38,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("vaecast.store")
 
 JOB_ID = re.compile(r"video_[0-9a-f]{24}")
+# How often the servers of one store learn which jobs went at the others.
+GONE_SYNC_S = 1.0
 
 
 class DurableJobs:
     def __init__(self, store: Store, manager: JobManager) -> None:
         self.store = store
         self._manager = manager
+        self._gone_synced_at = time.time()  # what went before this was read at start
+        self._gone_sync: asyncio.Task[None] | None = None
         registry = manager.metrics.registry
         self.recovered = Counter(
             "vaecast_store_recovered",
@@ -73,6 +81,7 @@ class DurableJobs:
             log.warning("store: %s", store.database_note)
         durable = cls(store, manager)
         durable._restore(recovered)
+        durable._gone_sync = asyncio.create_task(durable._sync_gone(), name="vaecast-gone-sync")
         log.info(
             "store %s: %d job(s) kept, %.1f MB of video; %s",
             folder,
@@ -146,5 +155,24 @@ class DurableJobs:
             self.store.adopted(found)
             manager.jobs[job_id] = restored_job(found, manager)
 
+    async def _sync_gone(self) -> None:
+        """Stop serving the jobs another server of this store deleted or evicted."""
+        retention = self._manager.retention
+        while True:
+            await asyncio.sleep(GONE_SYNC_S)
+            try:
+                gone = await self.store.gone_since(self._gone_synced_at)
+            except Exception as error:  # a store that cannot read now: next time
+                log.warning("store: which jobs went elsewhere is unknown for now: %s", error)
+                continue
+            for job_id, reason, gone_at in gone:
+                self._gone_synced_at = max(self._gone_synced_at, gone_at)
+                job = self._manager.jobs.get(job_id)
+                if job is not None and job.finished:
+                    await retention.gone_elsewhere(job, reason)
+
     async def close(self) -> None:
+        if self._gone_sync is not None:
+            self._gone_sync.cancel()
+            await asyncio.gather(self._gone_sync, return_exceptions=True)
         await self.store.close()

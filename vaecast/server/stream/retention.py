@@ -131,6 +131,13 @@ class Retention:
             if self._forget(job, EvictionReason.STORE):
                 self._in_background(job.release())
 
+    async def gone_elsewhere(self, job: Job, reason: str) -> None:
+        """Another server of the store deleted or evicted `job`: it goes here too (the
+        store already says so; nothing is written again)."""
+        if self._jobs.pop(job.id, None) is not None:
+            self.remember_gone(job.id, reason)
+            await job.release()
+
     async def evict(self, job: Job, reason: EvictionReason) -> None:
         if self._forget(job, reason):
             await job.release()
