@@ -226,7 +226,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="keep job records and finished videos in DIR, so they survive a restart; "
-        "'none': memory only (default: $XDG_DATA_HOME/vaecast or ~/.local/share/vaecast)",
+        "'none': memory only (default: $XDG_DATA_HOME/vaecast or ~/.local/share/vaecast, "
+        "one per user: servers started on it share its videos; give each its own DIR)",
     )
     serve.add_argument(
         "--store-max-gb",

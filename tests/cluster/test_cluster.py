@@ -137,7 +137,7 @@ async def until(predicate, timeout_s: float = 30.0) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(700)  # the module's cluster and front ends start within it
 async def test_a_job_of_one_front_end_is_served_by_both_byte_for_byte(front_ends):
     a, b = front_ends
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
