@@ -16,15 +16,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files with the most slow tests first, the rest in their own order.
+    """The files whose slow tests may take longest first, the rest in their own order.
 
     The suite runs in two processes that each take a whole file at a time
     (`--dist loadfile`), in collection order: started last, a long file (the
-    reliability suite, the Ray cluster, the diffusers pipelines) would keep one
-    process busy minutes after the other has run out of files.
+    reliability suite, the Ray cluster, the store's kill tests) would keep one process
+    busy minutes after the other has run out of files. A slow test weighs what its
+    timeout allows it (`pytest.mark.timeout`, else the configured one).
     """
-    slow_tests: dict[str, int] = {}
+    default_s = float(config.getini("timeout") or 0)
+    weights: dict[str, float] = {}
     for item in items:
-        if item.get_closest_marker("slow") is not None:
-            slow_tests[str(item.path)] = slow_tests.get(str(item.path), 0) + 1
-    items.sort(key=lambda item: -slow_tests.get(str(item.path), 0))
+        if item.get_closest_marker("slow") is None:
+            continue
+        marker = item.get_closest_marker("timeout")
+        allowed = float(marker.args[0]) if marker is not None and marker.args else default_s
+        weights[str(item.path)] = weights.get(str(item.path), 0.0) + max(allowed, 1.0)
+    items.sort(key=lambda item: -weights.get(str(item.path), 0.0))
