@@ -30,3 +30,26 @@ async def test_an_idle_event_stream_gets_keep_alive_comments(start_server: Start
         rest = (await events.read()).decode()
     assert rest.count("event: chunk") == 2  # chunks 1 and 2 of 3, after the hold
     assert rest.count("event: done") == 1
+
+
+async def test_a_head_of_the_events_is_their_headers_alone(start_server: StartServer):
+    """Schemathesis's stateful phase found a HEAD that wrote the events anyway: on its
+    keep-alive connection the next answer began inside them."""
+    server = await start_server()
+    body = safetensors_bytes(latents=smooth_latents(frames=3))
+    async with server.client.post("/v1/videos", data=body) as response:
+        job = await response.json()
+    await until(lambda: server.manager.get(job["id"]).finished)
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    for tail in ("/events", "/content"):
+        request = f"HEAD /v1/videos/{job['id']}{tail} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"
+        writer.write(request.encode())
+    await writer.drain()
+    heads = []
+    for _ in range(2):
+        heads.append(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10))
+    writer.close()
+    await writer.wait_closed()
+    assert heads[0].startswith(b"HTTP/1.1 200") and b"text/event-stream" in heads[0]
+    assert heads[1].startswith(b"HTTP/1.1 200") and b"video/mp4" in heads[1], heads[1][:200]

@@ -286,14 +286,17 @@ async def get_events(request: web.Request) -> web.StreamResponse:
     start = min(last_id + 1, len(job.events)) if last_id is not None else len(job.events)
     if resuming and job.events.closed and start >= len(job.events):
         return web.Response(status=204)
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-store",
-            "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
-        }
-    )
+    headers = {
+        "Content-Type": "text/event-stream",
+        "Cache-Control": "no-store",
+        "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
+    }
+    response = web.StreamResponse(headers=headers)
     await response.prepare(request)
+    if request.method == "HEAD":
+        # The headers alone: aiohttp sends what a HEAD's stream writes, unframed, and on
+        # a keep-alive connection the next answer would start inside those events.
+        return response
     await response.write(f"retry: {SSE_RETRY_MS}\n\n".encode())
     if not resuming:
         await response.write(_sse("state", start - 1, job_json(job, manager)))
