@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
+from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import Server, StartServer
 from vaecast.client import AsyncPushSession, PushError, PushSession, retry_delay
 from vaecast.errors import PreconditionRequiredError
@@ -205,6 +205,9 @@ async def pushed_video(server: Server, url: str, sync: bool) -> tuple[bytes, dic
             for block in blocks():
                 await session.push(block)
             job_id = session.id
+    # The finished file (which states its duration): fetched while the job still ran,
+    # one of the two videos compared would be the live one.
+    await until(lambda: server.manager.get(job_id).finished)
     async with server.client.get(f"/v1/videos/{job_id}/content") as response:
         data = await response.read()
     async with server.client.get(f"/v1/videos/{job_id}") as response:
