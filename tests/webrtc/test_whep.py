@@ -315,3 +315,39 @@ async def _offer_only(server: Server, whep: str) -> tuple:
         whep, data=pc.localDescription.sdp.encode(), headers={"Content-Type": "application/sdp"}
     ) as response:
         return pc, response, await response.text()
+
+
+async def test_the_viewer_cap_holds_against_100_offers_at_once(start_server: StartServer):
+    """A place is taken before the peer is set up: concurrent offers all passed a check
+    made before it (100 offers against a cap of 32 made 44 viewers)."""
+    from aiortc import RTCPeerConnection
+
+    server = await start_server(webrtc=_settings(max_viewers=32, connect_timeout_s=60))
+    job = await upload(server, smooth_latents(frames=3))
+    whep = f"/v1/videos/{job['id']}/whep"
+    sessions = server.app[WHEP_SESSIONS]
+    client_pc = RTCPeerConnection()
+    client_pc.addTransceiver("video", direction="recvonly")
+    await client_pc.setLocalDescription(await client_pc.createOffer())
+    sdp = client_pc.localDescription.sdp.encode()
+    most = 0
+
+    async def offer() -> tuple[int, str | None]:
+        nonlocal most
+        headers = {"Content-Type": "application/sdp"}
+        async with server.client.post(whep, data=sdp, headers=headers) as response:
+            most = max(most, len(sessions))
+            return response.status, response.headers.get("Location")
+
+    try:
+        answers = await asyncio.gather(*(offer() for _ in range(100)))
+        statuses = sorted(status for status, _ in answers)
+        assert set(statuses) <= {201, 429}, statuses
+        assert 0 < statuses.count(201) <= 32 and most <= 32 and len(sessions) <= 32
+        for status, location in answers:
+            if status == 201 and location is not None:
+                async with server.client.delete(location) as response:
+                    assert response.status in (200, 204, 404)
+    finally:
+        await client_pc.close()
+    await until(lambda: len(sessions) == 0 and not whep_tasks(), 30)

@@ -83,6 +83,7 @@ class WhepSessions:
         self._sessions: dict[str, WhepSession] = {}
         self._media: dict[tuple[str, str], tuple[JobMedia, int]] = {}
         self._closing = False
+        self._reserved = 0  # places taken by offers whose peer is being set up
         use_host_addresses(settings.host_addresses)
         # What profile a job's H.264 will have, before its first fragment says: the
         # server's encoder settings decide it (ultrafast: Constrained Baseline).
@@ -111,20 +112,27 @@ class WhepSessions:
         """A session for a viewer of `segments` (a job's rendition): it and its SDP answer."""
         if self._closing:
             raise ServerBusyError("the server is shutting down", RETRY_AFTER_S)
-        if len(self._sessions) >= self.settings.max_viewers:
+        # A place is reserved before the peer is set up (which awaits), and released on
+        # every path: counted only once set up, concurrent offers all passed the check
+        # (100 offers against a cap of 32 made 44 viewers).
+        if len(self._sessions) + self._reserved >= self.settings.max_viewers:
             self._metrics.webrtc_sessions.labels("refused").inc()
             raise ServerBusyError(
                 f"{self.settings.max_viewers} WebRTC viewers already (--max-webrtc-viewers)",
                 RETRY_AFTER_S,
             )
+        self._reserved += 1
         key = (job_id, variant)
-        media = self._hold_media(key, segments)
         try:
-            session = await self._connect(job_id, variant, key, media, segments, offer)
-        except BaseException:
-            await self._release_media(key)
-            raise
-        self._sessions[session.id] = session
+            media = self._hold_media(key, segments)
+            try:
+                session = await self._connect(job_id, variant, key, media, segments, offer)
+            except BaseException:
+                await self._release_media(key)
+                raise
+            self._sessions[session.id] = session
+        finally:
+            self._reserved -= 1
         self._count_viewers()
         session.watch = asyncio.create_task(self._watch(session), name=f"vaecast-whep-{session.id}")
         return session, session.pc.localDescription.sdp
