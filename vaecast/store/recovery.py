@@ -98,10 +98,9 @@ def recover(
                 if isinstance(row, UnreadableRow):
                     raise UnreadableJob(row.reason)
                 with db.savepoint():  # what a row that fails halfway wrote is undone
-                    outcome, kept = _recover_one(folder, db, row, owner, now, expires)
-                    if outcome == "expired":
-                        db.forget(row.id, expired_reason)
-                        _remove(_video_path(videos, row.file))
+                    outcome, kept = _recover_one(
+                        folder, db, row, owner, now, expires, expired_reason
+                    )
             except Exception as error:
                 reason = _unreadable(error)
                 db.quarantine(row.id, reason)
@@ -135,13 +134,15 @@ def _recover_one(
     owner: str,
     now: float,
     expires: Callable[[float], bool],
+    expired_reason: str,
 ) -> tuple[StoredJob | str, str | None]:
     """What becomes of one readable row: the job kept (a StoredJob), or "running"
     (another front end's), "dropped" or "expired"; and the file name it keeps."""
     videos = folder / VIDEOS_FOLDER
     if row.status not in FINAL:
         if row.owner == owner or not owner_gone(folder, row.owner):
-            return "running", _video_path(videos, row.file) and row.file
+            running = _video_path(videos, row.file)  # checked: refused if outside
+            return "running", None if running is None else running.name
         row = _interrupt(db, row, now)
     job = _checked(db, videos, row)
     if job is None:
@@ -149,6 +150,8 @@ def _recover_one(
         return "dropped", None
     from_snapshot(job.snapshot, job.events)  # what serving it will do: raises if it cannot
     if expires(job.finished_at):
+        db.forget(row.id, expired_reason)
+        _remove(job.path)
         return "expired", None
     return job, None if job.path is None else job.path.name
 
