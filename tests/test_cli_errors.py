@@ -224,7 +224,7 @@ def test_a_bad_port_is_one_line():
 def test_what_a_port_may_be(text: str, says: str):
     import argparse
 
-    from vaecast.cli_parser import port_number
+    from vaecast.cli_types import port_number
 
     with pytest.raises(argparse.ArgumentTypeError) as refused:
         port_number(text)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from vaecast.cli_checks import defaults_from_environment
 from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
 from vaecast.cli_help import DefaultsShown
+from vaecast.cli_types import at_least, option_type, port_number
 from vaecast.demo.scene_names import SCENE_NAMES
 from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
@@ -192,7 +192,15 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULTS.max_pending,
         metavar="N",
         help="requests whose body is still arriving, and push sessions with no block yet, "
-        "held at once apart from the decode queue; past it POST answers 429",
+        "held at once; past it POST answers 429",
+    )
+    serve.add_argument(
+        "--max-pending-per-client",
+        type=at_least(int, 1),
+        default=DEFAULTS.max_pending_per_client,
+        metavar="N",
+        help="of those, the most one client (one address) may hold; past it that client's "
+        "POST answers 429 and others' still get in",
     )
     serve.add_argument(
         "--push-first-block-timeout",
@@ -398,52 +406,3 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     defaults_from_environment(serve)
     return parser
-
-
-def at_least(
-    kind: Callable[[str], float], low: float, above: bool = False, high: float | None = None
-) -> Callable[[str], float]:
-    """A finite number of `kind`, at least `low` (more, `above`), at most `high`, as an
-    argparse type: 'nan', 'inf' or -1 is one usage line, not a traceback."""
-
-    def convert(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
-        if not math.isfinite(value) or value < low or (above and value == low):
-            bound = f"more than {low:g}" if above else f"at least {low:g}"
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text[:40]}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high:g}, got {text[:40]}")
-        return value
-
-    return convert
-
-
-MAX_PORT = 65535
-
-
-def port_number(text: str) -> int:
-    """--port: a TCP port, 0-65535, as an argparse type (the socket layer would take
-    70000 as 70000 - 65536, and -1 as an unreadable resolver error)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text[:40]!r}") from None
-    if not 0 <= port <= MAX_PORT:
-        raise argparse.ArgumentTypeError(f"a port is 0-{MAX_PORT} (0: any free one), got {port}")
-    return port
-
-
-def option_type(parse: Callable[[str], str]) -> Callable[[str], str]:
-    """`parse` as an argparse type: argparse shows the message of a ValueError only
-    when it is an ArgumentTypeError."""
-
-    def convert(text: str) -> str:
-        try:
-            return parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    return convert

@@ -85,6 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
         min_body_rate=args.min_body_rate,
         body_rate_grace_s=args.body_rate_grace,
         max_pending=args.max_pending,
+        max_pending_per_client=args.max_pending_per_client,
         push_first_block_timeout_s=args.push_first_block_timeout,
         retention_s=args.retention,
         retention_memory_bytes=args.retention_memory_mb * MIB,

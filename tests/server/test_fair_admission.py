@@ -1,10 +1,14 @@
-"""Fair admission over real HTTP: slow clients hold pending places, never the decode queue.
+"""Fair admission over real HTTP: slow clients hold pending places for a bounded time,
+and one client holds at most its share of them.
 
 Nine uploads trickling at 1 byte/s, or nine push sessions with no block, once held
-every place (1 decode slot + 8 queued) and every other POST got 429. Here they hold
-places of their own, apart from the queue, for a bounded time: a body under the minimum
-rate is refused (408) after its grace, a session with no block fails after its
-first-block timeout.
+every place (1 decode slot + 8 queued) and every other POST got 429. Then 17 trickles
+from one address held every pending place, and empty push sessions, fed later, took
+the queue to 15 jobs against a limit of 8. Here a body under the minimum rate is
+refused (408) after its grace, a session with no block fails after its first-block
+timeout, one address holds at most `max_pending_per_client` pending places, and a push
+session holds its queue place from the start. Clients on 127.0.0.2 and up are other
+addresses of the loopback.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
+
+import aiohttp
 
 from tests.helpers import safetensors_bytes, smooth_latents, until
 from tests.helpers.server import Server, StartServer
@@ -30,10 +37,13 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict]:
     return int(head.split(b" ")[1]), json.loads(await reader.readexactly(length))
 
 
-async def trickle(server: Server, body: bytes = BODY) -> tuple[int, dict]:
-    """POST `body` to /v1/videos one byte a second over a raw socket; the answer."""
+async def trickle(
+    server: Server, body: bytes = BODY, source: str = "127.0.0.1"
+) -> tuple[int, dict]:
+    """POST `body` to /v1/videos one byte a second over a raw socket from the address
+    `source`; the answer."""
     host, port = server.url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
     head = f"POST /v1/videos HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n"
     writer.write(head.encode() + body[:1])
     answer = asyncio.ensure_future(read_answer(reader))
@@ -51,6 +61,16 @@ async def trickle(server: Server, body: bytes = BODY) -> tuple[int, dict]:
         writer.close()
 
 
+@contextlib.asynccontextmanager
+async def client_at(server: Server, source: str) -> AsyncIterator[aiohttp.ClientSession]:
+    """A client of `server` whose connections come from the address `source`."""
+    connector = aiohttp.TCPConnector(local_addr=(source, 0))
+    async with aiohttp.ClientSession(
+        server.url, connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+    ) as client:
+        yield client
+
+
 async def places(server: Server) -> dict:
     async with server.client.get("/healthz") as response:
         return (await response.json())["places"]
@@ -66,7 +86,9 @@ async def timed_upload(server: Server) -> tuple[int, float]:
 async def test_trickling_uploads_leave_the_queue_to_others_and_end_with_408(
     start_server: StartServer,
 ):
-    server = await start_server(max_pending=MAX_PENDING, body_rate_grace_s=GRACE_S)
+    server = await start_server(
+        max_pending=MAX_PENDING, max_pending_per_client=MAX_PENDING, body_rate_grace_s=GRACE_S
+    )
     trickles = [asyncio.create_task(trickle(server)) for _ in range(SLOW_CLIENTS)]
     await until(lambda: server.manager.places.counts()["receiving"] == SLOW_CLIENTS, 10)
     assert await places(server) == {
@@ -75,6 +97,7 @@ async def test_trickling_uploads_leave_the_queue_to_others_and_end_with_408(
         "queued": 0,
         "decoding": 0,
         "max_pending": MAX_PENDING,
+        "max_pending_per_client": MAX_PENDING,
     }
     async with server.client.get("/metrics") as response:
         assert f'vaecast_places{{kind="receiving"}} {SLOW_CLIENTS}.0' in await response.text()
@@ -116,25 +139,88 @@ async def test_past_max_pending_a_request_gets_429_until_a_slow_body_is_refused(
         assert 'vaecast_jobs_rejected_total{reason="pending"} 1.0' in await response.text()
 
 
-async def test_empty_push_sessions_leave_the_queue_to_others(start_server: StartServer):
-    server = await start_server(max_pending=MAX_PENDING)
-    sessions = []
-    for _ in range(SLOW_CLIENTS):
-        async with server.client.post("/v1/videos", json={"input": "push"}) as response:
-            assert response.status == 201
-            sessions.append(await response.json())
+async def test_seventeen_slow_uploads_from_one_address_leave_room_for_another(
+    start_server: StartServer,
+):
+    """One address holds its share of the pending places (8 of 16 by default) and is
+    refused past it at once; another address's upload gets its 201 meanwhile."""
+    server = await start_server(body_rate_grace_s=600)  # they stay until the test ends
+    share = server.manager.config.max_pending_per_client
+    assert (share, server.manager.config.max_pending) == (8, 16)  # the defaults
+    trickles = [asyncio.create_task(trickle(server, source="127.0.0.2")) for _ in range(17)]
+    try:
+        await until(lambda: sum(task.done() for task in trickles) == 17 - share, 30)
+        for task in trickles:
+            if task.done():
+                status, body = task.result()
+                assert status == 429
+                assert body["error"] == {
+                    "type": "server_busy",
+                    "message": "one client may hold 8 pending requests (bodies still "
+                    "arriving, push sessions with no block yet) (--max-pending-per-client), "
+                    "and 127.0.0.2 holds them all; try again later",
+                }
+        await until(lambda: server.manager.places.counts()["receiving"] == share, 30)
+        async with (
+            client_at(server, "127.0.0.3") as other,
+            other.post("/v1/videos", data=BODY) as response,
+        ):
+            assert response.status == 201, await response.text()
+        # Still held when the other client got in: the share, not a timeout, let it.
+        assert server.manager.places.counts()["receiving"] == share
+        async with server.client.get("/metrics") as response:
+            assert 'vaecast_jobs_rejected_total{reason="client"} 9.0' in await response.text()
+    finally:
+        for task in trickles:
+            task.cancel()
+        await asyncio.gather(*trickles, return_exceptions=True)
+    await until(lambda: server.manager.places.counts()["receiving"] == 0, 30)
+
+
+async def test_empty_push_sessions_hold_their_queue_place_and_one_client_its_share(
+    start_server: StartServer,
+):
+    """Push sessions with no block take queue places from the start, so fed later they
+    never take the queue past --max-queued; one address opens at most its share."""
+    server = await start_server()  # 1 decode slot, 8 queued, 16 pending, 8 a client
+    async with client_at(server, "127.0.0.2") as pusher:
+        answers = []
+        for _ in range(9):
+            async with pusher.post("/v1/videos", json={"input": "push"}) as response:
+                answers.append((response.status, await response.json()))
+        sessions = [body for status, body in answers if status == 201]
+        assert len(sessions) == 8
+        status, refusal = answers[-1]
+        assert status == 429
+        assert refusal["error"]["message"].endswith("and 127.0.0.2 holds them all; try again later")
     assert await places(server) == {
         "receiving": 0,
-        "push_waiting": SLOW_CLIENTS,
+        "push_waiting": 8,
         "queued": 0,
         "decoding": 0,
-        "max_pending": MAX_PENDING,
+        "max_pending": 16,
+        "max_pending_per_client": 8,
     }
-    async with server.client.get("/healthz") as response:
-        assert (await response.json())["queue"]["depth"] == 0
-    status, seconds = await timed_upload(server)
-    assert status == 201
-    assert seconds < 1.0
+    async with client_at(server, "127.0.0.3") as other:  # the ninth decode place
+        async with other.post("/v1/videos", data=BODY) as response:
+            assert response.status == 201, await response.text()
+        async with other.post("/v1/videos", json={"input": "push"}) as response:
+            assert response.status == 429  # every decode place is held: 1 + 8
+            assert (await response.json())["error"]["message"].startswith(
+                "all 1 decode slot(s) are busy and "
+            )
+    depths = []
+    for session in sessions:  # each first block moves a session into the queue
+        token = {"X-Push-Token": session["push"]["token"]}
+        block = safetensors_bytes(latents=smooth_latents(frames=1))
+        async with server.client.post(session["push"]["url"], data=block, headers=token) as r:
+            assert r.status == 202, await r.text()
+        async with server.client.get("/healthz") as response:
+            depths.append((await response.json())["queue"]["depth"])
+    assert max(depths) <= 8  # --max-queued
+    counts = server.manager.places.counts()
+    assert counts["push_waiting"] == 0
+    assert counts["queued"] + counts["decoding"] <= 9
 
 
 async def test_a_push_session_with_no_first_block_fails_and_frees_its_place(

@@ -67,6 +67,7 @@ async def test_health_reports_liveness_and_readiness(start_server: StartServer):
             "queued": 0,
             "decoding": 0,
             "max_pending": 16,
+            "max_pending_per_client": 8,
         },
         "warm_up": {"state": "off"},  # only `vaecast serve` warms the demo up
         "webrtc": {"viewers": {"h264": 0, "vp8": 0}, "max": 32},

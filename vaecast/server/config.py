@@ -63,11 +63,13 @@ class ServerConfig:
     # Fair admission (vaecast.server.stream.admission): a body arriving slower than
     # min_body_rate bytes/s, after a grace of body_rate_grace_s, is refused (408) and
     # gives its place back; at most max_pending places are held by bodies still
-    # arriving and by push sessions with no block yet, apart from the decode queue;
-    # a push session's first block must come within push_first_block_timeout_s.
+    # arriving and by push sessions with no block yet, max_pending_per_client of them
+    # by one client (its address); a push session's first block must come within
+    # push_first_block_timeout_s.
     min_body_rate: int = 64 * 1024
     body_rate_grace_s: float = 5.0
-    max_pending: int = 16  # above the default decode places (9): a batch of 9 fits
+    max_pending: int = 16
+    max_pending_per_client: int = 8  # a batch of 8 push sessions; the other half for others
     push_first_block_timeout_s: float = 15.0
     # Preview-then-final: a model's default preview decoder (model, decoder) pairs, as
     # `--preview wan2.1=taehv` gives them; a request's "preview" overrides it ("none":

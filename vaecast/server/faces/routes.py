@@ -120,7 +120,7 @@ async def list_videos(request: web.Request) -> web.Response:
 @CREATE_VIDEO
 async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
-    with manager.admit() as admission:  # before reading a large upload for nothing
+    with manager.admit(client_of(request)) as admission:  # before reading an upload for nothing
         decode_request = await read_decode_request(
             request,
             manager.config,
@@ -143,6 +143,11 @@ async def create_video(request: web.Request) -> web.Response:
     if isinstance(decode_request, PushRequest):  # where to push, and the secret to do it
         body["push"] = push_json(request.app[PUSH_SESSIONS].open(job))
     return web.json_response(body, status=201, headers={"Location": job_urls(job.id)["self"]})
+
+
+def client_of(request: web.Request) -> str:
+    """Who a request's places count against (fair admission): its peer's address."""
+    return request.remote or "unknown"
 
 
 def _submit(admission: Admission, request: DecodeRequest | PushRequest | LiveDemoRequest) -> Job:
@@ -245,7 +250,7 @@ async def get_content(request: web.Request) -> web.StreamResponse:
 async def stream_video(request: web.Request) -> web.StreamResponse:
     """Upload latents; the response body is the progressive MP4 of their decode."""
     manager = request.app[MANAGER]
-    with manager.admit() as admission:  # before reading a large upload for nothing
+    with manager.admit(client_of(request)) as admission:  # before reading an upload for nothing
         decode_request = await read_decode_request(
             request,
             manager.config,
@@ -375,6 +380,7 @@ async def healthz(request: web.Request) -> web.Response:
         "places": {
             **{kind.value: count for kind, count in manager.places.counts().items()},
             "max_pending": manager.config.max_pending,
+            "max_pending_per_client": manager.config.max_pending_per_client,
         },
         # WHEP viewers, by what their video is, against --max-webrtc-viewers.
         "webrtc": {

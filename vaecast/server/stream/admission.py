@@ -1,4 +1,5 @@
-"""Fair admission: the places a server's requests and jobs hold, counted by kind.
+"""Fair admission: the places a server's requests and jobs hold, counted by kind and
+by client.
 
 A place is one of four kinds:
 - `receiving`: a request taken in whose body is still arriving (or being parsed, or a
@@ -7,24 +8,29 @@ A place is one of four kinds:
 - `queued`: a job waiting for a decode slot;
 - `decoding`: a job in a slot (Ray mode: a job running in the cluster).
 
-They fill two pools apart. `queued` and `decoding` places are the decode pool,
-`decode_slots + max_queued_jobs` of them; `receiving` and `push_waiting` places are the
-pending pool, `max_pending` of them. A client that is slow (a body trickling in, a push
-session that never pushes) holds a pending place only, so slow clients can never fill
-the decode pool and lock out a request whose body has arrived; and each holds it for a
-bounded time: a body slower than `min_body_rate` is refused after its grace
-(`vaecast.server.edge.body_rate`), a push session with no block fails after
-`push_first_block_timeout_s`.
+Two pools bound them:
+- the decode pool, `decode_slots + max_queued_jobs` places: `push_waiting`, `queued`
+  and `decoding` ones. A push session takes its place in the queue when it is made,
+  so its first block never pushes the queue past `max_queued_jobs`;
+- the pending pool, `max_pending` places: `receiving` and `push_waiting` ones, the
+  places of clients that are still sending. Of them one client holds at most
+  `max_pending_per_client`, so no client can keep the others out.
 
-A request is refused (429 with Retry-After) before its body is read when either pool is
-full, and again, once read, when the decode pool filled meanwhile. A push session moves
-from the pending pool into the decode queue with its first block, unrefused (its
-producer is mid-stream): the queue then holds more than `max_queued_jobs` jobs, by at
-most `max_pending`.
+A client is the peer's address. It is not the API key: a server has one key, which
+every client of it shares. Behind a proxy every client has the proxy's address, so set
+`max_pending_per_client` to `max_pending` there.
+
+A pending place is held for a bounded time: a body slower than `min_body_rate` is
+refused after its grace (`vaecast.server.edge.body_rate`), a push session with no
+block fails after `push_first_block_timeout_s`.
+
+A request is refused (429 with Retry-After) before its body is read when a pool or the
+client's share is full, and again, once read, when what it asks for no longer fits.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 from collections.abc import Callable, Sequence
@@ -45,6 +51,9 @@ class PlaceKind(enum.StrEnum):
     DECODING = "decoding"
 
 
+# The client of a job started in-process (tools, tests), not by a request.
+LOCAL_CLIENT = "local"
+
 PENDING_KINDS = frozenset({PlaceKind.RECEIVING, PlaceKind.PUSH_WAITING})
 
 
@@ -61,7 +70,7 @@ class Places:
     """The places held on one server, and the rules that refuse a request (429).
 
     The manager tells it of each job it starts and that ends (`hold`, `release`);
-    requests take their place through `admit`.
+    requests take their place through `admit`, which names their client.
     """
 
     def __init__(
@@ -71,12 +80,13 @@ class Places:
         refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """`retry_after_s`: a guess at when a decode place frees up; `refused(reason)`
-        is told of each refusal ("busy": the decode pool, "pending": the other)."""
+        is told of each refusal ("busy": the decode pool, "pending": the pending pool,
+        "client": a client's share of it)."""
         self._config = config
         self._refused = refused
         self._decode_retry_after_s = retry_after_s
-        self._receiving = 0
-        self._jobs: dict[Job, None] = {}  # started, not ended, in order
+        self._receiving: collections.Counter[str] = collections.Counter()
+        self._jobs: dict[Job, str | None] = {}  # started, not ended, in order: their client
 
     @property
     def decode_capacity(self) -> int:
@@ -85,7 +95,7 @@ class Places:
     def counts(self) -> dict[PlaceKind, int]:
         """Places held now, by kind (every kind, zeros included)."""
         counts = dict.fromkeys(PlaceKind, 0)
-        counts[PlaceKind.RECEIVING] = self._receiving
+        counts[PlaceKind.RECEIVING] = self._receiving.total()
         for job in self._jobs:
             counts[kind_of(job)] += 1
         return counts
@@ -93,12 +103,12 @@ class Places:
     @property
     def busy(self) -> bool:
         """Whether any place is held (a job, or a request being read)."""
-        return self._receiving > 0 or bool(self._jobs)
+        return self._receiving.total() > 0 or bool(self._jobs)
 
     @property
     def decode_left(self) -> int:
-        counts = self.counts()
-        return max(0, self.decode_capacity - counts[PlaceKind.QUEUED] - counts[PlaceKind.DECODING])
+        # Every unfinished job's place is in it: push_waiting, queued or decoding.
+        return max(0, self.decode_capacity - len(self._jobs))
 
     @property
     def pending_left(self) -> int:
@@ -106,37 +116,53 @@ class Places:
         held = sum(counts[kind] for kind in PENDING_KINDS)
         return max(0, self._config.max_pending - held)
 
-    def hold(self, job: Job) -> None:
-        self._jobs[job] = None
+    def client_pending_left(self, client: str) -> int:
+        """Pending places `client` may still take (at most the pool's own room)."""
+        waiting = sum(
+            1
+            for job, owner in self._jobs.items()
+            if owner == client and kind_of(job) is PlaceKind.PUSH_WAITING
+        )
+        held = self._receiving[client] + waiting
+        return max(0, self._config.max_pending_per_client - held)
+
+    def hold(self, job: Job, client: str | None = None) -> None:
+        self._jobs[job] = client
 
     def release(self, job: Job) -> None:
         self._jobs.pop(job, None)
 
     def admit(
-        self, start: Callable[[JobRequest], Job], check: Callable[[JobRequest], object]
+        self,
+        start: Callable[[JobRequest], Job],
+        check: Callable[[JobRequest], object],
+        client: str,
     ) -> Admission:
-        """A receiving place for a request about to be read, or ServerBusyError (429)
-        when either pool is full. `start` makes a job of a request (the manager's),
-        `check` refuses one before any job of a batch starts."""
+        """A receiving place for `client`'s request about to be read, or
+        ServerBusyError (429) when either pool, or the client's share, is full. `start`
+        makes a job of a request (the manager's), `check` refuses one before any job
+        of a batch starts."""
         if self.decode_left == 0:
             raise self._decode_full()
         if self.pending_left == 0:
             raise self._pending_full()
-        self._receiving += 1
-        return Admission(self, start, check)
+        if self.client_pending_left(client) == 0:
+            raise self._client_full(client)
+        self._receiving[client] += 1
+        return Admission(self, start, check, client)
 
-    def make_room(self, requests: Sequence[JobRequest]) -> None:
-        """Raise ServerBusyError unless `requests`, read under one admission, fit now: a
-        decode place for each upload, a pending place for each push session (the
-        admission's own receiving place becomes one of them)."""
-        uploads = sum(isinstance(request, DecodeRequest) for request in requests)
-        pushes = len(requests) - uploads
-        if uploads == 1 and pushes == 0 and self.decode_left == 0:
+    def make_room(self, requests: Sequence[JobRequest], client: str) -> None:
+        """Raise ServerBusyError unless `requests`, read under one admission of
+        `client`, fit now: a decode place for each, and a pending place of the pool and
+        of the client's share for each push session (the admission's own receiving
+        place becomes one of them)."""
+        pushes = sum(isinstance(request, PushRequest) for request in requests)
+        if len(requests) == 1 and self.decode_left == 0:
             raise self._decode_full()
-        if uploads > self.decode_left:
+        if len(requests) > self.decode_left:
             self._refused("busy")
             raise ServerBusyError(
-                f"a batch of {uploads} videos needs {uploads} job places; "
+                f"a batch of {len(requests)} videos needs {len(requests)} job places; "
                 f"this server has {self.decode_left} free now; try again later",
                 retry_after_s=self._decode_retry_after_s(),
             )
@@ -147,17 +173,33 @@ class Places:
                 f"this server has {self.pending_left + 1} free now; try again later",
                 retry_after_s=self._pending_retry_after_s(),
             )
+        if pushes > self.client_pending_left(client) + 1:
+            self._refused("client")
+            raise ServerBusyError(
+                f"a batch of {pushes} push sessions needs {pushes} pending places; one "
+                f"client may hold {self._config.max_pending_per_client} "
+                "(--max-pending-per-client); try again later",
+                retry_after_s=self._pending_retry_after_s(),
+            )
 
-    def end_receiving(self) -> None:
+    def started(self, job: Job, client: str) -> None:
+        """`job`, just started by `client`'s admission, is that client's."""
+        if job in self._jobs:
+            self._jobs[job] = client
+
+    def end_receiving(self, client: str) -> None:
         """A request's receiving place is given back (its job, if any, holds its own)."""
-        self._receiving -= 1
+        self._receiving[client] -= 1
+        if self._receiving[client] <= 0:
+            del self._receiving[client]
 
     def _decode_full(self) -> ServerBusyError:
         self._refused("busy")
-        queued = self.counts()[PlaceKind.QUEUED]
+        counts = self.counts()
         return ServerBusyError(
             f"all {self._config.decode_slots} decode slot(s) are busy and "
-            f"{queued} job(s) are queued; try again later",
+            f"{counts[PlaceKind.QUEUED] + counts[PlaceKind.PUSH_WAITING]} job(s) are "
+            "queued; try again later",
             retry_after_s=self._decode_retry_after_s(),
         )
 
@@ -172,6 +214,15 @@ class Places:
             retry_after_s=self._pending_retry_after_s(),
         )
 
+    def _client_full(self, client: str) -> ServerBusyError:
+        self._refused("client")
+        return ServerBusyError(
+            f"one client may hold {self._config.max_pending_per_client} pending requests "
+            "(bodies still arriving, push sessions with no block yet) "
+            f"(--max-pending-per-client), and {client} holds them all; try again later",
+            retry_after_s=self._pending_retry_after_s(),
+        )
+
     def _pending_retry_after_s(self) -> int:
         """By then a slow body has been refused, or an empty push session has failed."""
         config = self._config
@@ -179,7 +230,7 @@ class Places:
 
 
 class Admission:
-    """A receiving place, held for one request while it is being read.
+    """A receiving place, held for one client's request while it is being read.
 
     `submit` turns it into a job; leaving the `with` block without submitting gives
     the place back.
@@ -190,10 +241,12 @@ class Admission:
         places: Places,
         start: Callable[[JobRequest], Job],
         check: Callable[[JobRequest], object],
+        client: str,
     ) -> None:
         self._places: Places | None = places
         self._start = start
         self._check = check
+        self._client = client
 
     def __enter__(self) -> Admission:
         return self
@@ -212,15 +265,19 @@ class Admission:
         if places is None:
             raise RuntimeError("an admission is used once")
         try:
-            places.make_room(requests)
+            places.make_room(requests, self._client)
             if len(requests) > 1:
                 for request in requests:  # refused here, before any of them runs
                     self._check(request)
-            return [self._start(request) for request in requests]
+            jobs = []
+            for request in requests:
+                jobs.append(self._start(request))
+                places.started(jobs[-1], self._client)
+            return jobs
         finally:
             self._give_back()
 
     def _give_back(self) -> None:
         if self._places is not None:
-            self._places.end_receiving()
+            self._places.end_receiving(self._client)
             self._places = None

@@ -41,7 +41,7 @@ from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
 from vaecast.pipeline import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics, ServerState
-from vaecast.server.stream.admission import Admission, Places
+from vaecast.server.stream.admission import LOCAL_CLIENT, Admission, Places
 from vaecast.server.stream.durable_jobs import DurableJobs
 from vaecast.server.stream.fanout_sender import FanoutSender
 from vaecast.server.stream.job import Job
@@ -167,18 +167,20 @@ class JobManager:
         elsewhere: Ray Serve's queue has no positions to show)."""
         return self._waiting.index(job) + 1 if job in self._waiting else None
 
-    def admit(self) -> Admission:
-        """Take a place for a request before reading it (see `admission.Admission`).
+    def admit(self, client: str = LOCAL_CLIENT) -> Admission:
+        """Take a place for `client`'s request (its address) before reading it (see
+        `admission.Admission`).
 
         Raises ShuttingDownError while draining and ServerBusyError (429) when every
-        slot and queue place is taken, or every place for requests still pending.
+        slot and queue place is taken, or every place for requests still pending, or
+        the client's share of those.
         """
         if self.draining:
             self.metrics.jobs_rejected.labels("shutting_down").inc()
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
         if self.durable is not None:
             self.durable.check_writable()  # 503 while the store cannot write
-        return self.places.admit(self._start_job, self._checked_start)
+        return self.places.admit(self._start_job, self._checked_start, client)
 
     def submit(self, request: DecodeRequest) -> Job:
         """Start a job now, outside any admission (tools and tests)."""
