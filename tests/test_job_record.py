@@ -39,6 +39,7 @@ from vaecast.job_record import (
     JobRecord,
     JobStatus,
     LengthKnown,
+    NotStored,
     PlanFacts,
     PreviewProgress,
     SegmentAdded,
@@ -163,6 +164,7 @@ EXPECTED_ALLOWED: dict[JobStatus, frozenset[type]] = {
             LengthKnown,
             VariantEnded,
             FinalReady,
+            NotStored,
             Completed,
             Ended,
         }
@@ -181,6 +183,7 @@ ALL_TRANSITION_TYPES: tuple[type, ...] = (
     LengthKnown,
     VariantEnded,
     FinalReady,
+    NotStored,
     Completed,
     Ended,
 )
@@ -220,6 +223,7 @@ def sample_transition(transition_type: type) -> Any:
         LengthKnown: LengthKnown(PlanFacts(frames=32, chunks=2, width=64, height=32)),
         VariantEnded: VariantEnded(PREVIEW, JobStatus.COMPLETED, at=103.5),
         FinalReady: FinalReady(at=103.6),
+        NotStored: NotStored("the store's budget has no room for it"),
         Completed: Completed(at=104.0),
         Ended: Ended(JobStatus.CANCELLED, Cancelled("the client cancelled"), at=104.0),
     }
@@ -369,6 +373,7 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
         "stall_free_start_s": 0.0833,  # chunk 2 came early after all: chunk 1's 1/12 s
         "error": None,
         "replica": None,
+        "not_stored": None,
     }
     assert record.summary() == (
         "id=job-latents model=tiny-vae status=completed frames=48/48 chunks=3/3 "
@@ -832,6 +837,7 @@ def test_to_json_of_a_fresh_push_session() -> None:
         "stall_free_start_s": None,
         "error": None,
         "replica": None,
+        "not_stored": None,
     }
 
 

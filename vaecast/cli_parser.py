@@ -243,7 +243,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULTS.store_max_bytes / 1024**3,
         metavar="GB",
         help="disk the store's videos may take; past it the oldest finished videos go "
-        "first, then new jobs get 507",
+        "first, then a video that does not fit streams without being kept (its job object "
+        "says so in not_stored)",
     )
     serve.add_argument(
         "--shutdown-grace",

@@ -202,13 +202,6 @@ class JobInterruptedError(VaecastError):
     type = "interrupted"
 
 
-class InsufficientStorageError(VaecastError):
-    """The store's disk budget is spent by videos it cannot evict (running or watched)."""
-
-    status = 507
-    type = "insufficient_storage"
-
-
 class StoreUnavailableError(VaecastError):
     """The durable store cannot write now (a full or read-only disk, an I/O error): what
     would be answered as saved is not, so it is not answered; it recovers by itself."""

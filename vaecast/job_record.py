@@ -45,6 +45,7 @@ from vaecast.job_transitions import (
     IllegalTransition,
     JobStatus,
     LengthKnown,
+    NotStored,
     PlanFacts,
     SegmentAdded,
     Started,
@@ -68,6 +69,7 @@ __all__ = [
     "JobRecord",
     "JobStatus",
     "LengthKnown",
+    "NotStored",
     "PlanFacts",
     "PreviewProgress",
     "SegmentAdded",
@@ -135,6 +137,8 @@ class JobRecord:
     # start after its first fragment that plays it all without a stall, so far.
     commits: list[Commit] = field(default_factory=list)
     stall_free_start_s: float | None = None
+    # Why the store does not keep this video (NotStored); None: kept, or no store.
+    not_stored: str | None = None
 
     def __post_init__(self) -> None:
         if self.created is None:
@@ -187,6 +191,9 @@ class JobRecord:
             return self._variant_ended(t)
         if isinstance(t, FinalReady):
             return self._final_is_ready(t)
+        if isinstance(t, NotStored):
+            self.not_stored = t.reason
+            return None
         if isinstance(t, Completed):
             if self.plan is not None and self.chunks_done != self.plan.chunks:
                 raise IllegalTransition(
@@ -399,6 +406,7 @@ class JobRecord:
                 else None
             ),
             "replica": None if self.replica is None else self.replica.get("id"),
+            "not_stored": self.not_stored,
             **({} if self.preview is None else {"variants": self.variants_json()}),
         }
 

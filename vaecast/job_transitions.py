@@ -126,6 +126,14 @@ class FinalReady:
 
 
 @dataclass(frozen=True, slots=True)
+class NotStored:
+    """The video outgrew the durable store's budget: it streams on, from memory and
+    spill files, and is not kept across a restart; `reason` says so to the client."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Completed:
     at: float | None = None
 
@@ -149,6 +157,7 @@ Transition = (
     | LengthKnown
     | VariantEnded
     | FinalReady
+    | NotStored
     | Completed
     | Ended
 )
@@ -164,6 +173,7 @@ ALLOWED: dict[JobStatus, tuple[type, ...]] = {
         LengthKnown,
         VariantEnded,
         FinalReady,
+        NotStored,
         Completed,
         Ended,
     ),

@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
-from tests.helpers.server import TEST_CONFIG, Server, serve_on_loopback
+from tests.helpers.server import TEST_CONFIG, Server, noisy_latents, serve_on_loopback
 from vaecast.errors import StoreError
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app, runner_settings
@@ -156,31 +156,60 @@ async def test_a_video_past_the_memory_budget_is_served_from_its_file(tmp_path: 
         assert len(decode_mp4(data)) == 13
 
 
-async def test_a_full_store_evicts_the_oldest_finished_then_answers_507(tmp_path: Path):
-    decoder = GatedDecoder(hold_at=1)
+def videos_on_disk(store: Path) -> int:
+    return sum(path.stat().st_size for path in (store / "videos").iterdir())
+
+
+async def test_past_its_budget_the_store_evicts_the_oldest_then_streams_a_video_unkept(
+    tmp_path: Path,
+):
+    """The budget is what the store's disk holds: the oldest finished video goes for
+    room, and a video that still does not fit streams whole without being kept, says
+    so in its job object, and is gone (410) after a restart. No job is refused."""
+    async with stored_server(tmp_path / "measure") as server:
+        small = max([(await finished_job(server, seed=seed))["bytes"] for seed in (1, 2)])
+    budget = small * 3 // 2  # one small video fits, two do not
+    store = tmp_path / "store"
+    decoder = GatedDecoder(hold_at=2)
     decoder.gate.set()
-    async with stored_server(tmp_path, decoder, store_max_bytes=1) as server:
+    async with stored_server(store, decoder, store_max_bytes=budget) as server:
         oldest = await finished_job(server, seed=1)
         newer = await finished_job(server, seed=2)  # made room: the oldest went
         status, body = await status_of(server, oldest)
         assert status == 410 and "make room in the store" in body["error"]["message"]
-        assert (await status_of(server, newer))[0] == 200
+        assert (await status_of(server, newer))[1]["not_stored"] is None
+        assert videos_on_disk(store) <= budget
+        # A video larger than the whole budget, watched live from its start.
         decoder.gate.clear()
-        body_bytes = safetensors_bytes(latents=smooth_latents(frames=4, seed=3))
-        async with server.client.post("/v1/videos", data=body_bytes) as response:
-            running = await response.json()
+        latents = noisy_latents(frames=6, height=12, width=16)
+        async with server.client.post("/v1/videos", data=safetensors_bytes(latents=latents)) as r:
+            assert r.status == 201, await r.text()
+            large = await r.json()
         await until(decoder.holding.is_set)
-        # Its first fragment is encoded and in the store (a busy machine encodes late).
-        await until(lambda: server.manager.get(running["id"]).record.bytes > 0)
-        # The newer one goes for room; the running one cannot: 507.
-        async with server.client.post("/v1/videos", data=body_bytes) as response:
-            assert response.status == 507
-            error = (await response.json())["error"]
-            assert error["type"] == "insufficient_storage" and "--store-max-gb" in error["message"]
-        assert (await status_of(server, newer))[0] == 410
+        live = await server.client.get(large["urls"]["content"])
         decoder.gate.set()
-        async with server.client.get(running["urls"]["content"]) as response:
-            await response.read()
+        async with live:
+            live_bytes = await live.read()
+        status, large = await status_of(server, large)
+        assert (status, large["status"]) == (200, "completed")
+        assert large["bytes"] > budget
+        assert "--store-max-gb" in large["not_stored"]
+        assert "not kept across a restart" in large["not_stored"]
+        assert (await status_of(server, newer))[0] == 410  # evicted for it first
+        assert videos_on_disk(store) <= budget
+        assert server.manager.durable is not None
+        assert server.manager.durable.store.bytes_used <= budget
+        finished, _ = await whole(server, large)
+        frames = len(decode_mp4(finished))
+        assert frames == 1 + 4 * 5  # linear: every frame of 6 latent frames
+        assert len(decode_mp4(live_bytes)) == frames
+        async with server.client.get("/metrics") as response:
+            assert "vaecast_store_videos_not_stored_total 1.0" in await response.text()
+    async with stored_server(store, store_max_bytes=budget) as server:
+        status, body = await status_of(server, large)
+        assert status == 410
+        assert "not stored: the store's budget" in body["error"]["message"]
+        assert videos_on_disk(store) == 0
 
 
 async def test_a_corrupt_database_is_moved_aside_and_the_server_starts(

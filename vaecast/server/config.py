@@ -57,7 +57,8 @@ class ServerConfig:
     # The durable store (vaecast.store): job records in SQLite and one MP4 file per job
     # under this folder, so finished videos survive a restart; None: memory only (the
     # CLI's default is the user's data directory). Its videos may take at most
-    # store_max_bytes of disk: past it the oldest finished go first, then 507.
+    # store_max_bytes of disk: past it the oldest finished go first, then a running
+    # video that does not fit streams without being kept (its job says `not_stored`).
     store_dir: str | None = None
     store_max_bytes: int = 20 * 1024 * MIB
     # Fair admission (vaecast.server.stream.admission): a body arriving slower than

@@ -159,13 +159,15 @@ class JobDatabase:
         self._db.execute("DELETE FROM segments WHERE job_id = ? AND idx >= ?", (job_id, count))
         self._db.execute("UPDATE jobs SET size = ? WHERE id = ?", (size, job_id))
 
-    def forget(self, job_id: str, reason: str) -> None:
-        """The job is gone (deleted, evicted): only its id and why stay, for a 410."""
+    def forget(self, job_id: str, reason: str, announce: bool = True) -> None:
+        """The job is gone (deleted, evicted): only its id and why stay, for a 410.
+        `announce`: the other servers of the store stop serving it (`gone_since`); not
+        for a video the store could not keep, which its own server still serves."""
         now = time.time()
         self._db.execute(
             "UPDATE jobs SET gone = ?, gone_at = ?, file = NULL, size = 0, snapshot = '{}',"
             " finished_at = coalesce(finished_at, ?) WHERE id = ?",
-            (reason, now, now, job_id),
+            (reason, now if announce else None, now, job_id),
         )
         self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
         self._db.execute("DELETE FROM segments WHERE job_id = ?", (job_id,))

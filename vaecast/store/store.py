@@ -10,7 +10,7 @@ on the one thread, so a crash in between leaves a job that comes back `interrupt
 with its whole file, never a `completed` one with a short file.
 
 `bytes_used` counts the videos this process knows of (what it restored and what its
-jobs wrote); `full` compares it with the disk budget (`--store-max-gb`).
+jobs wrote); `room_for` compares it with the disk budget (`--store-max-gb`).
 
 An answer is a promise: `settle` waits until every write handed over so far is
 committed, and the server calls it before it tells a client anything a crash could
@@ -94,10 +94,6 @@ class Store:
     @property
     def bytes_used(self) -> int:
         return self._used
-
-    @property
-    def full(self) -> bool:
-        return self._used >= self.max_bytes
 
     def adopted(self, job: StoredJob) -> None:
         """Count the video of a job another process stored, now served from here too."""
@@ -189,6 +185,18 @@ class Store:
         self._uncount(job_id)
         path = self.video_path(job_id)
         self._submit(lambda db: db.forget(job_id, reason), lambda: _remove(path))
+
+    def not_stored(self, job_id: str, reason: str) -> None:
+        """The job's video outgrew the budget: its server serves it without the store,
+        which keeps only why (a 410 after a restart); its file goes once that is
+        committed."""
+        self._uncount(job_id)
+        path = self.video_path(job_id)
+        self._submit(lambda db: db.forget(job_id, reason, announce=False), lambda: _remove(path))
+
+    def room_for(self, length: int) -> bool:
+        """Whether `length` more bytes of video stay within the budget."""
+        return self._used + length <= self.max_bytes
 
     # Reads.
 

@@ -130,6 +130,9 @@ class JobObject(Struct, forbid_unknown_fields=True):
     stall_free_start_s: Seconds | None
     error: ErrorDetail | None
     replica: str | None
+    # Why the store does not keep this video (it outgrew --store-max-gb): it streams on
+    # and is served until it expires, and is gone after a restart. None: kept, or no store.
+    not_stored: str | None
     queue_position: Annotated[int, Meta(ge=0)] | None
     urls: JobUrls
     variants: Variants | UnsetType = UNSET

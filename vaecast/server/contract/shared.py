@@ -12,7 +12,6 @@ from vaecast.errors import (
     ClusterUnavailableError,
     DecodeCancelled,
     GoneError,
-    InsufficientStorageError,
     InvalidRequestError,
     JobStateError,
     MalformedRequestError,
@@ -188,5 +187,4 @@ UPLOAD_ERRORS = (
     ServerBusyError,
     ShuttingDownError,
     ClusterUnavailableError,
-    InsufficientStorageError,
 )

@@ -9,8 +9,13 @@ this process does not hold asks the store, so two front ends on one store serve
 each other's finished videos; and every GONE_SYNC_S each asks the store which jobs went
 meanwhile (another server's DELETE or eviction), and stops serving those it holds:
 servers that share a store agree within that bound. When the store's disk budget is
-spent, the oldest finished videos go first (retention's `make_room`), then a new job
-gets 507.
+spent, the oldest finished videos nobody watches go first (retention's `make_room`),
+as a running video needs the room. A running video that would take the store past its
+budget with nothing left to evict streams on without the store (`VideoBudget`): it is
+served from memory and spill files until it expires, its job object says so
+(`not_stored`), and after a restart it is gone (410). No job is refused for the
+budget (a video's size is not known before it is made), and the store's videos never
+take more disk than the budget.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
-from vaecast.errors import InsufficientStorageError, StoreUnavailableError
+from vaecast.errors import StoreUnavailableError
+from vaecast.job_record import NotStored
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_journal import JobJournal
 from vaecast.server.stream.restored_job import restored_job
@@ -42,6 +48,20 @@ JOB_ID = re.compile(r"video_[0-9a-f]{24}")
 GONE_SYNC_S = 1.0
 
 
+class VideoBudget:
+    """One running video's view of the store's budget (a segment log's `StoreBudget`)."""
+
+    def __init__(self, durable: DurableJobs, job_id: str) -> None:
+        self._durable = durable
+        self._job_id = job_id
+
+    def refuse(self, length: int) -> str | None:
+        return self._durable.refuse(length)
+
+    def left(self, reason: str) -> None:
+        self._durable.not_stored(self._job_id, reason)
+
+
 class DurableJobs:
     def __init__(self, store: Store, manager: JobManager) -> None:
         self.store = store
@@ -53,6 +73,11 @@ class DurableJobs:
             "vaecast_store_recovered",
             "Jobs the store held at start, by what became of them",
             ["outcome"],
+            registry=registry,
+        )
+        self.videos_not_stored = Counter(
+            "vaecast_store_videos_not_stored",
+            "Running videos that outgrew the store's budget and went on without it",
             registry=registry,
         )
         Gauge("vaecast_store_bytes", "Video bytes in the store", registry=registry).set_function(
@@ -101,9 +126,38 @@ class DurableJobs:
             self.recovered.labels(outcome).inc(count)
 
     def new_log(self, job_id: str) -> SegmentLog:
-        """A new job's log, writing its MP4 into the store's file for it."""
+        """A new job's log, writing its MP4 into the store's file for it while the
+        store's budget has room."""
         config = self._manager.config
-        return SegmentLog(config.spill_threshold_bytes, durable_path=self.store.video_path(job_id))
+        return SegmentLog(
+            config.spill_threshold_bytes,
+            spill_dir=config.spill_dir,
+            durable_path=self.store.video_path(job_id),
+            budget=VideoBudget(self, job_id),
+        )
+
+    def not_stored(self, job_id: str, reason: str) -> None:
+        """Job `job_id`'s video left the store: its record says why (and its journal
+        tells the store)."""
+        self.videos_not_stored.inc()
+        job = self._manager.jobs.get(job_id)
+        if job is not None:
+            job.apply(NotStored(reason))
+
+    def refuse(self, length: int) -> str | None:
+        """None when `length` more bytes of a running video fit the budget, once the
+        oldest finished videos nobody watches are evicted as needed; else why not."""
+        store = self.store
+        if store.room_for(length):
+            return None
+        self._manager.retention.make_room(lambda: not store.room_for(length))
+        if store.room_for(length):
+            return None
+        return (
+            f"the store's budget ({store.max_bytes / 1e9:.3g} GB, --store-max-gb) has no "
+            "room for this video beside the videos being made or watched: it is served "
+            "from memory until it expires, and not kept across a restart"
+        )
 
     def track(self, job: Job) -> None:
         """Journal `job` (one whose log writes the store's file)."""
@@ -123,20 +177,6 @@ class DurableJobs:
             self._manager.metrics.jobs_rejected.labels("store_unavailable").inc()
             raise StoreUnavailableError(
                 f"the store cannot save new videos right now ({failing}); try again later"
-            )
-
-    def make_room(self) -> None:
-        """Before a new job: evict the oldest finished videos while the store is full;
-        507 if it still is (what fills it is running or being watched)."""
-        store = self.store
-        if not store.full:
-            return
-        self._manager.retention.make_room(lambda: store.full)
-        if store.full:
-            raise InsufficientStorageError(
-                f"the store holds {store.bytes_used / 1e9:.2f} GB of its "
-                f"{store.max_bytes / 1e9:.2f} GB (--store-max-gb), in videos being made or "
-                f"watched; try again when one ends"
             )
 
     def forget(self, job: Job, reason: str) -> None:

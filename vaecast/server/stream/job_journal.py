@@ -4,7 +4,9 @@ Observes the job's transitions (`Job.observe`): its creation, each event with th
 record as it is then (`vaecast.job_snapshot`), each segment's place in the video
 file with its HLS part, and its end. A completed job's `done` goes with the order
 to fsync its file first (`Store.completed`); a failed or cancelled one's video is
-dropped, as in memory. Only jobs whose log writes the store's file are journalled.
+dropped, as in memory. Only jobs whose log writes the store's file are journalled, and
+only until their video outgrows the store's budget (`NotStored`): the store then keeps
+why, for a 410 after a restart, and nothing more of it.
 A job's preview rendition is not: only its record's counters are, so after a
 restart only its final video is served.
 """
@@ -14,10 +16,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vaecast.job_record import FINAL, Completed, Ended, SegmentAdded, Transition
+from vaecast.job_record import FINAL, Completed, Ended, NotStored, SegmentAdded, Transition
 from vaecast.job_snapshot import snapshot
 from vaecast.server.stream.job import Job
 from vaecast.store import Store, StoredSegment
+
+# Why a video the store could not keep is gone after a restart (its 410).
+NOT_STORED = "not stored: the store's budget (--store-max-gb) had no room for it"
 
 
 class JobJournal:
@@ -26,11 +31,18 @@ class JobJournal:
         self._job = job
         self._retention_s = retention_s
         self._size = 0
+        self._kept = True
         store.created(job.id, snapshot(job.record))
         job.observe(self.applied)
 
     def applied(self, transition: Transition, event: dict[str, Any] | None) -> None:
         job, store = self._job, self._store
+        if not self._kept:
+            return
+        if isinstance(transition, NotStored):
+            self._kept = False
+            store.not_stored(job.id, NOT_STORED)
+            return
         if isinstance(transition, SegmentAdded) and transition.variant == FINAL:
             # (A preview's bytes are kept in memory only: the store keeps the video.)
             index = len(job.log) - 1

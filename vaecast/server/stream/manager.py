@@ -268,8 +268,6 @@ class JobManager:
             plan = self._plan_within_limits(request.model, tuple(request.latents.shape))
         if self.draining:
             raise ShuttingDownError("the server is shutting down and takes no new jobs")
-        if self.durable is not None:
-            self.durable.make_room()  # 507 when the store's disk is spent
         decoder: ChunkedDecoder
         if isinstance(request, PushRequest) and request.kind is PushKind.FRAMES:
             decoder = FramesDecoder(request.value_range, self.config.device)

@@ -8,7 +8,10 @@ only buffer, and it holds what a finished job's file would hold anyway. Past
 so a long video costs a bounded amount of memory per job. With a durable store, every
 segment is also written to the job's video file (`durable_path`) at its offset in the
 MP4, and RAM only keeps copies up to the threshold, for the viewers who follow live;
-`drop_memory` then lets a finished video be served from its file alone. File reads
+`drop_memory` then lets a finished video be served from its file alone. A durable log
+asks the store's budget (`StoreBudget`) before each segment: when the store has no room
+for it, the log leaves the store, copying what it wrote to a spill file, and goes on
+as a log without a store (the job says so: `NotStored`). File reads
 and writes run in threads (`vaecast.server.stream.segment_file`), never on the loop.
 
 Besides followers, which pull, a log has listeners, which it tells synchronously of
@@ -32,7 +35,7 @@ from typing import Generic, Protocol, TypeVar
 from vaecast.errors import GoneError, VaecastError
 from vaecast.server.stream.segment_file import SPILL_PREFIX, SegmentFile
 
-__all__ = ["SPILL_PREFIX", "FollowableLog", "SegmentListener", "SegmentLog"]
+__all__ = ["SPILL_PREFIX", "FollowableLog", "SegmentListener", "SegmentLog", "StoreBudget"]
 
 T = TypeVar("T")
 
@@ -129,6 +132,17 @@ class FollowableLog(Generic[T]):
         self._appended = asyncio.Event()
 
 
+class StoreBudget(Protocol):
+    """A durable log's share of the store's disk budget (`--store-max-gb`)."""
+
+    def refuse(self, length: int) -> str | None:
+        """None when the store has room for `length` more bytes of this video (having
+        evicted what it may); else why not, for the client."""
+
+    def left(self, reason: str) -> None:
+        """The log no longer writes the store's file, because of `reason` (told once)."""
+
+
 class SegmentListener(Protocol):
     """Told by a SegmentLog, synchronously, of what happens to it.
 
@@ -159,7 +173,9 @@ class SegmentLog:
         spill_threshold_bytes: int | None = None,
         spill_dir: str | Path | None = None,
         durable_path: Path | None = None,
+        budget: StoreBudget | None = None,
     ) -> None:
+        """`budget`: asked before each segment of a durable log (None: no limit)."""
         self._segments: FollowableLog[_Segment] = FollowableLog()
         self._size = 0
         self._memory_bytes = 0
@@ -167,6 +183,10 @@ class SegmentLog:
         self._spill_dir = spill_dir
         self._file = None if durable_path is None else SegmentFile(durable_path, temporary=False)
         self._spilled_bytes = 0
+        self._budget = budget
+        # The store's file of a log that left the store: still read by readers that
+        # began before (the store unlinks it), closed with the log.
+        self._left_file: SegmentFile | None = None
         self._released = False
         self._listeners: list[SegmentListener] = []
 
@@ -231,6 +251,10 @@ class SegmentLog:
     async def append(self, segment: bytes) -> None:
         if self._released:
             raise RuntimeError("append to a released SegmentLog")
+        if self.durable and self._budget is not None:
+            reason = self._budget.refuse(len(segment))
+            if reason is not None:
+                await self._leave_store(reason)
         if self.durable:
             entry = await self._write_through(segment)
         elif self._spill_threshold is not None and self._memory_bytes + len(segment) > (
@@ -362,9 +386,10 @@ class SegmentLog:
         self._segments.revoke(GoneError("the video was evicted"))
         self._tell_closed()
         self._memory_bytes = 0
-        file, self._file = self._file, None
-        if file is not None:
-            await asyncio.to_thread(file.close)
+        for file in (self._file, self._left_file):
+            if file is not None:
+                await asyncio.to_thread(file.close)
+        self._file = self._left_file = None
 
     async def _read(self, segment: _Segment, start: int, stop: int) -> bytes:
         if segment.data is not None:
@@ -383,6 +408,18 @@ class SegmentLog:
             self._memory_bytes += len(segment)
         return _Segment(self._size, len(segment), segment if keep else None, self._size)
 
+    async def _leave_store(self, reason: str) -> None:
+        """Go on without the store: what the store's file holds is copied to a spill
+        file at the same offsets (those of the MP4), which takes every later segment."""
+        stored, budget = self._file, self._budget
+        assert stored is not None and budget is not None
+        spill = await asyncio.to_thread(SegmentFile.spill, self._spill_dir)
+        await asyncio.to_thread(_copy, stored, spill, self._size)
+        self._file, self._left_file = spill, stored
+        self._spilled_bytes = self._size
+        self._budget = None
+        budget.left(reason)
+
     async def _spill(self, segment: bytes) -> _Segment:
         if self._file is None:
             self._file = await asyncio.to_thread(SegmentFile.spill, self._spill_dir)
@@ -390,3 +427,12 @@ class SegmentLog:
         await asyncio.to_thread(self._file.write, segment, self._spilled_bytes)
         self._spilled_bytes += len(segment)
         return entry
+
+
+COPY_BLOCK = 1 << 20
+
+
+def _copy(source: SegmentFile, target: SegmentFile, length: int) -> None:
+    """The first `length` bytes of `source` into `target`, a block at a time (blocks)."""
+    for offset in range(0, length, COPY_BLOCK):
+        target.write(source.read(min(COPY_BLOCK, length - offset), offset), offset)
