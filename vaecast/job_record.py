@@ -407,7 +407,11 @@ class JobRecord:
             ),
             "replica": None if self.replica is None else self.replica.get("id"),
             "not_stored": self.not_stored,
-            **({} if self.preview is None else {"variants": self.variants_json()}),
+            **(
+                {}
+                if self.preview is None
+                else {"variants": self.variants_json(), "plays": self.plays()}
+            ),
         }
 
     def final_status(self) -> JobStatus:
@@ -415,6 +419,16 @@ class JobRecord:
         if self.final_ended is not None and not self.is_final:
             return self.final_ended.status
         return self.status
+
+    def plays(self) -> list[str]:
+        """The renditions whose content plays, running or completed: after `DELETE
+        ?variant=final` the job says `cancelled` (as its final did) and plays its
+        preview; a rendition that failed or was stopped does not play."""
+        stopped = (JobStatus.FAILED, JobStatus.CANCELLED)
+        playing = [] if self.final_status() in stopped else [FINAL]
+        if self.preview is not None and self.preview.status not in stopped:
+            playing.insert(0, PREVIEW)
+        return playing
 
     def variants_json(self) -> dict[str, Any]:
         """Each rendition of a job with a preview, as the job object shows it."""

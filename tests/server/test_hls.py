@@ -230,15 +230,17 @@ async def test_the_parts_are_the_content_exactly_and_segments_their_parts(
     assert abs(durations - len(decode_mp4(content)) / FPS) < 1e-3
 
 
-async def test_a_failed_jobs_playlist_ends_naming_no_media(start_server: StartServer):
+async def test_a_failed_jobs_playlist_is_its_contents_409(start_server: StartServer):
     from tests.helpers import FailingDecoder
 
     server = await start_server(decoders={"linear": FailingDecoder(fail_at=3)})
     job = await start_job(server)
     await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
-    playlist = await playlist_of(server, job)
-    # Its bytes are not kept (/content is a 409): no media named that would not be served.
-    assert playlist.is_endlist and playlist.preload_hint is None and not playlist.segments
+    # Its bytes are not kept (/content is a 409): the playlist says so, with the reason.
+    for path in ("playlist.m3u8", "master.m3u8", "content"):
+        async with server.client.get(f"/v1/videos/{job['id']}/{path}") as response:
+            assert response.status == 409, path
+            assert "has no content: failed" in (await response.json())["error"]["message"]
 
 
 @pytest.mark.slow

@@ -150,16 +150,18 @@ async def test_a_push_with_sound_running_and_finished(start_server: StartServer)
 
 
 @pytest.mark.slow
-async def test_a_cancelled_push_and_a_failed_upload_end_naming_no_media(
+async def test_a_cancelled_push_and_a_failed_upload_answer_their_playlist_as_their_content(
     start_server: StartServer,
 ):
+    """Their bytes are not kept (/content is a 409): the playlist is the same 409, with
+    the reason, not a playlist of an empty video that ended well."""
     server = await start_server(decoders={"linear": FailingDecoder(fail_at=7)})
     failed = await start_job(server)
     await asyncio.wait_for(server.manager.get(failed["id"]).wait(), 30)
-    text = await check_playlist(server.client, server.url + failed["urls"]["playlist"])
-    # Its bytes are not kept (/content is a 409): the playlist ends, naming no media.
-    playlist = m3u8.loads(text)
-    assert playlist.is_endlist and not playlist.segments and playlist.preload_hint is None
+    for name in ("playlist", "content"):
+        async with server.client.get(failed["urls"][name]) as response:
+            assert response.status == 409
+            assert "out of memory (simulated)" in (await response.json())["error"]["message"]
 
     producer = await Producer(server, fps=16, rate=16_000, latent_frames=6).open()
     await producer.push(3)
@@ -167,9 +169,10 @@ async def test_a_cancelled_push_and_a_failed_upload_end_naming_no_media(
     async with server.client.delete(producer.session["urls"]["self"]) as response:
         assert response.status == 200, await response.text()
     await asyncio.wait_for(producer.job.wait(), 30)
-    url = server.url + producer.session["urls"]["playlist"]
-    cancelled = m3u8.loads(await check_playlist(server.client, url))
-    assert cancelled.is_endlist and not cancelled.segments
+    for name in ("playlist", "content"):
+        async with server.client.get(producer.session["urls"][name]) as response:
+            assert response.status == 409
+            assert (await response.json())["error"]["type"] == "conflict"
 
 
 @pytest.mark.slow

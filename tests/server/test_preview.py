@@ -367,3 +367,68 @@ async def test_stopping_a_push_sessions_preview_lets_its_held_producer_go(
     assert done["status"] == "completed", done
     assert done["variants"]["preview"]["status"] == "cancelled"
     assert len(decode_mp4(await content(server, session["id"]))) == FRAMES
+
+
+async def test_a_job_says_what_plays_and_every_face_of_a_stopped_rendition_agrees(
+    start_server: StartServer,
+):
+    """After DELETE ?variant=final the job's `plays` names its preview, while it runs
+    and once it has ended `cancelled` (as its final did); a stopped rendition's
+    playlist is 409, as its content is, and the master lists only what plays."""
+    server = await start_server(push_idle_timeout_s=60)
+
+    async def statuses(job_id: str) -> dict[str, int]:
+        answers = {}
+        for path in ("content?variant=preview", "preview/playlist.m3u8", "content"):
+            async with server.client.get(f"/v1/videos/{job_id}/{path}") as response:
+                answers[path] = response.status  # a running preview's stream: not read
+        for path in ("playlist.m3u8", "master.m3u8"):
+            async with server.client.get(f"/v1/videos/{job_id}/{path}") as response:
+                answers[path] = response.status
+        return answers
+
+    async def job_object(job_id: str) -> dict[str, Any]:
+        async with server.client.get(f"/v1/videos/{job_id}") as response:
+            return await response.json()
+
+    session = await create_session(server, preview="linear", fps=8)
+    assert session["plays"] == ["preview", "final"]
+    for i in range(2):
+        assert (await push(server, session, LATENTS[:, :, i : i + 1]))[0] == 202
+    async with server.client.delete(
+        f"/v1/videos/{session['id']}", params={"variant": "final"}
+    ) as response:
+        assert response.status == 200
+    running = await job_object(session["id"])
+    assert (running["status"], running["plays"]) == ("in_progress", ["preview"])
+    assert await statuses(session["id"]) == {
+        "content?variant=preview": 200,
+        "preview/playlist.m3u8": 200,
+        "content": 409,
+        "playlist.m3u8": 409,
+        "master.m3u8": 200,
+    }
+    async with server.client.get(f"/v1/videos/{session['id']}/master.m3u8") as response:
+        master = await response.text()
+    assert "preview/playlist.m3u8" in master and "\nplaylist.m3u8" not in master
+    for i in range(2, 6):
+        assert (await push(server, session, LATENTS[:, :, i : i + 1], final=i == 5))[0] == 202
+    job = server.manager.jobs[session["id"]]
+    await asyncio.wait_for(job.wait(), 30)
+    ended = await job_object(session["id"])
+    assert (ended["status"], ended["plays"]) == ("cancelled", ["preview"])
+    assert ended["variants"]["preview"]["status"] == "completed"
+    assert len(decode_mp4(await content(server, session["id"], "preview"))) == FRAMES
+    assert (await statuses(session["id"]))["playlist.m3u8"] == 409
+
+    # Both stopped: nothing plays, and no face says otherwise.
+    session = await create_session(server, preview="linear", fps=8)
+    assert (await push(server, session, LATENTS[:, :, :2]))[0] == 202
+    for variant in ("final", "preview"):
+        async with server.client.delete(
+            f"/v1/videos/{session['id']}", params={"variant": variant}
+        ) as response:
+            assert response.status == 200
+    stopped = await job_object(session["id"])
+    assert (stopped["status"], stopped["plays"]) == ("cancelled", [])
+    assert set((await statuses(session["id"])).values()) == {409}

@@ -136,6 +136,8 @@ class JobObject(Struct, forbid_unknown_fields=True):
     queue_position: Annotated[int, Meta(ge=0)] | None
     urls: JobUrls
     variants: Variants | UnsetType = UNSET
+    # With `variants`: the renditions whose content plays (running or completed).
+    plays: list[Literal["preview", "final"]] | UnsetType = UNSET
     # Only in the answer that created a push session.
     push: PushTarget | UnsetType = UNSET
 

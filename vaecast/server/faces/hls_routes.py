@@ -14,8 +14,13 @@
 - The same under `/v1/videos/{id}/preview/` for a job's preview rendition (a job with
   a preview decoder): a media playlist of its own, its media relative to it.
 - `GET /v1/videos/{id}/master.m3u8`: the multivariant playlist, listing the final
-  rendition (and the preview, ranked below it by `SCORE`). It waits, bounded, for the
-  init segment, which names the CODECS every variant must carry.
+  rendition (and the preview, ranked below it by `SCORE`), less one that failed or was
+  stopped. It waits, bounded, for the init segment, which names the CODECS every
+  variant must carry.
+
+A rendition that failed or was stopped answers its playlist, init and parts as its
+`/content` does: 409 with the reason; the job's `plays` lists the renditions that do
+play.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ from vaecast.params import leading_int
 from vaecast.server.contract.shared import (
     CACHE_CONTROL,
     CONTENT_ERRORS,
-    JOB_LOOKUP_ERRORS,
     M3U8,
     MEDIA_NUMBER,
     MP4,
@@ -70,7 +74,8 @@ PLAYLIST = operation(
     tag="hls",
     description="`_HLS_msn` (and `_HLS_part`) make it a blocking reload: answered once "
     "that part is listed or the rendition ended, at most three target durations later. "
-    "A plain request waits likewise until the playlist lists a complete segment.",
+    "A plain request waits likewise until the playlist lists a complete segment. A "
+    "rendition that failed or was stopped is 409, as its content is.",
     params=(
         VIDEO_ID,
         Param("_HLS_msn", "query", HLS_NUMBER, "wait for this media sequence number"),
@@ -82,9 +87,10 @@ PLAYLIST = operation(
 MASTER = operation(
     "A job's multivariant playlist (its final rendition, and its preview)",
     tag="hls",
+    description="It lists the renditions that play (the job's `plays`); 409 when none does.",
     params=(VIDEO_ID,),
     replies=(Reply(200, "the playlist", {M3U8: PLAYLIST_TEXT}, {"Cache-Control": CACHE_CONTROL}),),
-    errors=JOB_LOOKUP_ERRORS,
+    errors=CONTENT_ERRORS,
 )
 INIT = operation(
     "A rendition's init segment",
@@ -130,6 +136,9 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
                 await _until_listed(job, rendition, msn, part)
             else:
                 await _until_playable(job, rendition)
+            # A rendition that failed or was stopped has no media to list: its error,
+            # as for its /content and its parts (the job's other rendition may play).
+            refuse_if_broken(job, rendition)
             return web.Response(
                 text=_playlist_text(job, rendition),
                 content_type=MEDIA_TYPE,
@@ -178,7 +187,10 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
         job = request.app[manager_key].get(request.match_info["video_id"])
         async with _blocking(job):  # CODECS come from the init segment
             await job.final.log.wait_for_init()
-        variants = [_variant(job, rendition) for rendition in reversed(job.renditions)]
+        playing = [rendition for rendition in reversed(job.renditions) if job.plays(rendition)]
+        if not playing:
+            refuse_if_broken(job)  # the final's error: it is what the job ended with
+        variants = [_variant(job, rendition) for rendition in playing]
         return web.Response(
             text=multivariant_playlist(variants),
             content_type=MEDIA_TYPE,
