@@ -7,6 +7,10 @@ rendition's `JobMedia`, which every session of that rendition shares. ICE gather
 is done before the answer goes out (aiortc gathers host candidates in milliseconds),
 so the answer carries every candidate and WHEP's PATCH (trickle ICE) is not needed.
 
+Every peer, and what it does (SDP, ICE, DTLS, SRTP, pacing), lives on the peers' own
+loop (`rtc_loop`), started by the first offer: the server's loop keeps the sessions'
+table, the viewer cap and the shared media, and hands each peer's work over.
+
 Every session ends, and frees what it holds, for one of these reasons, each counted in
 `vaecast_webrtc_sessions{outcome}`:
 - `ended`: its video was sent to the end (the job finished, or broke);
@@ -23,13 +27,16 @@ waiting, and each track reads the shared logs at its own pace.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime
 import logging
 import secrets
 from collections import Counter as Tally
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from aiortc import (
     RTCConfiguration,
@@ -46,6 +53,7 @@ from vaecast.server.stream.segment_log import SegmentLog
 from vaecast.server.webrtc.ice_addresses import use_host_addresses
 from vaecast.server.webrtc.media import JobMedia, UnitLog
 from vaecast.server.webrtc.offer import Offer, VideoCodec, is_constrained_baseline
+from vaecast.server.webrtc.rtc_loop import Hop, RtcLoop, hop_to
 from vaecast.server.webrtc.settings import WebRtcSettings
 from vaecast.server.webrtc.tracks import PacedTrack, ViewerClock
 
@@ -68,8 +76,8 @@ class WhepSession:
     tracks: list[PacedTrack]
     clock: ViewerClock
     media_key: tuple[str, str]
-    opened_at: float
-    watch: asyncio.Task[None] | None = None
+    opened_at: float  # on the peers' loop's clock
+    watch: concurrent.futures.Future[None] | None = None
     outcome: str | None = None
     sending_since: float | None = field(default=None)
 
@@ -84,6 +92,7 @@ class WhepSessions:
         self._media: dict[tuple[str, str], tuple[JobMedia, int]] = {}
         self._closing = False
         self._reserved = 0  # places taken by offers whose peer is being set up
+        self._rtc: RtcLoop | None = None  # the peers' loop, from the first offer on
         use_host_addresses(settings.host_addresses)
         # What profile a job's H.264 will have, before its first fragment says: the
         # server's encoder settings decide it (ultrafast: Constrained Baseline).
@@ -126,7 +135,7 @@ class WhepSessions:
         try:
             media = self._hold_media(key, segments)
             try:
-                session = await self._connect(job_id, variant, key, media, segments, offer)
+                session, answer = await self._connect(job_id, variant, key, media, segments, offer)
             except BaseException:
                 await self._release_media(key)
                 raise
@@ -134,8 +143,18 @@ class WhepSessions:
         finally:
             self._reserved -= 1
         self._count_viewers()
-        session.watch = asyncio.create_task(self._watch(session), name=f"vaecast-whep-{session.id}")
-        return session, session.pc.localDescription.sdp
+        on_server = hop_to(asyncio.get_running_loop())
+        session.watch = self._peers().spawn(self._watch(session, on_server))
+        return session, answer
+
+    def _peers(self) -> RtcLoop:
+        if self._rtc is None:
+            self._rtc = RtcLoop()
+        return self._rtc
+
+    def peer_tasks(self) -> set[asyncio.Task[None]]:
+        """What still runs on the peers' loop (tracks' senders, watches)."""
+        return set() if self._rtc is None else self._rtc.tasks()
 
     async def close(self, session: WhepSession, outcome: str) -> None:
         """End a session (once: a second close of it is a no-op)."""
@@ -145,9 +164,7 @@ class WhepSessions:
         self._sessions.pop(session.id, None)
         self._count_viewers()
         self._metrics.webrtc_sessions.labels(outcome).inc()
-        for track in session.tracks:
-            track.stop()
-        await session.pc.close()
+        await self._peers().call(_close_peer(session))
         await self._release_media(session.media_key)
         log.info(
             "whep session %s of %s ended: %s (%s, %d stalls)",
@@ -157,8 +174,7 @@ class WhepSessions:
             session.video.value,
             session.clock.stalls,
         )
-        if session.watch is not None and session.watch is not asyncio.current_task():
-            session.watch.cancel()
+        # Its watch ends by itself once it sees the outcome (it may be what closed it).
 
     async def close_all(self) -> None:
         self._closing = True
@@ -167,6 +183,8 @@ class WhepSessions:
         for media, _ in list(self._media.values()):
             await media.close()
         self._media.clear()
+        if self._rtc is not None:
+            await self._rtc.close()
 
     async def _connect(
         self,
@@ -176,8 +194,8 @@ class WhepSessions:
         media: JobMedia,
         segments: SegmentLog,
         offer: Offer,
-    ) -> WhepSession:
-        loop = asyncio.get_running_loop()
+    ) -> tuple[WhepSession, str]:
+        """The peer for `offer`, made on the peers' loop, and its SDP answer."""
         # The stream's real avcC once its init segment exists; until then, what the
         # server's encoder settings make (a queued job, a push session before its block).
         committed = len(segments) > 0
@@ -186,7 +204,6 @@ class WhepSessions:
             self._expected_avcc if reader is None else reader.video.avcc
         )
         join_s = await media.join_point_s() if committed else 0.0
-        clock = ViewerClock(join_s)
 
         async def video_units() -> UnitLog | None:
             reader = await media.ready()
@@ -205,69 +222,48 @@ class WhepSessions:
             await media.ready()
             return media.opus(join_s)
 
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=self._ice_servers))
-        tracks: list[PacedTrack] = []
-        try:
-            video_track = PacedTrack("video", video_units, clock, leads=True)
-            transceiver = pc.addTransceiver(video_track, direction="sendonly")
-            transceiver.setCodecPreferences(_capabilities("video", _MIME_TYPES[video_codec]))
-            tracks.append(video_track)
-            if offer.takes_audio:
-                audio_track = PacedTrack("audio", audio_units, clock, leads=False)
-                audio = pc.addTransceiver(audio_track, direction="sendonly")
-                audio.setCodecPreferences(_capabilities("audio", "audio/opus"))
-                tracks.append(audio_track)
-            try:
-                await pc.setRemoteDescription(RTCSessionDescription(offer.sdp, "offer"))
-                await pc.setLocalDescription(await pc.createAnswer())
-            except (ValueError, KeyError, IndexError, TypeError) as error:
-                raise MalformedRequestError(f"the SDP offer was refused: {error!s:.200}") from error
-            except Exception as error:  # aiortc's OperationError: no codec in common
-                raise MalformedRequestError(
-                    f"no session could be made from the offer: {error!s:.200}"
-                ) from error
-        except BaseException:
-            await pc.close()
-            raise
-        session_id = secrets.token_urlsafe(16)
-        return WhepSession(
-            session_id, job_id, variant, video_codec, pc, tracks, clock, key, loop.time()
+        peer = _make_peer(
+            PeerPlan(job_id, variant, key, video_codec, join_s, offer, self._ice_servers),
+            video_units,
+            audio_units,
+            hop_to(asyncio.get_running_loop()),
         )
+        return await self._peers().call(peer)
 
-    async def _watch(self, session: WhepSession) -> None:
-        """Close the session when it has ended, failed or gone quiet (the module's list)."""
+    async def _watch(self, session: WhepSession, on_server: Hop[Any]) -> None:
+        """On the peers' loop: close the session (on the server's loop, `on_server`)
+        when it has ended, failed or gone quiet (the module's list); ends once the
+        session has an outcome, whoever closed it."""
         loop = asyncio.get_running_loop()
         settings = self.settings
         stalls_seen = 0
-        try:
-            while session.outcome is None:
-                await asyncio.sleep(WATCH_INTERVAL_S)
-                now = loop.time()
-                state = session.pc.connectionState
-                if session.clock.stalls > stalls_seen:
-                    self._metrics.webrtc_stalls.inc(session.clock.stalls - stalls_seen)
-                    stalls_seen = session.clock.stalls
-                if state in ("failed", "closed"):
-                    await self.close(session, "failed")
-                elif state != "connected":
-                    if now - session.opened_at > settings.connect_timeout_s:
-                        await self.close(session, "ice_timeout")
-                elif all(track.readyState == "ended" for track in session.tracks):
-                    await asyncio.sleep(LINGER_S)
-                    await self.close(session, "ended")
-                elif session.sending_since is None:
-                    # Receivers report on what they received: nothing sent, nothing to
-                    # report (a push session waiting for its first block can take long).
-                    if any(track.sent for track in session.tracks):
-                        session.sending_since = now
-                elif min(await _quiet_for(session.pc), now - session.sending_since) > (
-                    settings.peer_timeout_s
-                ):
-                    await self.close(session, "peer_timeout")
-        except asyncio.CancelledError:
-            if session.outcome is None:
-                await self.close(session, "shutdown")
-            raise
+        while session.outcome is None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            now = loop.time()
+            state = session.pc.connectionState
+            if session.clock.stalls > stalls_seen:
+                self._metrics.webrtc_stalls.inc(session.clock.stalls - stalls_seen)
+                stalls_seen = session.clock.stalls
+            outcome = None
+            if state in ("failed", "closed"):
+                outcome = "failed"
+            elif state != "connected":
+                if now - session.opened_at > settings.connect_timeout_s:
+                    outcome = "ice_timeout"
+            elif all(track.readyState == "ended" for track in session.tracks):
+                await asyncio.sleep(LINGER_S)
+                outcome = "ended"
+            elif session.sending_since is None:
+                # Receivers report on what they received: nothing sent, nothing to
+                # report (a push session waiting for its first block can take long).
+                if any(track.sent for track in session.tracks):
+                    session.sending_since = now
+            elif min(await _quiet_for(session.pc), now - session.sending_since) > (
+                settings.peer_timeout_s
+            ):
+                outcome = "peer_timeout"
+            if outcome is not None:
+                await on_server(self.close(session, outcome))
 
     def _hold_media(self, key: tuple[str, str], segments: SegmentLog) -> JobMedia:
         held = self._media.get(key)
@@ -296,6 +292,74 @@ class WhepSessions:
     def _count_viewers(self) -> None:
         for codec, count in self.counts().items():
             self._metrics.webrtc_viewers.labels(codec).set(count)
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    """What a viewer's peer is made of, decided on the server's loop."""
+
+    job_id: str
+    variant: str
+    media_key: tuple[str, str]
+    video_codec: VideoCodec
+    join_s: float
+    offer: Offer
+    ice_servers: list[RTCIceServer]
+
+
+UnitSource = Callable[[], Coroutine[Any, Any, UnitLog | None]]
+
+
+async def _make_peer(
+    plan: PeerPlan, video_units: UnitSource, audio_units: UnitSource, on_server: Hop[Any]
+) -> tuple[WhepSession, str]:
+    """On the peers' loop: the peer for `plan.offer`, and its SDP answer. Its tracks
+    ask `video_units()`/`audio_units()`, and wait for units, on the server's loop."""
+    clock = ViewerClock(plan.join_s)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=plan.ice_servers))
+    tracks: list[PacedTrack] = []
+    try:
+        video_track = PacedTrack("video", video_units, clock, leads=True, hop=on_server)
+        transceiver = pc.addTransceiver(video_track, direction="sendonly")
+        transceiver.setCodecPreferences(_capabilities("video", _MIME_TYPES[plan.video_codec]))
+        tracks.append(video_track)
+        if plan.offer.takes_audio:
+            audio_track = PacedTrack("audio", audio_units, clock, leads=False, hop=on_server)
+            audio = pc.addTransceiver(audio_track, direction="sendonly")
+            audio.setCodecPreferences(_capabilities("audio", "audio/opus"))
+            tracks.append(audio_track)
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(plan.offer.sdp, "offer"))
+            await pc.setLocalDescription(await pc.createAnswer())
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise MalformedRequestError(f"the SDP offer was refused: {error!s:.200}") from error
+        except Exception as error:  # aiortc's OperationError: no codec in common
+            raise MalformedRequestError(
+                f"no session could be made from the offer: {error!s:.200}"
+            ) from error
+    except BaseException:
+        await pc.close()
+        raise
+    opened_at = asyncio.get_running_loop().time()
+    session = WhepSession(
+        secrets.token_urlsafe(16),
+        plan.job_id,
+        plan.variant,
+        plan.video_codec,
+        pc,
+        tracks,
+        clock,
+        plan.media_key,
+        opened_at,
+    )
+    return session, pc.localDescription.sdp
+
+
+async def _close_peer(session: WhepSession) -> None:
+    """On the peers' loop: stop the session's tracks and close its peer."""
+    for track in session.tracks:
+        track.stop()
+    await session.pc.close()
 
 
 def _capabilities(kind: str, mime_type: str) -> list:

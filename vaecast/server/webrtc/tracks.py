@@ -12,19 +12,25 @@ first keyframe at the join point), the audio track starts at the same instant. A
 that exists only after it was due (a decode slower than real time) is a stall: the
 clock moves on by as much, so what follows keeps its spacing, and the RTP timestamps
 move with it, as a live source's would.
+
+The tracks run on the peers' loop (`rtc_loop`), and the units they send are appended on
+the server's: a track reads the units that exist as they are, and waits for the next
+one on the server's loop (`hop`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from fractions import Fraction
+from typing import Any
 
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from vaecast.codecs.access_units import AccessUnit
 from vaecast.server.webrtc.media import UnitLog, index_at
+from vaecast.server.webrtc.rtc_loop import Hop
 
 # A unit sent this much after it was due counts as a stall (a scheduler's wake-up is late
 # by a millisecond or two; a frame interval at 60 fps is 17 ms).
@@ -70,7 +76,9 @@ class PacedTrack(MediaStreamTrack):
     """One stream of a viewer: units from the viewer's start, paced by `clock`.
 
     `source` gives the units' log on the first `recv` (a job's streams exist only once
-    its first fragment does; None: the job has no such stream, and the track ends).
+    its first fragment does; None: the job has no such stream, and the track ends);
+    `hop` runs it, and each wait for a unit, on the loop the units live on (None: this
+    one).
 
     The video track (`leads`) starts the clock at its first keyframe presented at the
     join point or later (or, if the stream ends with none, at its last keyframe); the
@@ -80,14 +88,16 @@ class PacedTrack(MediaStreamTrack):
     def __init__(
         self,
         kind: str,
-        source: Callable[[], Awaitable[UnitLog | None]],
+        source: Callable[[], Coroutine[Any, Any, UnitLog | None]],
         clock: ViewerClock,
         *,
         leads: bool,
+        hop: Hop[Any] | None = None,
     ) -> None:
         super().__init__()
         self.kind = kind
         self._source = source
+        self._hop = hop
         self._units = UnitLog(Fraction(1))
         self._clock = clock
         self._leads = leads
@@ -98,7 +108,7 @@ class PacedTrack(MediaStreamTrack):
     async def recv(self) -> av.Packet:
         try:
             if self._index is None:
-                units = await self._source()
+                units = await self._on_units_loop(self._source())
                 if units is None:
                     raise MediaStreamError
                 self._units = units
@@ -134,10 +144,15 @@ class PacedTrack(MediaStreamTrack):
                 return unit
 
     async def _wait_for(self, count: int) -> None:
+        if len(self._units.items()) >= count:
+            return  # there already: no hop
         try:
-            await self._units.wait_for(count)
+            await self._on_units_loop(self._units.wait_for(count))
         except Exception as error:  # the stream broke: this track ends with it
             raise MediaStreamError from error
+
+    def _on_units_loop(self, work: Coroutine[Any, Any, Any]) -> Awaitable[Any]:
+        return work if self._hop is None else self._hop(work)
 
     async def _first_keyframe(self) -> int:
         index = index_at(self._units, self._clock.join_s)
