@@ -136,10 +136,19 @@ async def test_the_preview_plays_first_then_the_final_takes_over_in_place(
     # halts longer than a chunk (4 frames). A wait between two presented frames while
     # the clock ran on is a busy machine skipping frames, not a stall of playback; what
     # the same page saw of that jitter while the preview played alone widens the bound.
-    halts = [stall_halt_ms(stall) for stall in state["stalls"] if stall["at"] > released_at]
+    # The preview running out of data is its decode falling behind real time once the
+    # final shares the CPU (a busy machine): not the page's doing, and reported. The
+    # final never runs out (the page swaps to it only when it is ahead), and no halt
+    # the page causes may pass the bound.
+    after = [stall for stall in state["stalls"] if stall["at"] > released_at]
+    starved = [s for s in after if s["starved"] and s["rendition"] == "preview"]
+    halts = [stall_halt_ms(stall) for stall in after if stall not in starved]
     jitter = [stall_halt_ms(stall) for stall in state["stalls"] if stall["at"] <= released_at]
     bound = CHUNK_MS + max(jitter, default=0.0)
-    print(f"halts after the release: {halts} ms; before it: {jitter} ms; bound {bound:.0f} ms")
+    print(
+        f"halts after the release: {halts} ms; before it: {jitter} ms; bound {bound:.0f} ms; "
+        f"the preview starved: {[stall_halt_ms(s) for s in starved]} ms"
+    )
     assert all(halt <= bound for halt in halts), (halts, bound)
     assert state["lastMediaTime"] >= (DEMO.frames - 1) / DEMO_FPS - 1e-3
     assert state["rendition"] == "final"

@@ -117,7 +117,9 @@ async def test_the_page_plays_a_decode_while_it_is_held_then_to_the_end(
     ((start, end),) = held["buffered"]
     assert start == 0
     assert 0 <= FRAMES_BEFORE_HOLD / DEMO_FPS - end <= AAC_FRAME_S
-    assert held["readyState"] >= 2  # HAVE_CURRENT_DATA: a frame is there to show
+    # HAVE_CURRENT_DATA: a frame is there to show; or, on a busy machine that took long
+    # to look, it played all it has and waits at its end for the next chunk.
+    assert held["readyState"] >= 2 or held["currentTime"] >= end - 1 / DEMO_FPS, held
     assert held["totalVideoFrames"] > 0
     assert state["framesShown"] > 0  # requestVideoFrameCallback saw a frame on screen
     assert held["error"] is None

@@ -120,6 +120,7 @@ PLAY_TIMEOUT_S = 30.0
 
 VIDEO_FACTS = """(v => ({
   readyState: v.readyState,
+  currentTime: v.currentTime,
   error: v.error && v.error.message,
   ended: v.ended,
   duration: v.duration,

@@ -88,7 +88,7 @@ export function blankState() {
     lastMediaTime: null,    // the frame last presented in front (requestVideoFrameCallback)
     backwardSteps: 0,       // presented frames earlier than the one before, seeks aside
     lastFrameAt: null,      // performance.now() of the frame last presented in front
-    stalls: [],             // {at, ms, mediaMs}: the clock stood still over STALL_MS (see #attach)
+    stalls: [],             // {at, ms, mediaMs, starved, rendition}: the clock stood still over STALL_MS (see #attach)
     // Playing a job still decoding no earlier than it plays stall-free (see the top).
     stallFreeStartS: null,  // the latest stall_free_start_s heard (the final's, with a preview)
     firstFragmentAt: null,  // performance.now() when the front's first fragment was appended
@@ -107,6 +107,7 @@ export class Session extends EventTarget {
   #handingOver = false; // a handOver() is under way
   #finalAlone = false;  // a finished preview job: its final plays alone, in front
   #waiting = null;      // {player, into}: a start held back until stall-free
+  #starvedAt = null;    // when the video in front last ran out of data ("waiting")
   #waitTimer = null;
   #rateChunks = 0;      // chunks of the job (its final) heard: a rate needs two
   #firstChunkAt = null; // performance.now() when chunk 0 (the final's) was heard
@@ -178,6 +179,9 @@ export class Session extends EventTarget {
   }
 
   #attach(player) {
+    player.video.addEventListener("waiting", () => {
+      if (player.front) this.#starvedAt = performance.now();
+    });
     player.attach({
       frame: (mediaTime) => {
         if (!player.front) return; // the final behind, seeking
@@ -193,9 +197,13 @@ export class Session extends EventTarget {
           // A stall: the video's clock stood still for over STALL_MS between two
           // presented frames. mediaMs is how far the clock went meanwhile: a busy
           // machine that presents late, or skips frames, lets the clock run on.
+          // `starved`: the video ran out of data meanwhile (its decode fell behind).
           const ms = now - state.lastFrameAt;
           const mediaMs = previousMediaTime === null ? 0 : 1000 * (mediaTime - previousMediaTime);
-          if (ms - mediaMs > STALL_MS) state.stalls.push({ at: now, ms, mediaMs });
+          const starved = this.#starvedAt !== null && this.#starvedAt >= state.lastFrameAt;
+          if (ms - mediaMs > STALL_MS) {
+            state.stalls.push({ at: now, ms, mediaMs, starved, rendition: state.rendition });
+          }
         }
         state.lastFrameAt = now;
         if (state.firstFrameAt === null) this.#firstFrame();
