@@ -3,16 +3,19 @@
 Nine uploads whose body arrives at 1 byte/s, or nine push sessions that never send a
 block, once held every decode place of a default server (1 slot + 8 queued), and
 every other POST got 429 for as long as they cared to stay. Fair admission holds
-them in pending places of their own (`--max-pending`), for a bounded time: a body
-under `--min-body-rate` past `--body-rate-grace` is refused with 408, a session with
-no block fails (`push_timeout`) after `--push-first-block-timeout`.
+them in pending places (`--max-pending`), at most `--max-pending-per-client` of them
+for one client, for a bounded time: a body under `--min-body-rate` past
+`--body-rate-grace` is refused with 408, a session with no block fails
+(`push_timeout`) after `--push-first-block-timeout`.
 
 Each category starts its own `vaecast serve` (`vaecast_serve`) with the default
 decode places, room for the nine and one more, and those bounds small (grace 1 s,
-first block 2 s) so a round takes seconds. Per round: the nine slow clients hold
-their places (/healthz `places`); meanwhile a normal upload is admitted (201) within
-ADMISSION_BOUND_S and decoded; then the nine end as they must, no later than
-LATE_BOUND_S past their bound, and their places are free again. Figures: the normal
+first block 2 s) so a round takes seconds. Per round: nine slow clients (each body
+from an address of its own, 127.0.0.2 and up; the nine sessions from one, which gets
+its share and a 429 past it) hold their places (/healthz `places`); meanwhile a normal
+upload from 127.0.0.1 is admitted (201) within ADMISSION_BOUND_S and decoded; then the
+slow ones end as they must, no later than LATE_BOUND_S past their bound, and their
+places are free again. Figures: the normal
 upload's admission latency, how long each trickle took to get its 408, how long
 each empty session lived.
 """
@@ -44,6 +47,7 @@ from benchmarks.reliability.vaecast_serve import (
 TRICKLING = "trickling bodies (fair admission)"
 EMPTY_PUSH = "empty push sessions (fair admission)"
 SLOW_CLIENTS = 9
+SHARE = 8  # --max-pending-per-client's default: what one client's sessions may hold
 DECODE_PLACES = ("--decode-slots", "1", "--max-queued", "8")  # the defaults, said aloud
 MAX_PENDING = SLOW_CLIENTS + 1
 MIN_BODY_RATE = 65536
@@ -148,10 +152,15 @@ async def trickling_bodies(
 ) -> None:
     """Nine uploads at 1 byte/s; a normal upload while they trickle; their 408s."""
     host, port = serve.url.removeprefix("http://").split(":")
-    trickles = [asyncio.create_task(_trickle(host, int(port), upload)) for _ in range(SLOW_CLIENTS)]
+    trickles = [
+        asyncio.create_task(_trickle(host, int(port), upload, f"127.0.0.{2 + index}"))
+        for index in range(SLOW_CLIENTS)
+    ]
     try:
-        places = await _until_held(client, "receiving")
-        category.record(_held(places, "receiving", "while 9 bodies trickle at 1 byte/s"))
+        places = await _until_held(client, "receiving", SLOW_CLIENTS)
+        category.record(
+            _held(places, "receiving", SLOW_CLIENTS, "while 9 bodies trickle at 1 byte/s")
+        )
         await _admission(client, upload, category, measured, "while 9 bodies trickle")
         answers = await asyncio.gather(*trickles)  # each bounded: see _trickle
     finally:
@@ -185,26 +194,29 @@ async def empty_push_sessions(
     category: Category,
     measured: dict[str, list[Any]],
 ) -> None:
-    """Nine push sessions that send no block; a normal upload; their push_timeout."""
+    """Nine push sessions that send no block, from one client: its share opens, the
+    rest is 429; a normal upload from another; their push_timeout."""
     loop = asyncio.get_running_loop()
     created: dict[str, float] = {}
-    for _ in range(SLOW_CLIENTS):
-        async with client.post("/v1/videos", json={"input": "push"}) as response:
-            body = await json_of(response)
-        if response.status == 201:
-            created[body["id"]] = loop.time()
-        category.record(
-            None
-            if response.status == 201
-            else Finding(
-                "a push session was refused",
-                'POST /v1/videos {"input": "push"}',
-                f"{response.status} {body}",
-                "201",
+    async with session(serve.url, source="127.0.0.2") as pusher:
+        for index in range(SLOW_CLIENTS):
+            async with pusher.post("/v1/videos", json={"input": "push"}) as response:
+                body = await json_of(response)
+            if response.status == 201:
+                created[body["id"]] = loop.time()
+            expected = 201 if index < SHARE else 429
+            category.record(
+                None
+                if response.status == expected
+                else Finding(
+                    "a push session was refused" if expected == 201 else "past its share",
+                    f'POST /v1/videos {{"input": "push"}}, the session {index + 1} of one client',
+                    f"{response.status} {body}",
+                    str(expected),
+                )
             )
-        )
-    places = await _until_held(client, "push_waiting")
-    category.record(_held(places, "push_waiting", "with 9 push sessions and no block"))
+    places = await _until_held(client, "push_waiting", SHARE)
+    category.record(_held(places, "push_waiting", SHARE, "with 8 push sessions and no block"))
     await _admission(client, upload, category, measured, "while 9 push sessions have no block")
     late = FIRST_BLOCK_TIMEOUT_S + LATE_BOUND_S
     for job_id, since in created.items():
@@ -270,11 +282,14 @@ async def _admission(
         )
 
 
-async def _trickle(host: str, port: int, body: bytes) -> tuple[int, dict[str, Any], float]:
-    """POST `body` one byte a second over a raw socket: the answer and how long it took
-    from the first byte (status 0: no answer, with what happened instead)."""
+async def _trickle(
+    host: str, port: int, body: bytes, source: str
+) -> tuple[int, dict[str, Any], float]:
+    """POST `body` one byte a second over a raw socket from the address `source`: the
+    answer and how long it took from the first byte (status 0: no answer, with what
+    happened instead)."""
     loop = asyncio.get_running_loop()
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
     head = f"POST /v1/videos HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n"
     started = loop.time()
     writer.write(head.encode() + body[:1])
@@ -313,9 +328,9 @@ async def _places(client: aiohttp.ClientSession) -> dict[str, Any]:
         return dict((await json_of(response)).get("places") or {})
 
 
-async def _until_held(client: aiohttp.ClientSession, kind: str) -> dict[str, Any]:
-    """/healthz places once `kind` counts all the slow clients (or at HELD_TIMEOUT_S)."""
-    return await _until(client, lambda places: places.get(kind) == SLOW_CLIENTS)
+async def _until_held(client: aiohttp.ClientSession, kind: str, count: int) -> dict[str, Any]:
+    """/healthz places once `kind` counts `count` (or at HELD_TIMEOUT_S)."""
+    return await _until(client, lambda places: places.get(kind) == count)
 
 
 async def _until_freed(client: aiohttp.ClientSession, kind: str) -> dict[str, Any]:
@@ -333,14 +348,14 @@ async def _until(
         await asyncio.sleep(POLL_S)
 
 
-def _held(places: dict[str, Any], kind: str, when: str) -> Finding | None:
-    if places.get(kind) == SLOW_CLIENTS and places.get("queued") == 0:
+def _held(places: dict[str, Any], kind: str, count: int, when: str) -> Finding | None:
+    if places.get(kind) == count and places.get("queued") == 0:
         return None
     return Finding(
         "the slow clients did not hold pending places of their own",
         f"GET /healthz {when}",
         f"places {places}",
-        f"{kind} {SLOW_CLIENTS}, queued 0",
+        f"{kind} {count}, queued 0",
     )
 
 

@@ -150,12 +150,14 @@ def _announcement(process: subprocess.Popen[bytes], log_path: Path, offset: int)
     raise DidNotStart(f"vaecast serve {said}; its log ends: {tail}")
 
 
-def session(url: str) -> aiohttp.ClientSession:
+def session(url: str, source: str | None = None) -> aiohttp.ClientSession:
     """A client for one start: no kept connections (a killed server leaves none
-    behind to fail the next request), and no request that can wait forever."""
+    behind to fail the next request), and no request that can wait forever.
+    `source`: the address its connections come from (another client, for the server)."""
+    local = None if source is None else (source, 0)
     return aiohttp.ClientSession(
         url,
-        connector=aiohttp.TCPConnector(limit=32, force_close=True),
+        connector=aiohttp.TCPConnector(limit=32, force_close=True, local_addr=local),
         timeout=aiohttp.ClientTimeout(total=30),
     )
 

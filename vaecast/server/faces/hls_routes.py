@@ -138,7 +138,9 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
                 await _until_playable(job, rendition)
             # A rendition that failed or was stopped has no media to list: its error,
             # as for its /content and its parts (the job's other rendition may play).
-            refuse_if_broken(job, rendition)
+            # A whole file (an interrupted job's kept fragments) plays, as its /content.
+            if not rendition.log.complete:
+                refuse_if_broken(job, rendition)
             return web.Response(
                 text=_playlist_text(job, rendition),
                 content_type=MEDIA_TYPE,
@@ -187,7 +189,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
         job = request.app[manager_key].get(request.match_info["video_id"])
         async with _blocking(job):  # CODECS come from the init segment
             await job.final.log.wait_for_init()
-        playing = [rendition for rendition in reversed(job.renditions) if job.plays(rendition)]
+        playing = [rendition for rendition in reversed(job.renditions) if _plays(job, rendition)]
         if not playing:
             refuse_if_broken(job)  # the final's error: it is what the job ended with
         variants = [_variant(job, rendition) for rendition in playing]
@@ -201,6 +203,13 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
     routes(FINAL, base)
     routes(PREVIEW, f"{base}/{PREVIEW}")
     app.router.add_get(f"{base}/master.m3u8", master)
+
+
+def _plays(job: Job, rendition: Rendition) -> bool:
+    """Whether the rendition's content is served: a whole file (an interrupted job's
+    kept fragments too), or what the job's `plays` says while its bytes are kept."""
+    log = rendition.log
+    return log.complete or (rendition.variant in job.record.plays() and log.error is None)
 
 
 def _ended(job: Job, rendition: Rendition) -> bool:

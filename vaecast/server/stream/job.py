@@ -360,11 +360,6 @@ class Job:
             return preview.status
         return self.record.final_status()
 
-    def plays(self, rendition: Rendition) -> bool:
-        """Whether the rendition's content is served (running or completed, its bytes
-        kept): what `record.plays` says, less bytes that are gone."""
-        return rendition.variant in self.record.plays() and rendition.log.error is None
-
     def error_of(self, rendition: Rendition) -> VaecastError | None:
         """Why a rendition ended without completing (or is being stopped)."""
         preview = self.record.preview
