@@ -184,6 +184,19 @@ async def _seed_jobs(url: str) -> list[str]:
     return ids
 
 
+# What a schema-valid request may still get (`--checks all`'s positive_data_acceptance;
+# see `_write_config`), and what an invalid one may (negative_data_rejection).
+VALID_REFUSED = ("2xx", "3xx", "401", "403", "404", "409", "410", "413", "415", "422", "429", "5xx")
+INVALID_REFUSED = (
+    *("400", "401", "403", "404", "405", "406", "409"),
+    *("413", "415", "422", "428", "429", "5xx"),
+)
+
+
+def _toml_list(statuses: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f'"{status}"' for status in statuses) + "]"
+
+
 def _write_config(
     work_dir: Path, seed: int, scale: FuzzScale, video_ids: list[str], deleting: bool
 ) -> Path:
@@ -200,6 +213,16 @@ max-stream-events = 50
 max-examples = {scale.max_examples}
 database = "none"
 
+# `--checks all`: a schema-valid request may still be refused for what no schema can
+# say: the video is gone (410), over this server's limits (413), not a safetensors or
+# .npy file (415), a tensor, a push field or an SDP offer that means nothing here
+# (422). And a refusal over a limit is a refusal of invalid data too (413).
+[checks.positive_data_acceptance]
+expected-statuses = {_toml_list(VALID_REFUSED)}
+
+[checks.negative_data_rejection]
+expected-statuses = {_toml_list(INVALID_REFUSED)}
+
 [dictionaries.videos]
 values = [{ids}]
 
@@ -214,6 +237,18 @@ probability = 0.8
 dictionary = "parts"
 probability = 0.6
 
+"""
+    # LL-HLS: a blocking reload more than two segments past the playlist's last is a 400
+    # (RFC 8216bis 6.2.5.2), and a multipart part with no name is malformed (RFC 7578 4.2).
+    text += f"""
+[[operations]]
+include-path-regex = "playlist\\\\.m3u8$"
+checks.positive_data_acceptance.expected-statuses = {_toml_list(("400", *VALID_REFUSED))}
+
+[[operations]]
+include-path-regex = "^/v1/videos(/stream)?$"
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = {_toml_list(("400", *VALID_REFUSED))}
 """
     if not deleting:  # the other run's
         text += f"""

@@ -327,3 +327,15 @@ async def test_big_endian_npy_and_safetensors_that_start_like_a_pickle_are_accep
     for name, frames in decoded.items():
         assert len(frames) == 5, name
         assert min(psnr(a, b) for a, b in zip(frames, reference, strict=True)) > 40, name
+
+
+async def test_a_json_null_is_refused_not_taken_for_a_missing_field(start_server: StartServer):
+    """The document has no null field: Schemathesis's negative phase sent
+    `{"audio_channels": null, "input": "push"}` and got a session (201)."""
+    server = await start_server()
+    for body in ({"input": "push", "audio_channels": None}, {"scene": "fade", "fps": None}):
+        async with server.client.post("/v1/videos", json=body) as response:
+            assert response.status == 422, body
+            message = (await response.json())["error"]["message"]
+            assert message.endswith("null is no value here; leave a field out for its default")
+    assert not server.manager.jobs

@@ -27,6 +27,7 @@ from vaecast.errors import (
 )
 from vaecast.server.contract.models import ErrorBody, JobEvent
 from vaecast.server.contract.spec import (
+    NOT_A_ROUTE,
     ErrorType,
     Header,
     Operation,
@@ -137,6 +138,8 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         assert resource is not None
         path = resource.canonical
         spec = operation_of(route.handler)
+        if spec is NOT_A_ROUTE:
+            continue
         if spec is None:
             raise MissingOperation(
                 f"{route.method} {path}: its handler has no @operation (vaecast.server.contract)"

@@ -118,6 +118,17 @@ def operation_of(handler: Callable[..., Any]) -> Operation | None:
     return getattr(handler, ATTRIBUTE, None)
 
 
+# What `not_a_route` attaches: the document leaves the route out.
+NOT_A_ROUTE = Operation("not a route", "none", ())
+
+
+def not_a_route(handler: F) -> F:
+    """A handler that only refuses methods a path lacks (405 with its `Allow`): not an
+    operation, so absent from the document, where such a method is a 405 anyway."""
+    setattr(handler, ATTRIBUTE, NOT_A_ROUTE)
+    return handler
+
+
 def refusal_of(error: Refusal) -> ErrorType:
     if isinstance(error, ErrorType):
         return error

@@ -39,13 +39,12 @@ from vaecast.server.contract.shared import (
     VIDEO_ID,
     VIDEO_ID_HEADER,
 )
-from vaecast.server.contract.spec import ErrorType, Header, Param, Reply, operation
+from vaecast.server.contract.spec import Header, Param, Reply, operation
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 LIST_DEFAULT = 20
 LIST_MAX = 100
 TEXT = {"type": "string"}
-NOT_ALLOWED = ErrorType(405, "method_not_allowed")
 # One event of an event stream, as OpenAPI 3.2 (`itemSchema`) and Schemathesis read a
 # 3.1 stream's schema: its fields, `data` the JSON of a JobEvent (`state`'s, a JobObject).
 EVENT_STREAM = {
@@ -136,7 +135,6 @@ STREAM_VIDEO = operation(
     ),
     errors=(*UPLOAD_ERRORS, JobStateError, DecodeCancelled, CancelledByShutdown),
 )
-POST_ONLY = operation("Not a route: POST it", tag="content", replies=(), errors=(NOT_ALLOWED,))
 GET_VIDEO = operation(
     "A job",
     tag="videos",

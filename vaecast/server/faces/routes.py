@@ -15,6 +15,7 @@ from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
 from vaecast.job_record import PREVIEW
 from vaecast.params import leading_int, parse_int
 from vaecast.server.contract.routes import add_contract_routes
+from vaecast.server.contract.spec import not_a_route
 from vaecast.server.faces.content import end_response, send_content, send_stream
 from vaecast.server.faces.hls_routes import add_hls_routes
 from vaecast.server.faces.live_demo import (
@@ -36,7 +37,6 @@ from vaecast.server.faces.operations import (
     LIST_MAX,
     LIST_VIDEOS,
     METRICS,
-    POST_ONLY,
     STATIC_ASSET,
     STREAM_VIDEO,
 )
@@ -69,9 +69,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/static/{name}", static_asset)
     app.router.add_post("/v1/videos", create_video)
     app.router.add_get("/v1/videos", list_videos)
-    app.router.add_post("/v1/videos/stream", stream_video)
-    # Not the video with id "stream": the route is POST's alone (405, as JSON).
-    app.router.add_get("/v1/videos/stream", post_only)
+    stream = app.router.add_resource("/v1/videos/stream")
+    stream.add_route("POST", stream_video)
+    # Not the video with id "stream": any other method is 405, `Allow: POST`, as JSON.
+    stream.add_route("*", post_only)
     app.router.add_get("/v1/videos/{video_id}", get_video)
     app.router.add_delete("/v1/videos/{video_id}", delete_video)
     app.router.add_get("/v1/videos/{video_id}/content", get_content)
@@ -158,7 +159,7 @@ def _submit(admission: Admission, request: DecodeRequest | PushRequest | LiveDem
     return admission.submit(request)
 
 
-@POST_ONLY
+@not_a_route
 async def post_only(request: web.Request) -> web.Response:
     raise web.HTTPMethodNotAllowed(request.method, ["POST"])
 

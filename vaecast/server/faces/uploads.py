@@ -186,6 +186,12 @@ async def _read_json_object(request: web.Request, config: ServerConfig) -> dict[
         raise MalformedRequestError(f"the JSON body cannot be parsed: {error}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("a demo request is a JSON object")
+    nulls = sorted(str(name) for name, value in body.items() if value is None)
+    if nulls:  # the document has no null field: one left out takes its default
+        raise InvalidRequestError(
+            f"{', '.join(echo(name) for name in nulls[:8])}: null is no value here; "
+            "leave a field out for its default"
+        )
     return body
 
 
