@@ -4,9 +4,12 @@
 `Operation` its handler carries (vaecast.server.contract.spec), and a route without
 one is an error, so the document cannot lack a route nor list one the app lacks.
 HEAD routes (aiohttp adds one per GET) are their GET without bodies. The edge's
-refusals are added from the route itself: 421 everywhere (the Host check), 401 where
-the API key applies (vaecast.server.edge.security decides which routes), 403 on
-state-changing methods (the Origin check), 500 everywhere. Pure: no I/O.
+refusals are added from the route itself: 400 everywhere (the HTTP parser), 421
+everywhere (the Host check), 401 where the API key applies
+(vaecast.server.edge.security decides which routes), 403 on state-changing methods
+(the Origin check), 500 everywhere. Pure: no I/O.
+Routes marked `not_a_route` (a handler that only refuses the methods a path lacks)
+are left out.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from aiohttp import web
 
 from vaecast.errors import (
     ForbiddenError,
+    MalformedRequestError,
     MisdirectedRequestError,
     StoreUnavailableError,
     UnauthorizedError,
@@ -177,7 +181,10 @@ def _operation(
 ) -> dict[str, Any]:
     head = method == "HEAD"
     keyed = not is_open_resource(path)
-    refusals = [*spec.errors, refusal_of(MisdirectedRequestError), INTERNAL]
+    # 400 everywhere too: the HTTP parser refuses a head it cannot read (a header over
+    # 8190 bytes) before any route (vaecast.server.edge.parser_errors answers it).
+    refusals = [*spec.errors, refusal_of(MalformedRequestError)]
+    refusals += [refusal_of(MisdirectedRequestError), INTERNAL]
     if path.startswith("/v1/"):  # every API answer waits for the store (vaecast.store.store)
         refusals.append(refusal_of(StoreUnavailableError))
     if keyed:
