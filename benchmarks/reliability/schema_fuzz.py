@@ -187,8 +187,8 @@ async def _seed_jobs(url: str) -> list[str]:
 # What a schema-valid request may still get (`--checks all`'s positive_data_acceptance;
 # see `_write_config`), and what an invalid one may (negative_data_rejection).
 VALID_REFUSED = ("2xx", "3xx", "401", "403", "404", "409", "410", "413", "415", "422", "429", "5xx")
-INVALID_REFUSED = (
-    *("400", "401", "403", "404", "405", "406", "409"),
+INVALID_REFUSED = (  # 410 too: a request for a video that is gone is refused, whatever else
+    *("400", "401", "403", "404", "405", "406", "409", "410"),
     *("413", "415", "422", "428", "429", "5xx"),
 )
 
@@ -249,6 +249,13 @@ checks.positive_data_acceptance.expected-statuses = {_toml_list(("400", *VALID_R
 include-path-regex = "^/v1/videos(/stream)?$"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = {_toml_list(("400", *VALID_REFUSED))}
+
+# A job's preview rendition exists only when the job asked for one: its routes under a
+# job just made are 404 unless it did (the stateful phase takes every route under a
+# created id for a resource that must exist).
+[[operations]]
+include-path-regex = "/preview/"
+checks.ensure_resource_availability.enabled = false
 """
     if not deleting:  # the other run's
         text += f"""
