@@ -249,13 +249,6 @@ checks.positive_data_acceptance.expected-statuses = {_toml_list(("400", *VALID_R
 include-path-regex = "^/v1/videos(/stream)?$"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = {_toml_list(("400", *VALID_REFUSED))}
-
-# A job's preview rendition exists only when the job asked for one: its routes under a
-# job just made are 404 unless it did (the stateful phase takes every route under a
-# created id for a resource that must exist).
-[[operations]]
-include-path-regex = "/preview/"
-checks.ensure_resource_availability.enabled = false
 """
     if not deleting:  # the other run's
         text += f"""
