@@ -215,12 +215,15 @@ def served_app() -> Any:
 
 
 def router_routes(app: Any) -> set[tuple[str, str]]:
-    """(method, path) of every route of `app`, HEAD aside (aiohttp's twin of each GET)."""
+    """(method, path) of every route of `app`, HEAD aside (aiohttp's twin of each GET),
+    and the handlers that only refuse the methods a path lacks (`not_a_route`)."""
+    from vaecast.server.contract.spec import NOT_A_ROUTE, operation_of
+
     return {
         (route.method, resource.canonical)
         for resource in app.router.resources()
         for route in resource
-        if route.method != "HEAD"
+        if route.method != "HEAD" and operation_of(route.handler) is not NOT_A_ROUTE
     }
 
 

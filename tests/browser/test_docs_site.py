@@ -22,6 +22,7 @@ from tests.helpers.cdp import Browser, Page
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app
 from vaecast.server.config import ServerConfig
+from vaecast.server.contract.spec import NOT_A_ROUTE, operation_of
 
 pytestmark = pytest.mark.slow
 
@@ -87,13 +88,13 @@ def site_pages(site: Path) -> list[str]:
 
 def app_routes() -> set[tuple[str, str]]:
     """(method, path) of every route `vaecast serve` answers, HEAD aside (aiohttp's
-    twin of each GET)."""
+    twin of each GET), and the handlers that only refuse methods (`not_a_route`)."""
     app = create_app(ServerConfig(default_model="linear"), {"linear": LinearDecoder()})
     return {
         (route.method, resource.canonical)
         for resource in app.router.resources()
         for route in resource
-        if route.method != "HEAD"
+        if route.method != "HEAD" and operation_of(route.handler) is not NOT_A_ROUTE
     }
 
 
