@@ -284,6 +284,11 @@ async def test_peers_that_vanish_or_never_connect_are_dropped_and_freed(
         mute, response, body = await _offer_only(server, whep)
         assert response.status == 201, body
         await until(lambda: len(sessions) == 3, 5)
+        # The peers live on a loop of their own, never the server's (whose requests
+        # would wait behind their DTLS and SRTP).
+        peer_work = whep_tasks(server)
+        assert peer_work
+        assert all(task.get_loop() is not asyncio.get_running_loop() for task in peer_work)
         frames_before = len(watcher.frames)
         killed.kill()
         await killed.wait()
