@@ -4,14 +4,13 @@ while 16 WebRTC peers connect at once, on the same server in the same run.
     python -m benchmarks.whep_offers [--rounds 3] [--peers 16] [--out benchmarks/results]
 
 Why: a WHEP offer makes a peer (a certificate, the SDP, ICE gathering, then the DTLS
-handshake and SRTP for every packet). On the server's event loop, 16 offers at once
-took `/healthz` p99 from about 10 ms to over 100 ms: every request waited behind
-them. vaecast keeps its peers on a loop thread of their own (`webrtc.rtc_loop`);
-the target is p99 during the offers within 3x of idle.
+handshake and SRTP for every packet). On the server's event loop, every request
+waits behind a burst of them. vaecast keeps its peers on a loop thread of their own
+(`webrtc.rtc_loop`); the target is p99 during the offers within 3x of idle.
 
 How: one `vaecast serve --model linear --store none` on 127.0.0.1, with one push
-session (video and sound) that has its first block, so peers get media. A thread
-sends `GET /healthz` on one keep-alive connection every 10 ms and times each answer.
+session (video and sound) that has its first block, so peers get media. A process of
+its own (`Prober`) sends `GET /healthz` on one keep-alive connection every 10 ms and times each answer.
 Each round has an idle phase, then `BURSTS` bursts: `--peers` aiortc peers in this
 process send their offers at once and connect (ICE and DTLS); the burst's window ends
 once all are connected, then they close. The p99 of the answers sent inside the

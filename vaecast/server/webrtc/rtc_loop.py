@@ -3,10 +3,10 @@
 aiortc is asyncio-only, and what a peer costs runs on the loop that holds it: a
 certificate made per peer, the SDP parsed and written, ICE candidates gathered and
 checked, the DTLS handshake, then SRTP and pacing for every packet sent. On the
-server's loop, 16 offers at once held every other request behind them (`/healthz`
-p99 went from 10 ms to 120 ms). So every aiortc object lives on this loop, made by
-the first WHEP offer, and the server's loop only hands work over and awaits it
-(`call`); a peer's tracks read the job's media, which lives on the server's loop,
+server's loop, a burst of offers held every other request behind them
+(`benchmarks.whep_offers` measures it). So every aiortc object lives on this loop,
+made by the first WHEP offer, and the server's loop only hands work over and awaits
+it (`call`); a peer's tracks read the job's media, which lives on the server's loop,
 through `hop` the other way. Either way a cancel reaches the other side.
 """
 

@@ -122,8 +122,8 @@ class WhepSessions:
         if self._closing:
             raise ServerBusyError("the server is shutting down", RETRY_AFTER_S)
         # A place is reserved before the peer is set up (which awaits), and released on
-        # every path: counted only once set up, concurrent offers all passed the check
-        # (100 offers against a cap of 32 made 44 viewers).
+        # every path: counted only once set up, concurrent offers would all pass the
+        # check, and the cap would not hold.
         if len(self._sessions) + self._reserved >= self.settings.max_viewers:
             self._metrics.webrtc_sessions.labels("refused").inc()
             raise ServerBusyError(
