@@ -10,7 +10,8 @@ waits behind a burst of them. vaecast keeps its peers on a loop thread of their 
 
 How: one `vaecast serve --model linear --store none` on 127.0.0.1, with one push
 session (video and sound) that has its first block, so peers get media. A process of
-its own (`Prober`) sends `GET /healthz` on one keep-alive connection every 10 ms and times each answer.
+its own (`Prober`) sends `GET /healthz` on one keep-alive connection every 10 ms and
+times each answer.
 Each round has an idle phase, then `BURSTS` bursts: `--peers` aiortc peers in this
 process send their offers at once and connect (ICE and DTLS); the burst's window ends
 once all are connected, then they close. The p99 of the answers sent inside the
