@@ -4,9 +4,10 @@ while 16 WebRTC peers connect at once, on the same server in the same run.
     python -m benchmarks.whep_offers [--rounds 3] [--peers 16] [--out benchmarks/results]
 
 Why: a WHEP offer makes a peer (a certificate, the SDP, ICE gathering, then the DTLS
-handshake and SRTP for every packet). On the server's event loop, every request
-waits behind a burst of them. vaecast keeps its peers on a loop thread of their own
-(`webrtc.rtc_loop`); the target is p99 during the offers within 3x of idle.
+handshake and SRTP for every packet), in Python: in the server's process, every
+request waits behind a burst of them for the GIL, even with the peers on a thread of
+their own. vaecast keeps its peers in a process of its own (`webrtc.peer_host`); the
+target is p99 during the offers within 3x of idle.
 
 How: one `vaecast serve --model linear --store none` on 127.0.0.1, with one push
 session (video and sound) that has its first block, so peers get media. A process of

@@ -20,6 +20,15 @@ def vaecast_serve(
     """Run `vaecast serve --port 0 ARGUMENTS`; yields its base URL ("http://127.0.0.1:N/")
     once it announces it, and stops it (SIGTERM, then SIGKILL) on exit. Its stderr
     goes to `log_path`, quoted in the failure when it never comes up."""
+    with vaecast_serve_process(arguments, log_path, env) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def vaecast_serve_process(
+    arguments: list[str], log_path: Path, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`vaecast_serve`, yielding its process too (to signal it, or find its children)."""
     command = [sys.executable, "-m", "vaecast", "serve", "--port", "0", *arguments]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with (
@@ -34,7 +43,7 @@ def vaecast_serve(
                 raise AssertionError(
                     f"vaecast serve did not start ({line!r}): {log_path.read_text()[-3000:]}"
                 )
-            yield line.split(" on ")[1].strip()
+            yield line.split(" on ")[1].strip(), process
         finally:
             if process.poll() is None:
                 process.terminate()

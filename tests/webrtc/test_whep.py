@@ -8,6 +8,7 @@ others, a late viewer starts at a keyframe, and every bad offer gets its 4xx.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 from fractions import Fraction
@@ -240,12 +241,32 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-PEERS_LOOP_FDS = 3
+# The peers' process, started by the first offer, keeps its two pipes until the app stops.
+PEER_PROCESS_FDS = 2
 
 
-def whep_tasks(server: Server) -> set[asyncio.Task]:
-    """What still runs on the server's peers' loop: watches, senders, ICE checks."""
-    return server.app[WHEP_SESSIONS].peer_tasks()
+async def peers_idle(server: Server, timeout_s: float) -> None:
+    """Until the peers' process holds nothing: no peer, stream or task is left there."""
+
+    async def idle() -> None:
+        while True:
+            census = await server.app[WHEP_SESSIONS].peer_census()
+            if census is None or not any(census.values()):
+                return
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(idle(), timeout_s)
+
+
+def sending_peers_here() -> int:
+    """Peer connections in this process that send media: the server's kind (the tests'
+    viewers only receive)."""
+    from aiortc import RTCPeerConnection
+
+    return sum(
+        type(o) is RTCPeerConnection and any(t.direction == "sendonly" for t in o.getTransceivers())
+        for o in gc.get_objects()
+    )
 
 
 @pytest.mark.slow
@@ -284,11 +305,12 @@ async def test_peers_that_vanish_or_never_connect_are_dropped_and_freed(
         mute, response, body = await _offer_only(server, whep)
         assert response.status == 201, body
         await until(lambda: len(sessions) == 3, 5)
-        # The peers live on a loop of their own, never the server's (whose requests
+        # The peers live in a process of their own, never the server's (whose requests
         # would wait behind their DTLS and SRTP).
-        peer_work = whep_tasks(server)
-        assert peer_work
-        assert all(task.get_loop() is not asyncio.get_running_loop() for task in peer_work)
+        census = await sessions.peer_census()
+        assert census is not None and census["peers"] == 3, census
+        assert sessions.peers_pid not in (None, os.getpid())
+        assert sending_peers_here() == 0
         frames_before = len(watcher.frames)
         killed.kill()
         await killed.wait()
@@ -309,10 +331,11 @@ async def test_peers_that_vanish_or_never_connect_are_dropped_and_freed(
         await watcher.close(server.client)
         async with server.client.delete(f"/v1/videos/{job['id']}") as response:
             assert response.status == 200
-    await until(lambda: len(sessions) == 0 and not whep_tasks(server), 10)
-    # Sockets (ICE, the subprocess's pipes) are closed again; the peers' loop, made by
-    # the first offer, keeps its epoll and its wake-up socket pair until the app stops.
-    await until(lambda: open_fds() <= fds_before + 2 + PEERS_LOOP_FDS, 10)
+    await until(lambda: len(sessions) == 0, 10)
+    await peers_idle(server, 10)
+    # Sockets (ICE, the killed peer's pipes) are closed again; the peers' process, made
+    # by the first offer, keeps its pipes until the app stops.
+    await until(lambda: open_fds() <= fds_before + 2 + PEER_PROCESS_FDS, 10)
 
 
 async def _offer_only(server: Server, whep: str) -> tuple:
@@ -333,7 +356,9 @@ async def test_the_viewer_cap_holds_against_100_offers_at_once(start_server: Sta
     from aiortc import RTCPeerConnection
 
     server = await start_server(webrtc=_settings(max_viewers=32, connect_timeout_s=60))
-    job = await upload(server, smooth_latents(frames=3))
+    # Live until the end of the test (a push session without a block): an uploaded
+    # job could end before the offers arrive, and be 409 to all of them.
+    job = await push_session(server)
     whep = f"/v1/videos/{job['id']}/whep"
     sessions = server.app[WHEP_SESSIONS]
     client_pc = RTCPeerConnection()
@@ -360,4 +385,5 @@ async def test_the_viewer_cap_holds_against_100_offers_at_once(start_server: Sta
                     assert response.status in (200, 204, 404)
     finally:
         await client_pc.close()
-    await until(lambda: len(sessions) == 0 and not whep_tasks(server), 30)
+    await until(lambda: len(sessions) == 0, 30)
+    await peers_idle(server, 30)

@@ -22,7 +22,7 @@ from tests.helpers.server import StartServer
 from tests.helpers.whep import WhepViewer
 from tests.server.test_playback_deadlines import PacedDecoder
 from tests.server.test_preview import upload
-from tests.webrtc.test_whep import FPS, PEERS_LOOP_FDS, _settings, open_fds, whep_tasks
+from tests.webrtc.test_whep import FPS, PEER_PROCESS_FDS, _settings, open_fds, peers_idle
 from vaecast.server.faces.whep import WHEP_SESSIONS
 
 LOSS = 0.3
@@ -101,5 +101,5 @@ async def test_a_lossy_peer_slows_neither_the_job_nor_the_other_viewers(
     # The loss was real, and its peer ended cleanly, whatever it got.
     assert lossy.datagrams_dropped > 0 and lossy.datagrams_delivered > 0
     assert dropped.outcome in CLEAN_ENDS, dropped.outcome
-    await until(lambda: not whep_tasks(server), 10)
-    await until(lambda: open_fds() <= fds_before + PEERS_LOOP_FDS, 10)  # its loop stays
+    await peers_idle(server, 10)
+    await until(lambda: open_fds() <= fds_before + PEER_PROCESS_FDS, 10)  # its pipes stay

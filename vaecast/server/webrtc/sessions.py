@@ -7,9 +7,10 @@ rendition's `JobMedia`, which every session of that rendition shares. ICE gather
 is done before the answer goes out (aiortc gathers host candidates in milliseconds),
 so the answer carries every candidate and WHEP's PATCH (trickle ICE) is not needed.
 
-Every peer, and what it does (SDP, ICE, DTLS, SRTP, pacing), lives on the peers' own
-loop (`rtc_loop`), started by the first offer: the server's loop keeps the sessions'
-table, the viewer cap and the shared media, and hands each peer's work over.
+Every peer, and what it does (SDP, ICE, DTLS, SRTP, pacing), lives in the peers'
+process (`peer_process`, `peer_host`), started by the first offer: the server keeps the
+sessions' table, the viewer cap and the shared media, and sends each stream's units
+over once, however many sessions send it.
 
 Every session ends, and frees what it holds, for one of these reasons, each counted in
 `vaecast_webrtc_sessions{outcome}`:
@@ -27,43 +28,25 @@ waiting, and each track reads the shared logs at its own pace.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import datetime
 import logging
 import secrets
 from collections import Counter as Tally
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
-
-from aiortc import (
-    RTCConfiguration,
-    RTCIceServer,
-    RTCPeerConnection,
-    RTCRtpSender,
-    RTCSessionDescription,
-)
 
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
-from vaecast.errors import MalformedRequestError, NotFoundError, ServerBusyError
+from vaecast.errors import NotFoundError, ServerBusyError, VaecastError
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.segment_log import SegmentLog
-from vaecast.server.webrtc.ice_addresses import use_host_addresses
 from vaecast.server.webrtc.media import JobMedia, UnitLog
 from vaecast.server.webrtc.offer import Offer, VideoCodec, is_constrained_baseline
-from vaecast.server.webrtc.rtc_loop import Hop, RtcLoop, hop_to
+from vaecast.server.webrtc.peer_process import PeerProcess
+from vaecast.server.webrtc.peer_wire import PeerPlan
 from vaecast.server.webrtc.settings import WebRtcSettings
-from vaecast.server.webrtc.tracks import PacedTrack, ViewerClock
 
 log = logging.getLogger("vaecast.webrtc")
 
 RETRY_AFTER_S = 5
-WATCH_INTERVAL_S = 0.5
-# After the last unit went out, the peer gets this long to receive it before the close.
-LINGER_S = 1.0
-_MIME_TYPES = {VideoCodec.H264: "video/H264", VideoCodec.VP8: "video/VP8"}
 
 
 @dataclass(eq=False)
@@ -72,14 +55,10 @@ class WhepSession:
     job_id: str
     variant: str
     video: VideoCodec
-    pc: RTCPeerConnection
-    tracks: list[PacedTrack]
-    clock: ViewerClock
     media_key: tuple[str, str]
-    opened_at: float  # on the peers' loop's clock
-    watch: concurrent.futures.Future[None] | None = None
+    binding: asyncio.Task[None] | None = None  # finds the streams its tracks send
     outcome: str | None = None
-    sending_since: float | None = field(default=None)
+    stalls: int = 0
 
 
 class WhepSessions:
@@ -92,15 +71,12 @@ class WhepSessions:
         self._media: dict[tuple[str, str], tuple[JobMedia, int]] = {}
         self._closing = False
         self._reserved = 0  # places taken by offers whose peer is being set up
-        self._rtc: RtcLoop | None = None  # the peers' loop, from the first offer on
-        use_host_addresses(settings.host_addresses)
+        self._peers: PeerProcess | None = None  # from the first offer on
+        self._starting: asyncio.Lock | None = None
+        self._ending: set[asyncio.Task[None]] = set()
         # What profile a job's H.264 will have, before its first fragment says: the
         # server's encoder settings decide it (ultrafast: Constrained Baseline).
         self._expected_avcc = H264Encoder(64, 64, Fraction(16), encoder).avcc
-        self._ice_servers = [
-            RTCIceServer(s.url, username=s.username, credential=s.credential)
-            for s in settings.ice_servers
-        ]
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -143,18 +119,18 @@ class WhepSessions:
         finally:
             self._reserved -= 1
         self._count_viewers()
-        on_server = hop_to(asyncio.get_running_loop())
-        session.watch = self._peers().spawn(self._watch(session, on_server))
         return session, answer
 
-    def _peers(self) -> RtcLoop:
-        if self._rtc is None:
-            self._rtc = RtcLoop()
-        return self._rtc
+    async def peer_census(self) -> dict[str, int] | None:
+        """What the peers' process holds (None before the first offer): tests check that
+        nothing is left there once the sessions have ended."""
+        if self._peers is None or not self._peers.alive:
+            return None
+        return await self._peers.census()
 
-    def peer_tasks(self) -> set[asyncio.Task[None]]:
-        """What still runs on the peers' loop (tracks' senders, watches)."""
-        return set() if self._rtc is None else self._rtc.tasks()
+    @property
+    def peers_pid(self) -> int | None:
+        return None if self._peers is None else self._peers.pid
 
     async def close(self, session: WhepSession, outcome: str) -> None:
         """End a session (once: a second close of it is a no-op)."""
@@ -164,7 +140,10 @@ class WhepSessions:
         self._sessions.pop(session.id, None)
         self._count_viewers()
         self._metrics.webrtc_sessions.labels(outcome).inc()
-        await self._peers().call(_close_peer(session))
+        if session.binding is not None:
+            session.binding.cancel()
+        if self._peers is not None:
+            self._peers.close_peer(session.id)
         await self._release_media(session.media_key)
         log.info(
             "whep session %s of %s ended: %s (%s, %d stalls)",
@@ -172,19 +151,30 @@ class WhepSessions:
             session.job_id,
             outcome,
             session.video.value,
-            session.clock.stalls,
+            session.stalls,
         )
-        # Its watch ends by itself once it sees the outcome (it may be what closed it).
 
     async def close_all(self) -> None:
         self._closing = True
         for session in list(self._sessions.values()):
             await self.close(session, "shutdown")
+        await asyncio.gather(*self._ending, return_exceptions=True)
         for media, _ in list(self._media.values()):
             await media.close()
         self._media.clear()
-        if self._rtc is not None:
-            await self._rtc.close()
+        if self._peers is not None:
+            await self._peers.close()
+
+    async def _peer_process(self) -> PeerProcess:
+        """The peers' process: started by the first offer, and again after one died."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._peers is None or not self._peers.alive:
+                self._peers = await PeerProcess.start(
+                    self.settings, self._on_ended, self._on_stalls, self._on_lost
+                )
+            return self._peers
 
     async def _connect(
         self,
@@ -195,7 +185,7 @@ class WhepSessions:
         segments: SegmentLog,
         offer: Offer,
     ) -> tuple[WhepSession, str]:
-        """The peer for `offer`, made on the peers' loop, and its SDP answer."""
+        """The peer for `offer`, made in the peers' process, and its SDP answer."""
         # The stream's real avcC once its init segment exists; until then, what the
         # server's encoder settings make (a queued job, a push session before its block).
         committed = len(segments) > 0
@@ -204,66 +194,74 @@ class WhepSessions:
             self._expected_avcc if reader is None else reader.video.avcc
         )
         join_s = await media.join_point_s() if committed else 0.0
-
-        async def video_units() -> UnitLog | None:
-            reader = await media.ready()
-            if video_codec is VideoCodec.VP8:
-                return media.vp8(join_s)
-            if not is_constrained_baseline(reader.video.avcc):
-                log.warning(
-                    "whep: video %s is not Constrained Baseline as its server's encoder "
-                    "settings made others; this viewer negotiated its H.264 and gets nothing",
-                    job_id,
-                )
-                return None
-            return media.h264
-
-        async def audio_units() -> UnitLog | None:
-            await media.ready()
-            return media.opus(join_s)
-
-        peer = _make_peer(
-            PeerPlan(job_id, variant, key, video_codec, join_s, offer, self._ice_servers),
-            video_units,
-            audio_units,
-            hop_to(asyncio.get_running_loop()),
+        peers = await self._peer_process()
+        session = WhepSession(secrets.token_urlsafe(16), job_id, variant, video_codec, key)
+        plan = PeerPlan(video_codec.value, join_s, offer.sdp, offer.takes_audio)
+        answer = await peers.open(session.id, plan)
+        session.binding = asyncio.ensure_future(
+            self._bind(peers, session, media, join_s, offer.takes_audio)
         )
-        return await self._peers().call(peer)
+        return session, answer
 
-    async def _watch(self, session: WhepSession, on_server: Hop[Any]) -> None:
-        """On the peers' loop: close the session (on the server's loop, `on_server`)
-        when it has ended, failed or gone quiet (the module's list); ends once the
-        session has an outcome, whoever closed it."""
-        loop = asyncio.get_running_loop()
-        settings = self.settings
-        stalls_seen = 0
-        while session.outcome is None:
-            await asyncio.sleep(WATCH_INTERVAL_S)
-            now = loop.time()
-            state = session.pc.connectionState
-            if session.clock.stalls > stalls_seen:
-                self._metrics.webrtc_stalls.inc(session.clock.stalls - stalls_seen)
-                stalls_seen = session.clock.stalls
-            outcome = None
-            if state in ("failed", "closed"):
-                outcome = "failed"
-            elif state != "connected":
-                if now - session.opened_at > settings.connect_timeout_s:
-                    outcome = "ice_timeout"
-            elif all(track.readyState == "ended" for track in session.tracks):
-                await asyncio.sleep(LINGER_S)
-                outcome = "ended"
-            elif session.sending_since is None:
-                # Receivers report on what they received: nothing sent, nothing to
-                # report (a push session waiting for its first block can take long).
-                if any(track.sent for track in session.tracks):
-                    session.sending_since = now
-            elif min(await _quiet_for(session.pc), now - session.sending_since) > (
-                settings.peer_timeout_s
-            ):
-                outcome = "peer_timeout"
-            if outcome is not None:
-                await on_server(self.close(session, outcome))
+    async def _bind(
+        self,
+        peers: PeerProcess,
+        session: WhepSession,
+        media: JobMedia,
+        join_s: float,
+        takes_audio: bool,
+    ) -> None:
+        """Once the rendition's first fragment exists: the streams the session's tracks
+        send, forwarded to the peers' process (None ends a track: a broken rendition, no
+        audio, or an H.264 its peer did not negotiate)."""
+        try:
+            await media.ready()
+        except VaecastError:
+            peers.bind(session.id, "video", None)
+            peers.bind(session.id, "audio", None)
+            return
+        video = self._video_units(session, media, join_s)
+        audio = media.opus(join_s) if takes_audio else None
+        streams = (("video", session.video.value, video), ("audio", "opus", audio))
+        for track_kind, codec, units in streams:
+            stream = None
+            if units is not None:
+                stream = (*session.media_key, codec)
+                peers.forward(stream, units)
+            peers.bind(session.id, track_kind, stream)
+
+    def _video_units(self, session: WhepSession, media: JobMedia, join_s: float) -> UnitLog | None:
+        if session.video is VideoCodec.VP8:
+            return media.vp8(join_s)
+        assert media.reader is not None
+        if not is_constrained_baseline(media.reader.video.avcc):
+            log.warning(
+                "whep: video %s is not Constrained Baseline as its server's encoder "
+                "settings made others; this viewer negotiated its H.264 and gets nothing",
+                session.job_id,
+            )
+            return None
+        return media.h264
+
+    def _on_ended(self, session_id: str, outcome: str) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            self._end_later(session, outcome)
+
+    def _on_stalls(self, session_id: str, count: int) -> None:
+        self._metrics.webrtc_stalls.inc(count)
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.stalls += count
+
+    def _on_lost(self) -> None:
+        for session in list(self._sessions.values()):
+            self._end_later(session, "failed")
+
+    def _end_later(self, session: WhepSession, outcome: str) -> None:
+        task = asyncio.ensure_future(self.close(session, outcome))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
 
     def _hold_media(self, key: tuple[str, str], segments: SegmentLog) -> JobMedia:
         held = self._media.get(key)
@@ -287,98 +285,10 @@ class WhepSessions:
             self._media[key] = (media, count - 1)
             return
         del self._media[key]
+        if self._peers is not None:
+            await self._peers.drop(key)
         await media.close()
 
     def _count_viewers(self) -> None:
         for codec, count in self.counts().items():
             self._metrics.webrtc_viewers.labels(codec).set(count)
-
-
-@dataclass(frozen=True)
-class PeerPlan:
-    """What a viewer's peer is made of, decided on the server's loop."""
-
-    job_id: str
-    variant: str
-    media_key: tuple[str, str]
-    video_codec: VideoCodec
-    join_s: float
-    offer: Offer
-    ice_servers: list[RTCIceServer]
-
-
-UnitSource = Callable[[], Coroutine[Any, Any, UnitLog | None]]
-
-
-async def _make_peer(
-    plan: PeerPlan, video_units: UnitSource, audio_units: UnitSource, on_server: Hop[Any]
-) -> tuple[WhepSession, str]:
-    """On the peers' loop: the peer for `plan.offer`, and its SDP answer. Its tracks
-    ask `video_units()`/`audio_units()`, and wait for units, on the server's loop."""
-    clock = ViewerClock(plan.join_s)
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=plan.ice_servers))
-    tracks: list[PacedTrack] = []
-    try:
-        video_track = PacedTrack("video", video_units, clock, leads=True, hop=on_server)
-        transceiver = pc.addTransceiver(video_track, direction="sendonly")
-        transceiver.setCodecPreferences(_capabilities("video", _MIME_TYPES[plan.video_codec]))
-        tracks.append(video_track)
-        if plan.offer.takes_audio:
-            audio_track = PacedTrack("audio", audio_units, clock, leads=False, hop=on_server)
-            audio = pc.addTransceiver(audio_track, direction="sendonly")
-            audio.setCodecPreferences(_capabilities("audio", "audio/opus"))
-            tracks.append(audio_track)
-        try:
-            await pc.setRemoteDescription(RTCSessionDescription(plan.offer.sdp, "offer"))
-            await pc.setLocalDescription(await pc.createAnswer())
-        except (ValueError, KeyError, IndexError, TypeError) as error:
-            raise MalformedRequestError(f"the SDP offer was refused: {error!s:.200}") from error
-        except Exception as error:  # aiortc's OperationError: no codec in common
-            raise MalformedRequestError(
-                f"no session could be made from the offer: {error!s:.200}"
-            ) from error
-    except BaseException:
-        await pc.close()
-        raise
-    opened_at = asyncio.get_running_loop().time()
-    session = WhepSession(
-        secrets.token_urlsafe(16),
-        plan.job_id,
-        plan.variant,
-        plan.video_codec,
-        pc,
-        tracks,
-        clock,
-        plan.media_key,
-        opened_at,
-    )
-    return session, pc.localDescription.sdp
-
-
-async def _close_peer(session: WhepSession) -> None:
-    """On the peers' loop: stop the session's tracks and close its peer."""
-    for track in session.tracks:
-        track.stop()
-    await session.pc.close()
-
-
-def _capabilities(kind: str, mime_type: str) -> list:
-    codecs = RTCRtpSender.getCapabilities(kind).codecs
-    chosen = [c for c in codecs if c.mimeType.lower() == mime_type.lower()]
-    rtx = [c for c in codecs if c.mimeType.lower().endswith("/rtx")]
-    return chosen + rtx
-
-
-async def _quiet_for(pc: RTCPeerConnection) -> float:
-    """Seconds since the peer's last RTCP receiver report on any sender (inf if none)."""
-    latest = None
-    for sender in pc.getSenders():
-        with contextlib.suppress(Exception):
-            for stat in (await sender.getStats()).values():
-                if stat.type == "remote-inbound-rtp" and (
-                    latest is None or stat.timestamp > latest
-                ):
-                    latest = stat.timestamp
-    if latest is None:
-        return float("inf")
-    return (datetime.datetime.now(datetime.UTC) - latest).total_seconds()

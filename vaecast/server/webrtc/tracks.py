@@ -13,15 +13,14 @@ that exists only after it was due (a decode slower than real time) is a stall: t
 clock moves on by as much, so what follows keeps its spacing, and the RTP timestamps
 move with it, as a live source's would.
 
-The tracks run on the peers' loop (`rtc_loop`), and the units they send are appended on
-the server's: a track reads the units that exist as they are, and waits for the next
-one on the server's loop (`hop`).
+The tracks run in the peers' process (`peer_host`), on copies of the server's unit
+logs that grow as the server sends their units.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from fractions import Fraction
 from typing import Any
 
@@ -30,7 +29,6 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from vaecast.codecs.access_units import AccessUnit
 from vaecast.server.webrtc.media import UnitLog, index_at
-from vaecast.server.webrtc.rtc_loop import Hop
 
 # A unit sent this much after it was due counts as a stall (a scheduler's wake-up is late
 # by a millisecond or two; a frame interval at 60 fps is 17 ms).
@@ -76,9 +74,7 @@ class PacedTrack(MediaStreamTrack):
     """One stream of a viewer: units from the viewer's start, paced by `clock`.
 
     `source` gives the units' log on the first `recv` (a job's streams exist only once
-    its first fragment does; None: the job has no such stream, and the track ends);
-    `hop` runs it, and each wait for a unit, on the loop the units live on (None: this
-    one).
+    its first fragment does; None: the job has no such stream, and the track ends).
 
     The video track (`leads`) starts the clock at its first keyframe presented at the
     join point or later (or, if the stream ends with none, at its last keyframe); the
@@ -92,12 +88,10 @@ class PacedTrack(MediaStreamTrack):
         clock: ViewerClock,
         *,
         leads: bool,
-        hop: Hop[Any] | None = None,
     ) -> None:
         super().__init__()
         self.kind = kind
         self._source = source
-        self._hop = hop
         self._units = UnitLog(Fraction(1))
         self._clock = clock
         self._leads = leads
@@ -108,7 +102,7 @@ class PacedTrack(MediaStreamTrack):
     async def recv(self) -> av.Packet:
         try:
             if self._index is None:
-                units = await self._on_units_loop(self._source())
+                units = await self._source()
                 if units is None:
                     raise MediaStreamError
                 self._units = units
@@ -145,14 +139,11 @@ class PacedTrack(MediaStreamTrack):
 
     async def _wait_for(self, count: int) -> None:
         if len(self._units.items()) >= count:
-            return  # there already: no hop
+            return
         try:
-            await self._on_units_loop(self._units.wait_for(count))
+            await self._units.wait_for(count)
         except Exception as error:  # the stream broke: this track ends with it
             raise MediaStreamError from error
-
-    def _on_units_loop(self, work: Coroutine[Any, Any, Any]) -> Awaitable[Any]:
-        return work if self._hop is None else self._hop(work)
 
     async def _first_keyframe(self) -> int:
         index = index_at(self._units, self._clock.join_s)
