@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
+from tests.helpers.serve_process import vaecast_serve_process
 from tests.helpers.server import TEST_CONFIG, Server, noisy_latents, serve_on_loopback
 from vaecast.errors import StoreError
 from vaecast.models.linear import LinearDecoder
@@ -446,3 +447,47 @@ async def test_a_store_file_that_cannot_be_written_is_refused_at_start(tmp_path:
         assert str(shm) in refused.value.message and "cannot be written" in refused.value.message
     finally:
         await asyncio.to_thread(subprocess.run, ["chattr", "-i", str(shm)], check=True)
+
+
+def _chattr(flag: str, paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chattr") is None or os.geteuid() != 0, reason="chattr as root")
+async def test_a_store_made_immutable_under_a_running_server_fails_then_recovers(tmp_path: Path):
+    """`chattr +i` on the database under a real `vaecast serve`: the process lives (WAL's
+    mapped -shm made that a SIGBUS, exit 135, at the next write), new jobs get 503
+    `store_unavailable` and /healthz says failing; `chattr -i`, and it recovers."""
+    store = tmp_path / "store"
+    arguments = ["--model", "linear", "--store", str(store), "--shutdown-grace", "1"]
+    body = safetensors_bytes(latents=smooth_latents(frames=3))
+    with vaecast_serve_process(arguments, tmp_path / "serve.log") as (url, process):
+        async with aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=60)) as client:
+            async with client.post("/v1/videos", data=body) as response:
+                assert response.status == 201, await response.text()
+            files = [path for path in store.iterdir() if path.name.startswith("jobs.db")]
+            assert not [path for path in files if path.name.endswith(("-shm", "-wal"))]
+            made = await asyncio.to_thread(_chattr, "+i", files)
+            if made.returncode != 0:
+                pytest.skip(f"this filesystem keeps no immutable flag: {made.stderr.strip()}")
+            try:
+                async with client.post("/v1/videos", data=body) as response:
+                    assert response.status == 503, await response.text()
+                    assert (await response.json())["error"]["type"] == "store_unavailable"
+                async with client.get("/healthz") as response:
+                    assert response.status == 503
+                    assert (await response.json())["store"] == "failing"
+                assert process.poll() is None
+            finally:
+                await asyncio.to_thread(_chattr, "-i", files)
+
+            async def healthy() -> bool:
+                async with client.get("/healthz") as response:
+                    return response.status == 200
+
+            await until_async(healthy)
+            async with client.post("/v1/videos", data=body) as response:
+                assert response.status == 201, await response.text()
+        process.terminate()
+        assert await asyncio.to_thread(process.wait, 30) == 0

@@ -1,14 +1,18 @@
 """The store's SQLite file: opened, migrated, and moved aside when it is corrupt.
 
-The standard library's `sqlite3`, in WAL mode (readers never wait for the writer, and
-a crash mid-write leaves the last committed state), with `synchronous=FULL` so a
-commit is on disk when it returns. One `JobDatabase` is used by one thread, the
-store's writer (`vaecast.store.writer`), and never on the event loop. Several
-processes may share the file (two front ends on one store): SQLite's locks order
-their writes, and `busy_timeout` makes one wait for the other instead of failing.
+The standard library's `sqlite3`, with a rollback journal (`journal_mode=TRUNCATE`: a
+crash mid-write leaves the last committed state) and `synchronous=FULL`, so a commit
+is on disk when it returns. Not WAL: WAL maps its `-shm` index into memory, and a
+write to that map once the file cannot be written (made read-only or immutable under
+a running server) ends the process with SIGBUS, which no Python code can catch. With a
+journal every write is a system call whose error is an exception: the store says it
+is failing (503) and recovers once writes succeed again. One `JobDatabase` is used by
+one thread, the store's writer (`vaecast.store.writer`), and never on the event loop.
+Several processes may share the file (two front ends on one store): SQLite's locks
+order their writes, and `busy_timeout` makes one wait for the other instead of failing.
 
 A file that is not a database, or one SQLite finds damaged, never stops a start: it
-is renamed aside (`jobs.db.corrupt-<time>`, with its WAL) and an empty one begins.
+is renamed aside (`jobs.db.corrupt-<time>`, with its journal) and an empty one begins.
 So is a file written by a newer vaecast, whose schema this one cannot know.
 """
 
@@ -247,7 +251,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     connection = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
     try:
         connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        connection.execute("PRAGMA journal_mode = WAL")
+        # A store an earlier build wrote in WAL mode is checkpointed into the file here,
+        # and its -wal and -shm removed.
+        connection.execute("PRAGMA journal_mode = TRUNCATE")
         connection.execute("PRAGMA synchronous = FULL")
         (check,) = connection.execute("PRAGMA quick_check").fetchone()
         if check != "ok":
@@ -275,7 +281,7 @@ def _migrate(connection: sqlite3.Connection) -> None:
 
 def _move_aside(path: Path) -> Path:
     aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-    for suffix in ("", "-wal"):
+    for suffix in ("", "-journal", "-wal"):
         source = Path(f"{path}{suffix}")
         if source.exists():
             source.rename(Path(f"{aside}{suffix}"))

@@ -243,10 +243,12 @@ class Store:
 
 
 def _check_writable(folder: Path) -> None:
-    """Each of the database's files that exists opens for writing: SQLite maps the
-    `-shm` file, and one it cannot write (read-only, immutable) ends the process with
-    SIGBUS at its first write, with no log line; refused here, before the port opens."""
-    for name in (DATABASE_NAME, f"{DATABASE_NAME}-wal", f"{DATABASE_NAME}-shm"):
+    """Each of the database's files that exists opens for writing, or the start is
+    refused in one line, before the port opens. A WAL-mode store an earlier build left
+    is converted at the first open, through its `-shm` file, which SQLite maps: one it
+    cannot write would end the process with SIGBUS, with no log line."""
+    names = ("", "-journal", "-wal", "-shm")
+    for name in (f"{DATABASE_NAME}{suffix}" for suffix in names):
         path = folder / name
         try:
             os.close(os.open(path, os.O_RDWR))
