@@ -321,3 +321,29 @@ async def test_whep_answers_are_what_the_document_says(start_server: StartServer
         async with server.client.delete(viewer.location) as response:
             contract.check("DELETE", f"{VIDEO}/whep/{{session}}", response, await response.read())
             assert response.status == expected
+
+
+async def test_every_link_from_a_created_video_finds_it(start_server: StartServer) -> None:
+    """The document links a created video (`POST /v1/videos`' 201) to what every video
+    has, with its id from the answer: each of those routes finds a video made without a
+    preview (a 404 there is a broken link). The routes only some videos have (a
+    preview's, a push session's blocks) are not linked."""
+    server = await start_server()
+    document = openapi_document(server.app)
+    links = document["paths"]["/v1/videos"]["post"]["responses"]["201"]["links"]
+    operations = {
+        operation["operationId"]: (method.upper(), path)
+        for path, methods in document["paths"].items()
+        for method, operation in methods.items()
+    }
+    assert {"get_get_video", "get_get_content", "get_get_events", "post_post_whep"} <= set(links)
+    linked = [operations[link["operationId"]] for link in links.values()]
+    assert not [path for _, path in linked if "/preview/" in path or path.endswith("/latents")]
+    async with server.client.post("/v1/videos", data=safetensors_bytes(latents=LATENTS)) as r:
+        video = await r.json()
+    await asyncio.wait_for(server.manager.get(video["id"]).wait(), 30)
+    for method, path in linked:
+        if method != "DELETE":
+            url = path.replace("{video_id}", video["id"])
+            async with server.client.request(method, url) as response:
+                assert response.status != 404, (method, url, await response.text())

@@ -155,6 +155,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         paths[path][route.method.lower()] = _operation(
             spec, route.method, path, operation_id, schemas
         )
+    _link_created_video(paths)
     return {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -174,6 +175,35 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             "securitySchemes": SECURITY_SCHEMES,
         },
     }
+
+
+VIDEO_PATH = "/v1/videos/{video_id}"
+VIDEO_ID_FROM_ANSWER = "$response.body#/id"
+# Routes only some videos have: a preview's (a video made with one) and a push
+# session's blocks (a video created with `input: push`); 404 for the others.
+OF_SOME_VIDEOS = ("/preview/", "/latents")
+
+
+def _link_created_video(paths: dict[str, dict[str, Any]]) -> None:
+    """OpenAPI links from a created video (`POST /v1/videos`' 201) to what every video
+    has: each operation on its path or below it that needs no other path parameter, but
+    those of OF_SOME_VIDEOS."""
+    created = paths.get("/v1/videos", {}).get("post", {}).get("responses", {}).get("201")
+    if created is None:
+        return
+    links = {}
+    for path, methods in sorted(paths.items()):
+        if not (path == VIDEO_PATH or path.startswith(VIDEO_PATH + "/")):
+            continue
+        if any(part in path for part in OF_SOME_VIDEOS) or path.count("{") > 1:
+            continue
+        for operation in methods.values():
+            operation_id = operation["operationId"]
+            links[operation_id] = {
+                "operationId": operation_id,
+                "parameters": {"path.video_id": VIDEO_ID_FROM_ANSWER},
+            }
+    created["links"] = links
 
 
 def _operation(
