@@ -4,7 +4,7 @@
                                [--out benchmarks/results]
 
 Why: with the store on (the default of `vaecast serve`) every committed fragment is
-also written to `videos/<id>.mp4` and indexed by a SQLite row (WAL, synchronous=FULL),
+also written to `videos/<id>.mp4` and indexed by a SQLite row (a rollback journal, synchronous=FULL),
 and a completed job's file is fsynced before its `completed` row. None of that should
 delay the viewer much; this measures how much it does.
 
@@ -24,8 +24,8 @@ After the last byte the client asks for the job's id (`GET /v1/videos?limit=1`, 
 same keep-alive connection: aiohttp serves it only once the stream's handler has
 returned, which with a store is after the store's `settle` flush), polls
 `GET /v1/videos/{id}` until it says `completed` (both arms), and on the store arm reads
-the job's `finished_at` from the store's database (read-only; WAL, so the server's
-writer never waits for it): the store stamps it after fsyncing the file and its
+the job's `finished_at` from the store's database (read-only, a query of a
+millisecond: the server's writer waits at most that long for it): the store stamps it after fsyncing the file and its
 folder, so `finished_at - last byte` is how long the video took to become durable
 after the viewer had it all (the fsyncs plus the store thread's queue ahead of them).
 The client and the server share the machine's wall clock; the file system the store
@@ -111,8 +111,8 @@ async def completed_at(
 def durable_at(store: Path, job_id: str, timeout_s: float = STATUS_TIMEOUT_S) -> float:
     """The job's `finished_at` (wall clock) in the store's database, once committed.
 
-    Read-only, and only after the job completed: in WAL mode the reader does not stop
-    the server's writer."""
+    Read-only, and only after the job completed: a query holds the server's writer back
+    for as long as it reads, a millisecond."""
     deadline = time.monotonic() + timeout_s
     uri = f"file:{store / DATABASE_NAME}?mode=ro"
     while time.monotonic() < deadline:
