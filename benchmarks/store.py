@@ -4,9 +4,9 @@
                                [--out benchmarks/results]
 
 Why: with the store on (the default of `vaecast serve`) every committed fragment is
-also written to `videos/<id>.mp4` and indexed by a SQLite row (a rollback journal, synchronous=FULL),
-and a completed job's file is fsynced before its `completed` row. None of that should
-delay the viewer much; this measures how much it does.
+also written to `videos/<id>.mp4` and indexed by a SQLite row (a rollback journal,
+synchronous=FULL), and a completed job's file is fsynced before its `completed` row.
+None of that should delay the viewer much; this measures how much it does.
 
 How: two `vaecast serve --model tiny --device cpu` processes on 127.0.0.1, the same
 settings but `--store <tempdir>/store` for one and `--store none` for the other
@@ -25,8 +25,8 @@ same keep-alive connection: aiohttp serves it only once the stream's handler has
 returned, which with a store is after the store's `settle` flush), polls
 `GET /v1/videos/{id}` until it says `completed` (both arms), and on the store arm reads
 the job's `finished_at` from the store's database (read-only, a query of a
-millisecond: the server's writer waits at most that long for it): the store stamps it after fsyncing the file and its
-folder, so `finished_at - last byte` is how long the video took to become durable
+millisecond: the server's writer waits at most that long for it): the store stamps it
+after fsyncing the file and its folder, so `finished_at - last byte` is how long the video took to become durable
 after the viewer had it all (the fsyncs plus the store thread's queue ahead of them).
 The client and the server share the machine's wall clock; the file system the store
 is on is recorded (on tmpfs an fsync is free: set TMPDIR to a disk). Every finished
