@@ -26,8 +26,9 @@ returned, which with a store is after the store's `settle` flush), polls
 `GET /v1/videos/{id}` until it says `completed` (both arms), and on the store arm reads
 the job's `finished_at` from the store's database (read-only, a query of a
 millisecond: the server's writer waits at most that long for it): the store stamps it
-after fsyncing the file and its folder, so `finished_at - last byte` is how long the video took to become durable
-after the viewer had it all (the fsyncs plus the store thread's queue ahead of them).
+after fsyncing the file and its folder, so `finished_at - last byte` is how long the
+video took to become durable after the viewer had it all (the fsyncs plus the store
+thread's queue ahead of them).
 The client and the server share the machine's wall clock; the file system the store
 is on is recorded (on tmpfs an fsync is free: set TMPDIR to a disk). Every finished
 video is deleted before the next run, so neither memory nor the store grows over the
