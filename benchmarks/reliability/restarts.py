@@ -435,15 +435,18 @@ async def _corrupt_db(work_dir: Path, seed: int, category: Category) -> dict[str
         lines = [line for line in serve.log_lines() if "moved it to" in line]
     category.record(_counted(counted, {"orphan_files": float(orphans)}, "after jobs.db"))
     aside = sorted(p.name for p in store.glob("jobs.db.corrupt-*"))
+    # The database, with its journal beside it when it has one.
+    databases = [name for name in aside if not name.endswith(("-journal", "-wal"))]
     said = len(lines) == 1 and "could not be used" in lines[0]
     category.record(
         None
-        if said and len(aside) == 1
+        if said and len(databases) == 1
         else Finding(
             "the corrupt database was not moved aside and said so",
             "the start after overwriting jobs.db",
             f"log: {' / '.join(lines) or 'no such line'}; aside: {aside}",
-            "one line saying it could not be used and where it went; one jobs.db.corrupt-*",
+            "one line saying it could not be used and where it went; one jobs.db.corrupt-* "
+            "database",
         )
     )
     return {
