@@ -134,7 +134,7 @@ async def held_job(server: Server, body: dict[str, Any], hold_at: int) -> Job:
     server.decoder.hold(hold_at)
     job = server.job((await server.create_demo(**body))["id"])
     await until(server.decoder.holding.is_set, f"the decode of {job.id} reaching chunk {hold_at}")
-    await until(lambda: len(job.parts.parts) == hold_at, f"{hold_at} parts of {job.id}")
+    await until(lambda: len(job.fragments.facts) == hold_at, f"{hold_at} parts of {job.id}")
     return job
 
 
@@ -236,7 +236,7 @@ async def test_hls_js_plays_a_running_job_part_by_part_to_its_end(
 
     # It plays while the decode is held: a frame shown, from the first parts.
     held = await open_hls_js_while_held(server, page, job)
-    assert (job.finished, len(job.parts.parts)) == (False, LONG_HOLD_AT)
+    assert (job.finished, len(job.fragments.facts)) == (False, LONG_HOLD_AT)
     assert held["buffered"][0][0] == 0
     assert held["videoWidth"] == LONG["width"]
     # LL-HLS proper: parts rather than segments (segment 0, the first chunk alone, may

@@ -355,3 +355,32 @@ def test_whole_video_bytes_are_unchanged(rate, channels, factor):
     finally:
         encoder.close()
     assert data == legacy_whole_video(CHUNKS, soundtrack)
+
+
+def test_each_fragment_comes_with_the_facts_its_boxes_state():
+    """`codecs.fragment`: what the encoder hands over with each fragment (duration,
+    keyframe, each track's ticks) is what its moof says, down to the audio-only tail."""
+    rate = 16_000
+    encoder = VideoStreamEncoder(64, 48, FPS, audio=AudioSettings(rate, 1))
+    try:
+        encoder.append_audio(clicks([3], rate, 1)[:, : encoder.audio_sample_at(FRAMES)])
+        frames, start, fragments = gradient_yuv(FRAMES), 0, []
+        for count in CHUNKS:
+            fragments.append(encoder.encode_chunk(frames[start : start + count]))
+            start += count
+        tail = encoder.finish()
+    finally:
+        encoder.close()
+    assert tail, "the audio after the last chunk's frames: an audio-only fragment"
+    for fragment in [*fragments, tail]:
+        runs = {run.track_id: run for run in fmp4_reader.fragment_timing(fragment)}
+        facts = fragment.facts
+        assert dict(facts.track_ticks) == {i: run.duration for i, run in runs.items()}
+        video = runs.get(VIDEO_TRACK_ID)
+        if video is None:
+            assert not facts.keyframe
+            assert facts.duration_s == runs[AUDIO_TRACK_ID].duration / rate
+        else:
+            assert facts.keyframe == (not video.first_sample_flags & fmp4.SAMPLE_IS_NON_SYNC_SAMPLE)
+            assert facts.duration_s == video.duration / encoder.timescale
+    assert [fragment.facts.keyframe for fragment in fragments][:2] == [True, True]

@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.hls_checks import apple_rules, strict_errors
 from tests.helpers.server import Server, StartServer
+from vaecast.server.faces import hls
 from vaecast.server.faces.hls import (
     Part,
     has_complete_segment,
@@ -170,13 +171,13 @@ async def test_a_running_jobs_playlist_grows_and_blocking_reload_waits(
     job = await start_job(server)
     assert job["urls"]["playlist"] == f"/v1/videos/{job['id']}/playlist.m3u8"
     await asyncio.to_thread(decoder.holding.wait, 30)
-    await until(lambda: len(server.manager.get(job["id"]).parts.parts) == 12)
+    await until(lambda: len(server.manager.get(job["id"]).fragments.facts) == 12)
     held = await playlist_of(server, job)
     assert not held.is_endlist and held.preload_hint.uri == "hls/part/12.m4s"
     # Part 12 is in the running segment (the last that began); it does not exist yet:
     # the reload waits.
-    parts = server.manager.get(job["id"]).parts.parts
-    starts = [i for i, part in enumerate(parts) if part.independent]
+    parts = server.manager.get(job["id"]).fragments.facts
+    starts = [i for i, part in enumerate(parts) if part.keyframe]
     assert starts[:2] == [0, 1]  # the first chunk is a segment alone
     waiting = asyncio.create_task(
         playlist_text(server, job, _HLS_msn=str(len(starts) - 1), _HLS_part=str(12 - starts[-1]))
@@ -211,7 +212,7 @@ async def test_the_parts_are_the_content_exactly_and_segments_their_parts(
 
     init = await get(playlist.segment_map[0].uri)
     # The playlist lists the parts of its last three segments; all of them are served.
-    all_parts = server.manager.get(job["id"]).parts.parts
+    all_parts = hls.parts_of(server.manager.get(job["id"]).fragments.facts)
     parts = [await get(f"hls/part/{i}.m4s") for i in range(len(all_parts))]
     listed = [p.uri for s in playlist.segments for p in s.parts]
     assert listed == [f"hls/part/{i}.m4s" for i in range(len(parts) - len(listed), len(parts))]
@@ -286,7 +287,7 @@ async def test_a_push_sessions_playlist_is_served_before_its_length_is_known(
     ) as response:
         assert response.status == 202
     running = server.manager.get(job["id"])
-    await until(lambda: running.parts.parts)
+    await until(lambda: running.fragments.facts)
     async with server.client.get(f"/v1/videos/{job['id']}/playlist.m3u8") as response:
         assert response.status == 200, await response.text()
         text = await response.text()
@@ -314,7 +315,7 @@ async def test_a_blocking_reload_for_a_segment_not_begun_waits_for_that_part(
     job = await start_job(server)
     text = await playlist_text(server, job, _HLS_msn="1", _HLS_part="2")
     playlist = m3u8.loads(text)
-    parts = server.manager.get(job["id"]).parts.parts
-    second = next(i for i, part in enumerate(parts) if i and part.independent)
+    parts = server.manager.get(job["id"]).fragments.facts
+    second = next(i for i, part in enumerate(parts) if i and part.keyframe)
     assert f'URI="hls/part/{second + 2}.m4s"' in text.split("#EXT-X-PRELOAD-HINT")[0], text
     assert playlist.segments and not playlist.is_endlist

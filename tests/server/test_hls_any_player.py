@@ -17,7 +17,7 @@ from tests.helpers.server import Server, StartServer
 from tests.server.test_playback_deadlines import PacedDecoder
 from tests.server.test_preview import tiny_and_linear, upload
 from tests.server.test_push_audio_alignment import Producer, video_frames
-from vaecast.server.faces.hls import segments
+from vaecast.server.faces.hls import parts_of, segments
 
 pytestmark = pytest.mark.skipif(
     shutil.which("ffprobe") is None or shutil.which("node") is None,
@@ -61,7 +61,7 @@ async def frames_read(probe: asyncio.subprocess.Process) -> dict[str, int]:
 async def test_ffmpeg_reads_an_upload_from_the_instant_the_job_exists(start_server: StartServer):
     server = await start_server(decoders={"paced": PacedDecoder()}, default_model="paced")
     job = await start_job(server)
-    assert server.manager.get(job["id"]).parts.parts == []  # not a frame decoded yet
+    assert server.manager.get(job["id"]).fragments.facts == []  # not a frame decoded yet
     probe = await start_ffprobe(server.url + job["urls"]["playlist"])
     assert await frames_read(probe) == {"video": FRAMES}
 
@@ -88,7 +88,7 @@ async def test_a_plain_playlist_request_waits_for_the_first_segment(start_server
     server = await start_server(decoders={"linear": decoder})
     job = await start_job(server)
     await asyncio.to_thread(decoder.holding.wait, 30)
-    await until(lambda: len(server.manager.get(job["id"]).parts.parts) == 1)
+    await until(lambda: len(server.manager.get(job["id"]).fragments.facts) == 1)
     waiting = asyncio.create_task(server.client.get(job["urls"]["playlist"]))
     await asyncio.sleep(0.3)
     assert not waiting.done()  # one part: no segment a player could start on yet
@@ -132,14 +132,14 @@ async def test_a_push_with_sound_running_and_finished(start_server: StartServer)
     url = server.url + producer.session["urls"]["playlist"]
     await producer.push(2)
     await producer.push(2)
-    await until(lambda: len(producer.job.parts.parts) >= 4)
+    await until(lambda: len(producer.job.fragments.facts) >= 4)
     assert not m3u8.loads(await check_playlist(server.client, url)).is_endlist
     await producer.push(2)
     await producer.end()  # its length known last: the sound after the last frame follows
     await asyncio.wait_for(producer.job.wait(), 30)
     finished = m3u8.loads(await check_playlist(server.client, url))
     assert finished.is_endlist
-    parts = producer.job.parts.parts
+    parts = parts_of(producer.job.fragments.facts)
     # Whatever the tail holds, it is no segment of its own: every segment has video.
     assert len(finished.segments) == len(segments(parts, True))
     counts = await frames_read(await start_ffprobe(url))
@@ -165,7 +165,7 @@ async def test_a_cancelled_push_and_a_failed_upload_answer_their_playlist_as_the
 
     producer = await Producer(server, fps=16, rate=16_000, latent_frames=6).open()
     await producer.push(3)
-    await until(lambda: len(producer.job.parts.parts) >= 3)
+    await until(lambda: len(producer.job.fragments.facts) >= 3)
     async with server.client.delete(producer.session["urls"]["self"]) as response:
         assert response.status == 200, await response.text()
     await asyncio.wait_for(producer.job.wait(), 30)

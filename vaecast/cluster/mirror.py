@@ -1,7 +1,7 @@
 """A job of the cluster as one front end serves it: a Job whose runner mirrors it.
 
 The job runs in the cluster, kept by its host (`vaecast.cluster.shared_job`). What this
-process holds is a server `Job` (its record, SegmentLog, PartIndex and events) with a
+process holds is a server `Job` (its record, SegmentLog, fragment index and events) with a
 `MirrorRunner`: it follows the shared job by long polls and applies the host's
 transitions, in order, to the job's record (each `SegmentAdded` by appending the
 fragment it names), so `/content` (live, finished, Range), `/events`, the HLS

@@ -4,11 +4,10 @@ While a video streams, its init segment goes out before any fragment exists, so 
 says duration 0: not known yet (ISO/IEC 14496-12 8.8.2 lets a live movie leave it
 out; Chromium's MSE then treats the stream as live). Once the last fragment is
 written the file knows its length. `DurationTally` sums each track's sample
-durations from the segments as they are written (the `moof`s only, as
-`fmp4_reader.fragment_timing` reads them: every track starts at decode time 0 and
-runs without a gap, as `codecs.stream` writes them, so the sum is where it ends;
-AAC priming is trimmed and the audio fitted to end with the video, see `aac`),
-and `with_durations` rewrites the init
+durations from the facts each fragment came with (`codecs.fragment`; every track
+starts at decode time 0 and runs without a gap, as `codecs.stream` writes them, so
+the sum is where it ends; AAC priming is trimmed and the audio fitted to end with
+the video, see `aac`), and `with_durations` rewrites the init
 segment to state them: mvhd.duration and mvex/mehd.fragment_duration (the movie, its
 longest track), and each trak's tkhd.duration (movie clock) and mdhd.duration (the
 track's own clock).
@@ -26,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vaecast.codecs.fmp4_boxes import Box, children, find_child, full_box_header, iter_boxes
-from vaecast.codecs.fmp4_reader import fragment_timing
+from vaecast.codecs.fragment import facts_of
 
 # A version-0 duration that does not fit its 32 bits: "unknown" (14496-12 8.2.2.3).
 _UNKNOWN_32BIT_DURATION = 0xFFFFFFFF
@@ -163,7 +162,7 @@ class DurationTally:
 
     `add` takes the init segment first, then each fragment; `finished_init` is then
     the init segment stating what the fragments hold. A stream the tally cannot read
-    (no init segment first, a segment that is not a fragment) leaves it without an
+    (no init segment first, a fragment without its facts) leaves it without an
     answer (`finished_init` None) rather than failing the writer: the file is then
     as it was streamed, valid, only silent about its length.
     """
@@ -187,17 +186,22 @@ class DurationTally:
     def add(self, segment: bytes) -> None:
         if self._unreadable is not None:
             return
-        try:
-            if self._init is None:
+        if self._init is None:
+            try:
                 if segment[4:8] != b"ftyp":
                     raise ValueError("the first segment is not an init segment")
                 _places(segment)
-                self._init = segment
+            except (ValueError, struct.error) as error:  # a box too short for its fields
+                self._unreadable = str(error)
                 return
-            for run in fragment_timing(segment):
-                self._durations[run.track_id] = self._durations.get(run.track_id, 0) + run.duration
-        except (ValueError, struct.error) as error:  # a box too short for its fields
-            self._unreadable = str(error)
+            self._init = segment
+            return
+        facts = facts_of(segment)
+        if facts is None:
+            self._unreadable = "a fragment came without its facts (not from codecs.stream)"
+            return
+        for track_id, ticks in facts.track_ticks:
+            self._durations[track_id] = self._durations.get(track_id, 0) + ticks
 
     def finished_init(self) -> bytes | None:
         """The init segment stating the durations so far; None: see the class docstring."""

@@ -4,7 +4,9 @@ one fMP4 fragment per chunk out.
 Pure glue between `h264.H264Encoder`, `aac.AacEncoder` and `fmp4`: no I/O and no
 threads. The caller (the server's job task) runs `encode_chunk` in an executor and
 appends the bytes it returns to the stream's log; concatenating `init_segment` and
-every returned fragment in order is a playable fragmented MP4 at every step.
+every returned fragment in order is a playable fragmented MP4 at every step. Each
+fragment comes with its facts (`codecs.fragment`: duration, keyframe, each track's
+ticks), so nothing downstream parses it back.
 
 Two ways to open a stream with sound:
 - Whole video (`soundtrack=`, `total_frames=`): the waveform and the length are known
@@ -47,6 +49,7 @@ from vaecast.codecs.aac import (
 from vaecast.codecs.aac import CODEC_STRING as AAC_CODEC_STRING
 from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.fmp4 import Sample
+from vaecast.codecs.fragment import Fragment, FragmentFacts
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
 from vaecast.codecs.live_audio import LiveAudioTrack, audio_needed, reach_past
 
@@ -196,7 +199,7 @@ class VideoStreamEncoder:
         if self.finished:
             raise RuntimeError("stream is finished")
 
-    def encode_chunk(self, frames: Yuv420Frames, last: bool | None = None) -> bytes:
+    def encode_chunk(self, frames: Yuv420Frames, last: bool | None = None) -> Fragment:
         """`Yuv420Frames` of T >= 1 frames -> exactly one moof + mdat for these frames.
 
         `last` matters to live audio only: True, these are the video's last frames (the
@@ -294,10 +297,20 @@ class VideoStreamEncoder:
         if self.last_chunk_encoded:
             raise RuntimeError("the stream's last chunk was encoded: only finish() is left")
 
-    def _fragment(self, runs: list[fmp4.TrackRun]) -> bytes:
+    def _fragment(self, runs: list[fmp4.TrackRun]) -> Fragment:
+        """The fragment of `runs`, with the facts its boxes state (`codecs.fragment`)."""
         data = fmp4.fragment(self.fragments_written + 1, runs)
         self.fragments_written += 1
-        return data
+        ticks = {run.track_id: sum(sample.duration for sample in run.samples) for run in runs}
+        video = next((run for run in runs if run.track_id == VIDEO_TRACK_ID), None)
+        if video is not None:
+            duration_s = ticks[VIDEO_TRACK_ID] / self.timescale
+            keyframe = video.samples[0].is_sync
+        else:  # the sound after the last frame
+            assert self.sample_rate is not None
+            duration_s = ticks[AUDIO_TRACK_ID] / self.sample_rate
+            keyframe = False
+        return Fragment(data, FragmentFacts(duration_s, keyframe, tuple(ticks.items())))
 
     def _audio_run(self, samples: list[Sample]) -> fmp4.TrackRun | None:
         if not samples:

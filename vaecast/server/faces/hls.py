@@ -27,16 +27,16 @@ it lost a frame where the same layout as files decoded whole.
 A job with a preview has a media playlist per rendition, and `multivariant_playlist`
 lists them: the final ranked above the preview (`SCORE`), both of one resolution.
 
-`PartIndex` learns each part's duration and whether it starts with a keyframe from
-the fragment's own boxes as the job appends it (a moof is a few hundred bytes).
+Each part's duration and whether it starts with a keyframe are its fragment's facts,
+which the encoder handed over with its bytes (`server.stream.fragment_index`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vaecast.codecs.fmp4 import SAMPLE_IS_NON_SYNC_SAMPLE, VideoTrack
-from vaecast.codecs.fmp4_reader import fragment_timing, parse_init_segment
+from vaecast.codecs.fragment import FragmentFacts
 
 MEDIA_TYPE = "application/vnd.apple.mpegurl"
 PLAYLIST_VERSION = 9
@@ -68,35 +68,11 @@ class Segment:
         return sum(part.duration_s for part in self.parts)
 
 
-class PartIndex:
-    """Every part of one job's MP4 as it is appended: fed each segment in order."""
-
-    def __init__(self) -> None:
-        self.parts: list[Part] = []
-        self._timescales: dict[int, int] = {}
-        self._video_track: int | None = None
-
-    def add(self, segment: bytes) -> None:
-        if not self._timescales:
-            for track in parse_init_segment(segment).tracks:
-                if isinstance(track, VideoTrack):
-                    self._timescales[track.track_id] = track.timescale
-                    self._video_track = track.track_id
-                else:  # an AAC track counts in samples
-                    self._timescales[track.track_id] = track.sample_rate
-            return
-        # The moof's timing alone: this runs on the event loop for every fragment.
-        runs = {run.track_id: run for run in fragment_timing(segment)}
-        run = runs.get(self._video_track) if self._video_track is not None else None
-        if run is None:  # audio only: the tail of a stream whose length came last
-            # Not independent: it ends the segment before it, which a player can decode,
-            # instead of starting one with no video sample.
-            run = next(iter(runs.values()))
-            independent = False
-        else:
-            independent = not run.first_sample_flags & SAMPLE_IS_NON_SYNC_SAMPLE
-        duration = run.duration / self._timescales[run.track_id]
-        self.parts.append(Part(duration, independent))
+def parts_of(facts: Sequence[FragmentFacts]) -> list[Part]:
+    """A rendition's HLS parts: one per fragment, independent where it starts on a
+    keyframe (an audio-only fragment never does: it ends the segment before it, which
+    a player can decode, instead of starting one with no picture)."""
+    return [Part(fragment.duration_s, fragment.keyframe) for fragment in facts]
 
 
 def segments(parts: list[Part], ended: bool) -> list[Segment]:

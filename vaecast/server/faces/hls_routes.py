@@ -55,6 +55,7 @@ from vaecast.server.faces.hls import (
     media_playlist,
     multivariant_playlist,
     part_position,
+    parts_of,
     segments,
     too_far_ahead,
 )
@@ -161,7 +162,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
             job, rendition = found(request, variant)
             index = _media_number(request)
             await _until_parts(job, rendition, index + 1)
-            if index >= len(rendition.parts.parts):
+            if index >= len(rendition.fragments):
                 # A job that failed first: its error, as for /content.
                 refuse_if_broken(job, rendition)
                 raise NotFoundError(f"video {job.id} has no part {index}")
@@ -220,7 +221,7 @@ def _ended(job: Job, rendition: Rendition) -> bool:
 def _variant(job: Job, rendition: Rendition) -> Variant:
     """A rendition as the multivariant playlist lists it."""
     size = job.record.plan or job.record.geometry
-    parts = rendition.parts.parts
+    parts = parts_of(rendition.fragments.facts)
     seconds = sum(part.duration_s for part in parts)
     measured = rendition.log.size * 8 / seconds if seconds > 0 else None
     uri = "playlist.m3u8" if rendition.variant == FINAL else f"{PREVIEW}/playlist.m3u8"
@@ -255,7 +256,7 @@ def _part_target_s(job: Job, rendition: Rendition) -> float:
     ):
         # A preview's chunks are its own decoder's; a job restored from the store
         # knows its chunks only by its parts. The longest so far bounds them.
-        part_target_s = max([part_target_s, *(part.duration_s for part in rendition.parts.parts)])
+        part_target_s = max([part_target_s, *(f.duration_s for f in rendition.fragments.facts)])
     return part_target_s
 
 
@@ -265,7 +266,7 @@ def _listed(job: Job, rendition: Rendition) -> list[Part]:
     it too), so that the playlist names no media that would not be served."""
     if rendition.log.error is not None:
         return []
-    parts = rendition.parts.parts
+    parts = parts_of(rendition.fragments.facts)
     return listed_parts(parts, _ended(job, rendition), _part_target_s(job, rendition))
 
 
@@ -285,7 +286,7 @@ async def _until_playable(job: Job, rendition: Rendition) -> None:
         while not has_complete_segment(_listed(job, rendition), _ended(job, rendition)):
             if _ended(job, rendition) or rendition.log.closed:
                 return
-            await _parts(job, rendition, len(rendition.parts.parts) + 1)
+            await _parts(job, rendition, len(rendition.fragments) + 1)
 
 
 async def _until_listed(job: Job, rendition: Rendition, msn: int, part: int | None) -> None:
@@ -298,7 +299,7 @@ async def _until_listed(job: Job, rendition: Rendition, msn: int, part: int | No
             if needed is None or _ended(job, rendition):
                 return
             # A part that exists may not be listed yet (`listed_parts`): then one more.
-            await _parts(job, rendition, max(needed, len(rendition.parts.parts) + 1))
+            await _parts(job, rendition, max(needed, len(rendition.fragments) + 1))
 
 
 async def _until_parts(job: Job, rendition: Rendition, count: int) -> None:
@@ -318,10 +319,10 @@ async def _blocking(job: Job) -> AsyncIterator[None]:
 
 
 async def _parts(job: Job, rendition: Rendition, count: int) -> None:
-    parts = rendition.parts.parts
+    fragments = rendition.fragments
     # A closed log has all its parts, whether or not its job has said it ended yet.
-    while len(parts) < count and not (_ended(job, rendition) or rendition.log.closed):
-        await rendition.log.wait_for_segments(len(parts) + 2)
+    while len(fragments) < count and not (_ended(job, rendition) or rendition.log.closed):
+        await rendition.log.wait_for_segments(len(fragments) + 2)
 
 
 async def _send_segments(

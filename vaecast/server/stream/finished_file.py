@@ -24,12 +24,12 @@ async def state_duration(rendition: Rendition) -> None:
     fragments. A stream the tally could not read is left as it streamed (valid, silent
     about its length), with a warning; a store that cannot write fails the job, as the
     pipeline's own writes do."""
-    init = rendition.durations.finished_init()
+    init = rendition.fragments.finished_init()
     if init is None:
         log.warning(
             "%s: its file does not state its duration: %s",
             rendition.variant,
-            rendition.durations.unreadable,
+            rendition.fragments.unreadable,
         )
         return
     try:

@@ -6,7 +6,7 @@ A job is four things composed:
 - its `SegmentLog`, which any number of viewers follow at their own pace
   (`async with job.viewer()` counts them, so retention never evicts a video someone
   is reading), the `Broadcast` that sends caught-up viewers each segment, and the
-  HLS `PartIndex` of the same bytes;
+  `FragmentIndex` of the same bytes (each fragment's facts, as the encoder gave them);
 - `events`, the record's events as a log that SSE readers follow;
 - its runner, which makes the video and applies what happens to the record: the
   `LocalRunner` decodes here (`vaecast.server.stream.local_runner`); Ray mode's mirrors a
@@ -26,7 +26,6 @@ from contextlib import AbstractAsyncContextManager
 from fractions import Fraction
 from typing import Any, Protocol
 
-from vaecast.codecs.fmp4_finish import DurationTally
 from vaecast.errors import (
     DecodeCancelled,
     GoneError,
@@ -47,10 +46,10 @@ from vaecast.job_record import (
 )
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.server.config import ServerConfig
-from vaecast.server.faces.hls import PartIndex
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.broadcast import Broadcast
 from vaecast.server.stream.fanout_sender import FanoutSender
+from vaecast.server.stream.fragment_index import FragmentIndex
 from vaecast.server.stream.job_requests import (
     BatchRequest,
     DecodeRequest,
@@ -135,7 +134,7 @@ class Job:
         self.runner = runner
         self.push_kind = push_kind  # what a push session's blocks are
         # The video: the final rendition, the model's own decode. Its log, broadcast
-        # and parts are the job's (`log`, `broadcast`, `parts`).
+        # and fragment index are the job's (`log`, `broadcast`, `fragments`).
         self.final = Rendition(
             FINAL,
             decoder,
@@ -144,7 +143,7 @@ class Job:
             fanout,
         )
         self.log, self.broadcast = self.final.log, self.final.broadcast
-        self.parts = self.final.parts
+        self.fragments = self.final.fragments
         # A job with a preview: the preview decoder's rendition of the same latents.
         self.preview = (
             None
@@ -415,7 +414,7 @@ class Job:
 class Rendition:
     """One rendition of a job's latents: its decoder, and its MP4 as a log that any
     number of viewers follow at their own pace, the broadcast that sends caught-up
-    viewers each segment, and the HLS parts of the same bytes."""
+    viewers each segment, and each of its fragments' facts."""
 
     def __init__(
         self,
@@ -430,20 +429,18 @@ class Rendition:
         self.log = log
         # Its caught-up live viewers, sent each segment in one batch.
         self.broadcast = Broadcast(log, metrics.bytes_sent, fanout)
-        # Each part's duration and keyframe, for the HLS playlist of the same bytes.
-        self.parts = PartIndex()
-        self.durations = DurationTally()  # what the finished file's init segment states
+        # Each fragment's facts: HLS parts, the finished file's durations, store rows.
+        self.fragments = FragmentIndex()
 
 
 class _RenditionSink:
-    """A rendition's fragments: into its log and HLS parts, counted in the job's record
-    as that rendition's."""
+    """A rendition's fragments: into its log and its fragment index, counted in the
+    job's record as that rendition's."""
 
     def __init__(self, job: Job, rendition: Rendition) -> None:
         self._job, self._rendition = job, rendition
 
     async def append(self, segment: bytes) -> None:
         await self._rendition.log.append(segment)
-        self._rendition.parts.add(segment)
-        self._rendition.durations.add(segment)
+        self._rendition.fragments.add(segment)
         self._job.apply(SegmentAdded(len(segment), self._rendition.variant))

@@ -46,7 +46,7 @@ class JobJournal:
         if isinstance(transition, SegmentAdded) and transition.variant == FINAL:
             # (A preview's bytes are kept in memory only: the store keeps the video.)
             index = len(job.log) - 1
-            part = job.parts.parts[index - 1] if index > 0 else None
+            facts = job.fragments.facts[index - 1] if index > 0 else None
             self._size += transition.size
             store.segment(
                 job.id,
@@ -54,8 +54,8 @@ class JobJournal:
                 StoredSegment(
                     job.log.size - transition.size,
                     transition.size,
-                    None if part is None else part.duration_s,
-                    True if part is None else part.independent,
+                    None if facts is None else facts.duration_s,
+                    True if facts is None else facts.keyframe,
                 ),
             )
         if event is None:

@@ -3,7 +3,7 @@ end's (two front ends on one store).
 
 Its record comes from its snapshot (`vaecast.job_snapshot`; one that was running
 came back `interrupted`), its MP4 from its file, read where its fragment index says,
-its HLS parts from the same index, its events as they were: so `/content`, Range,
+its fragments' facts from the same index, its events as they were: so `/content`, Range,
 the ETag (the id and the size), the playlist and `/events` with `Last-Event-ID`
 answer as they did before. It never runs again: its runner has nothing to do.
 """
@@ -14,11 +14,11 @@ import time
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+from vaecast.codecs.fragment import FragmentFacts
 from vaecast.errors import VaecastError
 from vaecast.job_record import JobStatus
 from vaecast.job_snapshot import from_snapshot
 from vaecast.models.base import DecodePlan
-from vaecast.server.faces.hls import Part
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.segment_log import SegmentLog
 from vaecast.store import StoredJob
@@ -72,9 +72,9 @@ def restored_job(stored: StoredJob, manager: JobManager) -> Job:
         manager.fanout,
         log=log,
     )
-    job.parts.parts = [
-        Part(segment.duration_s or 0.0, segment.independent) for segment in stored.segments[1:]
-    ]
+    job.fragments.restore(
+        [FragmentFacts(row.duration_s or 0.0, row.independent) for row in stored.segments[1:]]
+    )
     job.events.finish()
     ended_ago = max(0.0, time.time() - stored.finished_at)
     job.finished_at = time.perf_counter() - ended_ago
