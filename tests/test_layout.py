@@ -40,6 +40,32 @@ def test_the_server_imports_nothing_from_the_cluster() -> None:
     assert not offenders
 
 
+FACES = ("vaecast.server.faces", "vaecast.server.webrtc")
+
+
+def _offenders(folder: Path, forbidden: tuple[str, ...]) -> set[str]:
+    return {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in modules(folder)
+        for name in imported(path)
+        if name in forbidden or name.startswith(tuple(f"{f}." for f in forbidden))
+    }
+
+
+def test_the_stream_core_and_the_api_document_import_no_face() -> None:
+    """A job, its renditions, logs and fragment index know no delivery face (HLS,
+    WHEP, the progressive MP4): the faces read the core, never the other way."""
+    stream = _offenders(PACKAGE / "server" / "stream", FACES)
+    contract = _offenders(PACKAGE / "server" / "contract", FACES)
+    assert not stream | contract
+
+
+def test_codecs_and_models_know_no_event_loop_and_no_server() -> None:
+    """Media and model code is pure or threaded: no asyncio, aiohttp or server."""
+    forbidden = ("asyncio", "aiohttp", "uvloop", "vaecast.server")
+    assert not _offenders(PACKAGE / "codecs", forbidden) | _offenders(PACKAGE / "models", forbidden)
+
+
 def test_no_cluster_class_subclasses_a_server_class() -> None:
     offenders = []
     for path in modules(PACKAGE / "cluster"):

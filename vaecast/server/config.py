@@ -10,6 +10,11 @@ from vaecast.server.edge.security_config import SecurityConfig
 from vaecast.server.webrtc.settings import WebRtcSettings
 
 MIB = 1024 * 1024
+# What one request's fields may be: a form field's text, and a preview decoder's name
+# (a plugin's "package.module:factory" fits). The intake checks them, the API document
+# states them.
+MAX_FIELD_BYTES = 1024
+MAX_PREVIEW_NAME = 200
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,8 @@ from vaecast.job_record import FINAL, PREVIEW
 from vaecast.latent_files.audio import AUDIO_RATE_KEY
 from vaecast.params import MAX_NUMBER_CHARS
 from vaecast.push_ledger import MAX_SEQ_DIGITS, SEQ_HEADER
+from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME
 from vaecast.server.contract.spec import ErrorType, Header, Param
-from vaecast.server.faces.uploads import MAX_FIELD_BYTES, MAX_PREVIEW_NAME
 
 JSON = "application/json"
 MP4 = "video/mp4"

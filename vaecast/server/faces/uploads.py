@@ -48,7 +48,7 @@ from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, MAX_GEOMETRY_VALUE, BoundLayout, LatentLayout
 from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline import AudioFormat
-from vaecast.server.config import ServerConfig
+from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME, ServerConfig
 from vaecast.server.edge.body_buffer import BodyBuffer
 from vaecast.server.edge.body_rate import BodyPace
 from vaecast.server.edge.multipart import boundary_of, parse_form
@@ -57,11 +57,9 @@ from vaecast.server.stream.job import BatchRequest, DecodeRequest, PushKind, Pus
 
 FILE_FIELDS = ("file", "latents")
 READ_CHUNK_BYTES = 256 * 1024
-MAX_FIELD_BYTES = 1024
 MAX_FORM_PARTS = 32
 MAX_JSON_BYTES = 64 * 1024
 DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound", "live", "preview"}
-MAX_PREVIEW_NAME = 200  # a plugin's "package.module:factory" fits
 PUSH_FIELDS = frozenset(
     {
         "input",
