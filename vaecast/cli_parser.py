@@ -65,6 +65,26 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
     serve = command("serve", help="run the HTTP server")
     serve.set_defaults(run=_runner("vaecast.cli_serve:run_serve"))
+    for add_options in (
+        _serve_basics,
+        _serve_limits,
+        _serve_timeouts,
+        _serve_admission_and_store,
+        _serve_security,
+        _serve_webrtc,
+        _serve_cluster,
+    ):
+        add_options(serve)
+    add_common_options(serve)
+    _add_latents(command)
+    _add_decode(command)
+    _add_push(command)
+    defaults_from_environment(serve)
+    return parser
+
+
+def _serve_basics(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s logging, address, models and previews."""
     # Also after the command, where a server's options are looked for (SUPPRESS: a value
     # given before the command is not reset by the command's default).
     serve.add_argument(
@@ -105,6 +125,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="torch device of the --preview decoders (default: the --device, where the "
         "model yields to its preview chunk by chunk)",
     )
+
+
+def _serve_limits(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s limits: what a request and a push session may be."""
     serve.add_argument(
         "--max-upload-mb",
         type=at_least(int, 1),
@@ -149,6 +173,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=DEFAULTS.push_queue_blocks,
         help="push sessions: latent blocks that may wait for the decoder before a push waits",
     )
+
+
+def _serve_timeouts(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s timeouts: idle push sessions, slow request heads and bodies."""
     serve.add_argument(
         "--push-idle-timeout",
         type=at_least(float, 0, above=True),
@@ -194,6 +222,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="requests whose body is still arriving, and push sessions with no block yet, "
         "held at once; past it POST answers 429",
     )
+
+
+def _serve_admission_and_store(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s admission (queues, places per client) and its store."""
     serve.add_argument(
         "--max-pending-per-client",
         type=at_least(int, 1),
@@ -253,6 +285,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, let running jobs finish this long before cancelling them",
     )
+
+
+def _serve_security(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s security: the API key, Host and Origin checks."""
     # Security (vaecast.server.edge.security; README: Security).
     serve.add_argument(
         "--api-key",
@@ -284,6 +320,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="let pages of this origin (https://app.example.com) call the API (repeatable); "
         "other origins' POST and DELETE get 403 (default: none, same-origin pages only)",
     )
+
+
+def _serve_webrtc(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s WHEP viewers: ICE servers and limits."""
     # WHEP viewers (vaecast.server.webrtc; README: WebRTC).
     serve.add_argument(
         "--ice-server",
@@ -301,6 +341,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         metavar="N",
         help="WHEP viewers at once; past it a WHEP POST gets 429",
     )
+
+
+def _serve_cluster(serve: argparse.ArgumentParser) -> None:
+    """`serve --ray`: the Ray cluster's options."""
     # Ray mode (vaecast.cluster; README: Across machines).
     cluster = serve.add_argument_group(
         "across machines (Ray Serve)",
@@ -336,8 +380,10 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=2,
         help="jobs one replica decodes at once: Serve's max_ongoing_requests",
     )
-    add_common_options(serve)
 
+
+def _add_latents(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`vaecast latents`: make a latent file."""
     latents = command(
         "latents", help="make a latent file: a demo scene or a video, encoded with tiny"
     )
@@ -369,6 +415,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="torch device that tiny's encoder runs on",
     )
 
+
+def _add_decode(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`vaecast decode`: a latent file to an MP4 file."""
     decode = command("decode", help="decode a latent file to an MP4 file")
     decode.set_defaults(run=_runner("vaecast.cli_files:run_decode"))
     decode.add_argument("latents", type=Path, help=".safetensors (tensor 'latents') or .npy")
@@ -381,6 +430,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     add_common_options(decode)
 
+
+def _add_push(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """`vaecast push`: a latent file pushed to a server, block by block."""
     push = command(
         "push", help="push a latent file to a server block by block, as a generator would"
     )
@@ -405,5 +457,3 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     push.add_argument(
         "--timeout", type=float, default=300.0, metavar="SECONDS", help="wait per request"
     )
-    defaults_from_environment(serve)
-    return parser
