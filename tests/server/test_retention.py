@@ -22,9 +22,13 @@ async def finished_job(server: Server, frames: int = 12) -> dict:
 
 
 def fragment_bytes_in_memory() -> int:
-    """Bytes still allocated by the fMP4 writer (every fragment is born there)."""
+    """Bytes still allocated for a stream's segments: the init segment is born in the
+    fMP4 writer, every fragment as a `codecs.fragment.Fragment`."""
     snapshot = tracemalloc.take_snapshot().filter_traces(
-        [tracemalloc.Filter(True, "*vaecast/codecs/fmp4.py")]
+        [
+            tracemalloc.Filter(True, "*vaecast/codecs/fmp4.py"),
+            tracemalloc.Filter(True, "*vaecast/codecs/fragment.py"),
+        ]
     )
     return sum(stat.size for stat in snapshot.statistics("filename"))
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from vaecast.cluster.records import GONE_AGE, Audio, JobRef, JobSpec, PushState, Snapshot
+from vaecast.codecs.fragment import Fragment
 from vaecast.errors import (
     CancelledByShutdown,
     ClusterUnavailableError,
@@ -149,7 +150,9 @@ class MirrorRunner:
                 refs = iter(update.fragments)
                 for transition in update.transitions:
                     if isinstance(transition, SegmentAdded):
-                        await job.sink(transition.variant).append(await next(refs))
+                        data, facts = await next(refs)
+                        segment = data if facts is None else Fragment(data, facts)
+                        await job.sink(transition.variant).append(segment)
                         fragments += 1
                     else:
                         await _state_duration_before(job, transition)

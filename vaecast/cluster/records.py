@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from vaecast.codecs.fragment import FragmentFacts
 from vaecast.errors import VaecastError
 
 
@@ -89,7 +90,11 @@ class Started:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
+    """A segment of a replica's stream: its bytes, and a fragment's facts (None for the
+    init segment), which the front ends' fragment indexes read (`codecs.fragment`)."""
+
     data: bytes
+    facts: FragmentFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)

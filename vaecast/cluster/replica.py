@@ -46,6 +46,7 @@ from vaecast.cluster.records import (
     Segment,
     Started,
 )
+from vaecast.codecs.fragment import facts_of
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import DecodeFailedError, UnknownModelError, VaecastError
@@ -177,7 +178,7 @@ class _Relay:
 
     async def append(self, segment: bytes) -> None:
         await self._room.acquire()
-        self._records.put_nowait(Segment(segment))
+        self._records.put_nowait(Segment(bytes(segment), facts_of(segment)))
 
     def fragment(self, done: FragmentDone) -> None:
         self._records.put_nowait(

@@ -179,7 +179,8 @@ class ReplicaCalls:
 
     def _take(self, record: Started | Segment | Chunk | VaecastError, variant: str) -> None:
         if isinstance(record, Segment):
-            self._fragments.append(ray.put(record.data))
+            # The bytes and their facts: a front end's mirror makes the fragment again.
+            self._fragments.append(ray.put((record.data, record.facts)))
             self._apply(SegmentAdded(len(record.data), variant))
         elif isinstance(record, Chunk):
             latency = None if record.block_arrived is None else time.time() - record.block_arrived
