@@ -183,7 +183,7 @@ def summarize(runs: list[dict[str, Any]], loads: list[dict[str, Any]]) -> dict[s
 # event the first of its name in the run's trace (chunk 0 for per-chunk events), in
 # seconds since the client sent the request ("sent" is 0, "received" its TTFF).
 # The encoder's open appears only when the job opened its own: a job like the one
-# before it gets the spare its server opened between jobs (vaecast.encoder_spares).
+# before it gets the spare its server opened between jobs (vaecast.pipeline.encoder_spares).
 TTFF_STAGES = (
     ("request head parsed", "sent", "request"),
     ("body read, parsed, job started", "request", "open_start"),

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from vaecast.bridge import chunk_to_host
 from vaecast.codecs.colour import Yuv420Frames, from_rgb
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
+from vaecast.pipeline.bridge import chunk_to_host
 
 FFMPEG = "/usr/bin/ffmpeg"
 # Chunks that may wait between decode and encode in the pre-encode arm: vaecast's
@@ -47,7 +47,7 @@ FFMPEG_PIX_FMTS = {"rgb": "rgb24", "yuv420": "yuv420p"}
 
 def bridge_host_format() -> str:
     """What vaecast's own bridge hands its encoder: the default for every arm."""
-    from vaecast.pipeline import Stages
+    from vaecast.pipeline.run import Stages
 
     return "yuv420" if Stages().to_host is quantize_yuv420_to_host else "rgb"
 

@@ -31,11 +31,11 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from benchmarks.client import client_session, make_latents, receive, server_process
-from vaecast.bridge import chunk_to_host
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.base import DecodedChunk
 from vaecast.models.tiny import TinyDecoder
+from vaecast.pipeline.bridge import chunk_to_host
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FPS = 16

@@ -43,7 +43,7 @@ from vaecast.latent_files import load_latents
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk, DecodePlan, StreamPlan
 from vaecast.models.registry import get_decoder
 from vaecast.params import parse_fps
-from vaecast.pipeline import Stages
+from vaecast.pipeline.run import Stages
 from vaecast.server.app import create_app, runner_settings, serve_until_signalled
 from vaecast.server.config import MIB, Limits, ServerConfig
 

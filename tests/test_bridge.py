@@ -8,11 +8,11 @@ import threading
 import pytest
 
 from tests.helpers import FailingDecoder, GatedDecoder, smooth_latents, until
-from vaecast.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
 from vaecast.codecs.colour import Yuv420Frames
 from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.errors import DecodeCancelled
 from vaecast.models.base import ChunkCallback, DecodedChunk
+from vaecast.pipeline.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
 
 LATENTS = smooth_latents(frames=12)  # 12 chunks
 

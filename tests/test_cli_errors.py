@@ -131,7 +131,7 @@ def test_json_logs_are_one_object_a_line_with_the_job_id(tmp_path: Path):
 
 
 def test_every_serve_option_reads_its_environment_variable(monkeypatch: pytest.MonkeyPatch):
-    from vaecast.cli_parser import build_parser
+    from vaecast.cli.parser import build_parser
 
     monkeypatch.setenv("VAECAST_MAX_FRAMES", "7")
     monkeypatch.setenv("VAECAST_ALLOWED_HOST", "a.example, b.example")
@@ -224,7 +224,7 @@ def test_a_bad_port_is_one_line():
 def test_what_a_port_may_be(text: str, says: str):
     import argparse
 
-    from vaecast.cli_types import port_number
+    from vaecast.cli.option_types import port_number
 
     with pytest.raises(argparse.ArgumentTypeError) as refused:
         port_number(text)

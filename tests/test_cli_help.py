@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from vaecast.cli_help import shown_default
-from vaecast.cli_parser import build_parser
+from vaecast.cli.help import shown_default
+from vaecast.cli.parser import build_parser
 
 COMMANDS = ("", "serve", "latents", "decode", "push")
 # Wide enough that argparse wraps no default across lines.

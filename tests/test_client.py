@@ -26,10 +26,10 @@ from safetensors.torch import load as load_safetensors
 from tests.helpers import safetensors_bytes, smooth_latents, until
 from tests.helpers.server import serve_on_loopback
 from vaecast.cli import main
+from vaecast.cli.push_file import plan_blocks, video_frames
 from vaecast.client import AsyncPushSession, PushError, PushSession, encode_block
 from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import load_latents
-from vaecast.push_file import plan_blocks, video_frames
 
 T = TypeVar("T")
 

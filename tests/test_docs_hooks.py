@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from vaecast.cli_help import DefaultsShown
+from vaecast.cli.help import DefaultsShown
 
 HOOKS = Path(__file__).resolve().parents[1] / "docs" / "hooks"
 

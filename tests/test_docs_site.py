@@ -8,7 +8,7 @@ import argparse
 import re
 from pathlib import Path
 
-from vaecast.cli_parser import build_parser
+from vaecast.cli.parser import build_parser
 from vaecast.models.linear import LinearDecoder
 from vaecast.server.app import create_app
 from vaecast.server.config import ServerConfig

@@ -12,7 +12,7 @@ from tests.helpers.media import gradient_yuv
 from vaecast.codecs.aac import AudioSettings
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
-from vaecast.encoder_spares import SpareEncoders
+from vaecast.pipeline.encoder_spares import SpareEncoders
 
 FPS = Fraction(24)
 

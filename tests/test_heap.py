@@ -1,4 +1,4 @@
-"""vaecast.heap: freed decode-sized blocks stay mapped for the next chunk (glibc only).
+"""vaecast.pipeline.heap: freed decode-sized blocks stay mapped for the next chunk (glibc only).
 
 Each case runs in a fresh interpreter, so this process's malloc is left as it is and
 glibc's adaptive thresholds start from their defaults.
@@ -15,13 +15,13 @@ import textwrap
 import pytest
 
 # A decode-sized block: past glibc's default mmap threshold (128 KiB), under the
-# 32 MiB that vaecast.heap sets.
+# 32 MiB that vaecast.pipeline.heap sets.
 BLOCK_MIB = 24
 
 PROBE = textwrap.dedent(
     f"""
     import ctypes, ctypes.util, json, sys
-    from vaecast.heap import retain_decode_heap
+    from vaecast.pipeline.heap import retain_decode_heap
 
     def rss_mib():
         with open("/proc/self/statm") as f:
@@ -68,7 +68,7 @@ def test_a_freed_decode_sized_block_stays_mapped_only_with_the_settings() -> Non
 ARENAS_PROBE = textwrap.dedent(
     """
     import ctypes, ctypes.util, sys, threading
-    from vaecast.heap import retain_decode_heap
+    from vaecast.pipeline.heap import retain_decode_heap
 
     if sys.argv[1] == "retain":
         retain_decode_heap()

@@ -1,4 +1,4 @@
-"""Unit tests for `vaecast.job_record`, the sans-IO record of one job.
+"""Unit tests for `vaecast.job.record`, the sans-IO record of one job.
 
 In the manner of h11's `_tests/test_state.py`: the record is a pure object, so these
 tests build records, `apply` transitions to them and read what comes out (status,
@@ -7,7 +7,7 @@ with no asyncio, no server and no real clock. Every moment is given explicitly (
 or comes from a `FakeClock` the test controls, so nothing depends on the time of day.
 
 The table of legal transitions is written out here as a literal (`EXPECTED_ALLOWED`),
-not read back from `vaecast.job_transitions.ALLOWED`, so that a change to the module's table
+not read back from `vaecast.job.transitions.ALLOWED`, so that a change to the module's table
 fails these tests; every (status, transition type) pair is checked against it: the
 allowed ones succeed, the others raise `IllegalTransition` and change nothing.
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-import vaecast.job_record as job_record_module
+import vaecast.job.record as job_record_module
 from vaecast.errors import VaecastError
-from vaecast.job_record import (
+from vaecast.job.record import (
     FINAL_STATUSES,
     PREVIEW,
     ChunkEncoded,
@@ -903,7 +903,7 @@ def test_illegal_transition_is_a_runtime_error_not_a_client_error() -> None:
 # Sans-IO: the module's imports.
 
 
-@pytest.mark.parametrize("module", ["job_record", "job_transitions", "job_views"])
+@pytest.mark.parametrize("module", ["record", "transitions", "views"])
 def test_module_imports_only_the_standard_library_and_vaecast_errors(module: str) -> None:
     source = (Path(job_record_module.__file__).parent / f"{module}.py").read_text(encoding="utf-8")
     imported: set[str] = set()
@@ -921,11 +921,11 @@ def test_module_imports_only_the_standard_library_and_vaecast_errors(module: str
         if name
         not in (
             "vaecast.errors",
-            "vaecast.job_transitions",
-            "vaecast.job_views",
+            "vaecast.job.transitions",
+            "vaecast.job.views",
             "vaecast.playback_deadlines",
         )
-        and name != "vaecast.job_record"  # the views' type, under TYPE_CHECKING
+        and name != "vaecast.job.record"  # the views' type, under TYPE_CHECKING
         and name != "__future__"
         and name.split(".")[0] not in sys.stdlib_module_names
     }

@@ -11,7 +11,7 @@ import pytest
 
 from tests.test_job_record import FakeClock, chunk
 from vaecast.errors import DecodeCancelled, DecodeFailedError
-from vaecast.job_record import (
+from vaecast.job.record import (
     FINAL,
     PREVIEW,
     Completed,
@@ -27,7 +27,7 @@ from vaecast.job_record import (
     Started,
     VariantEnded,
 )
-from vaecast.job_snapshot import from_snapshot, snapshot
+from vaecast.job.snapshot import from_snapshot, snapshot
 
 FPS = Fraction(16)
 PLAN = PlanFacts(frames=48, chunks=3, width=64, height=64)  # 16 frames = 1 s a chunk

@@ -15,10 +15,10 @@ from tests.helpers.fragment_audio import assert_aligned
 from tests.test_pipeline_audio import RATE, Recorder
 from vaecast.codecs.aac import samples_for_duration
 from vaecast.errors import DecodeCancelled, DecodeFailedError, JobStateError
-from vaecast.latent_feed import LatentFeed, PulledBlock
 from vaecast.models.linear import LinearDecoder
-from vaecast.pipeline import AudioFormat, TimedAudio, VideoOutput, Workers
-from vaecast.pipeline import run_pipeline as pipeline
+from vaecast.pipeline.latent_feed import LatentFeed, PulledBlock
+from vaecast.pipeline.run import AudioFormat, TimedAudio, VideoOutput, Workers
+from vaecast.pipeline.run import run_pipeline as pipeline
 
 FPS = 8
 LATENTS = smooth_latents(frames=6)

@@ -18,8 +18,8 @@ from tests.helpers import GatedDecoder, decode_mp4, smooth_latents
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.errors import DecodeCancelled, DecodeFailedError
 from vaecast.models.base import DecodedChunk
-from vaecast.pipeline import Stages, VideoOutput, WholeLatents, Workers, run_pipeline
-from vaecast.thread_priority import lowered_nice
+from vaecast.pipeline.run import Stages, VideoOutput, WholeLatents, Workers, run_pipeline
+from vaecast.pipeline.thread_priority import lowered_nice
 
 LATENTS = smooth_latents(frames=6)  # 6 chunks
 WAIT_S = 10.0

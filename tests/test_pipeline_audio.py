@@ -28,11 +28,11 @@ from tests.helpers import (
 from tests.helpers.fragment_audio import assert_aligned, timeline
 from vaecast.codecs.aac import samples_for_duration
 from vaecast.errors import DecodeFailedError
-from vaecast.latent_feed import LatentFeed
 from vaecast.models.base import ChunkCallback, DecodedChunk, StreamPlan
 from vaecast.models.linear import LinearDecoder
-from vaecast.pipeline import AudioFormat, FragmentDone, TimedAudio, VideoOutput, Workers
-from vaecast.pipeline import run_pipeline as pipeline
+from vaecast.pipeline.latent_feed import LatentFeed
+from vaecast.pipeline.run import AudioFormat, FragmentDone, TimedAudio, VideoOutput, Workers
+from vaecast.pipeline.run import run_pipeline as pipeline
 
 RATE = 16_000
 LATENTS = smooth_latents(frames=8)  # 1 + 4 * 7 = 29 video frames, a chunk per latent frame

@@ -1,4 +1,4 @@
-"""The preview's priority over the final on one device (`vaecast.preview_first`), on
+"""The preview's priority over the final on one device (`vaecast.pipeline.preview_first`), on
 real threads: the final waits while the preview works, goes once it waits for a block
 or has ended, and a cancel ends its wait at once."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from vaecast.errors import DecodeCancelled
-from vaecast.preview_first import FinalSide, PreviewFirst, PreviewSide
+from vaecast.pipeline.preview_first import FinalSide, PreviewFirst, PreviewSide
 
 WAIT_S = 5.0
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vaecast import thread_priority
-from vaecast.thread_priority import lower_this_thread, lowered_nice, lowered_pool
+from vaecast.pipeline.thread_priority import lower_this_thread, lowered_nice, lowered_pool
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's"

@@ -89,7 +89,7 @@ def _create_app(config: ServerConfig, decoders: dict[str, Any]) -> tuple[web.App
     `encoder_factory=`; without either, encoder faults cannot be injected."""
     parameters = inspect.signature(vaecast_app.create_app).parameters
     if "stages" in parameters:
-        from vaecast.pipeline import Stages
+        from vaecast.pipeline.run import Stages
 
         stages = Stages(encoder_factory=faults.encoder_factory)
         return vaecast_app.create_app(config, decoders, stages=stages), "stages"

@@ -19,8 +19,8 @@ ENV_PREFIX = "VAECAST_"
 
 
 def render_cli_reference(parser: argparse.ArgumentParser) -> str:
-    from vaecast.cli_checks import environment_name
-    from vaecast.cli_help import shown_default
+    from vaecast.cli.checks import environment_name
+    from vaecast.cli.help import shown_default
 
     lines = [
         "# CLI reference",
@@ -121,7 +121,7 @@ def _clean_environment() -> Iterator[None]:
 def cli_reference() -> str:
     with _clean_environment():
         import vaecast.cli
-        from vaecast.cli_parser import build_parser
+        from vaecast.cli.parser import build_parser
 
         return render_cli_reference(build_parser(description=vaecast.cli.__doc__))
 

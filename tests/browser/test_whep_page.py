@@ -23,7 +23,7 @@ from tests.helpers.cdp import Browser, Page
 from tests.helpers.whep import WhepViewer
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.linear import LinearDecoder
-from vaecast.pipeline import Stages
+from vaecast.pipeline.run import Stages
 from vaecast.server.app import create_app
 from vaecast.server.config import ServerConfig
 

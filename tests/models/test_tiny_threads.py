@@ -15,11 +15,11 @@ import torch
 import vaecast.models.tiny as tiny
 import vaecast.models.tiny_stream as tiny_stream
 from tests.helpers.streams import tensor_census
-from vaecast.bridge import chunk_to_host
 from vaecast.codecs.quantize import quantize_to_host, quantize_yuv420_to_host
 from vaecast.models.base import DecodedChunk
 from vaecast.models.op_threads import per_thread_control
 from vaecast.models.tiny import LATENT_CHANNELS, TinyDecoder
+from vaecast.pipeline.bridge import chunk_to_host
 
 POOL_PREFIX = "vaecast-tiny-tail"
 

@@ -1,7 +1,7 @@
 """BodyBuffer: the body byte for byte however it is chunked, and held once in RSS.
 
 The RSS cases run in fresh interpreters with the server's heap settings
-(vaecast.heap), where `bytearray +=` leaves holes in the malloc arena that stay
+(vaecast.pipeline.heap), where `bytearray +=` leaves holes in the malloc arena that stay
 mapped; each reads the same body in the same chunks, one with `+=`, one with
 BodyBuffer.
 """
@@ -66,7 +66,7 @@ def test_a_taken_body_is_a_plain_writable_bytearray() -> None:
 PROBE = textwrap.dedent(
     """
     import json, sys
-    from vaecast.heap import retain_decode_heap
+    from vaecast.pipeline.heap import retain_decode_heap
     from vaecast.server.edge.body_buffer import BodyBuffer
 
     def rss():

@@ -1,4 +1,4 @@
-"""The server opens the next job's encoder between jobs (vaecast.encoder_spares)."""
+"""The server opens the next job's encoder between jobs (vaecast.pipeline.encoder_spares)."""
 
 from __future__ import annotations
 

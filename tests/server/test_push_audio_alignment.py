@@ -17,9 +17,9 @@ import torch
 from tests.helpers import safetensors_bytes, smooth_latents
 from tests.helpers.fragment_audio import Timeline, assert_aligned
 from tests.helpers.server import Server, StartServer
+from vaecast.cli.push_file import push_file
 from vaecast.client import PushSession
 from vaecast.codecs.aac import AAC_FRAME_SAMPLES, samples_for_duration
-from vaecast.push_file import push_file
 from vaecast.server.stream.job import Job
 
 QUIET_S = 0.3  # how long a fragment that must wait is watched not coming

@@ -2,14 +2,14 @@
 
 `vaecast serve --ray ADDRESS` joins a Ray cluster (`connect`), deploys the decoder
 replicas (`replica`: a Serve deployment whose streaming `decode` runs the one
-pipeline, `vaecast.pipeline.run_pipeline`, for one job) and serves the same HTTP API
+pipeline, `vaecast.pipeline.run.run_pipeline`, for one job) and serves the same HTTP API
 with the server's job manager built on runners whose jobs live in the cluster
 (`runners`; each front end's copy of a job is a `mirror`).
 
 The design, and why:
 - A job lives in the cluster, not in one front end: a `SharedJob` kept by one of a few
   named, detached `JobHost` actors (`job_host`, `shared_job`; the job's id names its host) owns its
-  record (`vaecast.job_record`, as every job has) and its fragments (in Ray's object
+  record (`vaecast.job.record`, as every job has) and its fragments (in Ray's object
   store), and calls the replica itself, so a front end that dies takes no job with it,
   and a request for any job can land on any front end.
 - Front ends keep a local mirror of each job they serve (a server Job whose runner

@@ -34,9 +34,9 @@ from vaecast.errors import (
     GoneError,
     VaecastError,
 )
-from vaecast.job_record import Completed, JobStatus, SegmentAdded, Transition, VariantEnded
+from vaecast.job.record import Completed, JobStatus, SegmentAdded, Transition, VariantEnded
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
-from vaecast.pipeline import TimedAudio
+from vaecast.pipeline.run import TimedAudio
 from vaecast.server.stream.finished_file import state_duration
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.retention import EvictionReason

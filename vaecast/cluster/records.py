@@ -99,7 +99,7 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """The fields of `vaecast.pipeline.FragmentDone`, and when its newest block came."""
+    """The fields of `vaecast.pipeline.run.FragmentDone`, and when its newest block came."""
 
     index: int
     total: int | None
@@ -152,7 +152,7 @@ class Update:
     fragments of their `SegmentAdded`s, and the state."""
 
     fragments: list[Any]  # ObjectRefs of the segments, in order
-    transitions: list[Any]  # vaecast.job_record transitions, in order
+    transitions: list[Any]  # vaecast.job.record transitions, in order
     snapshot: Snapshot
     final: bool  # the job has ended and every transition is in this update
     deleted: str | None = None  # why the job's shared state is gone: GONE_*

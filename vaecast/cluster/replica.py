@@ -50,11 +50,11 @@ from vaecast.codecs.fragment import facts_of
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import DecodeFailedError, UnknownModelError, VaecastError
-from vaecast.heap import retain_decode_heap
-from vaecast.latent_feed import BlockPull, LatentFeed, PulledBlock
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
 from vaecast.models.linear import LinearDecoder
-from vaecast.pipeline import (
+from vaecast.pipeline.heap import retain_decode_heap
+from vaecast.pipeline.latent_feed import BlockPull, LatentFeed, PulledBlock
+from vaecast.pipeline.run import (
     AudioFormat,
     FeedState,
     FragmentDone,
@@ -86,7 +86,7 @@ class DecoderReplica:
         }
         self._device = options.device
         slots = max(1, options.max_ongoing)
-        retain_decode_heap()  # the replica decodes again and again (vaecast/heap.py)
+        retain_decode_heap()  # the replica decodes again and again (vaecast/pipeline/heap.py)
         self._workers = Workers.for_slots(slots)
         context = serve.get_replica_context()
         self.info = ReplicaInfo(

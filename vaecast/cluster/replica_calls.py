@@ -33,7 +33,7 @@ from vaecast.cluster.records import (
     Started,
 )
 from vaecast.errors import DecodeFailedError, ReplicaFailedError, VaecastError
-from vaecast.job_record import (
+from vaecast.job.record import (
     FINAL,
     PREVIEW,
     ChunkEncoded,
@@ -44,7 +44,7 @@ from vaecast.job_record import (
     SegmentAdded,
     VariantEnded,
 )
-from vaecast.job_record import Started as RecordStarted
+from vaecast.job.record import Started as RecordStarted
 
 # A cancelled call ends once its replica says its decode returned, or after this long.
 REPLICA_STOP_WAIT_S = 10.0

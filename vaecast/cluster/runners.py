@@ -35,7 +35,7 @@ from vaecast.cluster.records import (
     host_name,
 )
 from vaecast.cluster.replica import replica_states
-from vaecast.job_record import PREVIEW, JobRecord, PreviewProgress
+from vaecast.job.record import PREVIEW, JobRecord, PreviewProgress
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job

@@ -53,7 +53,7 @@ from vaecast.errors import (
     JobStateError,
     VaecastError,
 )
-from vaecast.job_record import (
+from vaecast.job.record import (
     FINAL,
     PREVIEW,
     Completed,

@@ -31,7 +31,7 @@ at min(end, whole AAC frames received - 2 frames), rounded down to a frame: with
 in step with the video it lags by two to three AAC frames (43-64 ms at 48 kHz,
 128-192 ms at 16 kHz), and `finish` carries the rest, cut so the track ends exactly
 with the video. A caller that first waits for `audio_needed(end)` samples (the
-pipeline does, for a push session: `vaecast.pipeline`) gets every fragment's audio
+pipeline does, for a push session: `vaecast.pipeline.run`) gets every fragment's audio
 ending within one AAC frame of its video, and ends the track with its last chunk.
 A lagging track never holds the video back here.
 

@@ -23,7 +23,7 @@ Two ways to open a stream with sound:
   to end exactly with the video. Otherwise `finish` returns a last, audio-only
   fragment with the rest, fitted the same way. A caller that first waits until
   `live_audio_needed` samples are in (`audio_received`) gets each fragment's audio
-  ending within one AAC frame of its video (`vaecast.pipeline` does, for a push
+  ending within one AAC frame of its video (`vaecast.pipeline.run` does, for a push
   session); `settle_audio` tells the track where no more audio will come, so that
   gaps there are silence at once rather than when the video reaches them.
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.heap import retain_decode_heap
 from vaecast.models.base import ChunkedDecoder
-from vaecast.pipeline import Stages
+from vaecast.pipeline.heap import retain_decode_heap
+from vaecast.pipeline.run import Stages
 from vaecast.server.config import ServerConfig
 from vaecast.server.edge.http_errors import json_errors
 from vaecast.server.edge.loop_lag import watch_loop_lag
@@ -214,7 +214,7 @@ async def serve_until_signalled(
         # it out of the garbage collector's full passes, which otherwise scan all of it
         # and pause the event loop for a hundred milliseconds and more.
         gc.freeze()
-        # Decodes run again and again: keep their memory mapped (vaecast/heap.py).
+        # Decodes run again and again: keep their memory mapped (vaecast/pipeline/heap.py).
         retain_decode_heap()
         raise_open_file_limit()
         announce(bound_host, bound_port)

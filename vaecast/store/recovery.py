@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vaecast.job_snapshot import from_snapshot, snapshot
+from vaecast.job.snapshot import from_snapshot, snapshot
 from vaecast.store.database import JobDatabase, JobRow, SegmentRow, UnreadableRow
 from vaecast.store.owners import owner_gone
 

@@ -4,7 +4,7 @@
 holds the version); a new version appends a migration and never edits an old one,
 so every store written by an earlier vaecast opens in a later one.
 
-- `jobs`: one row per job: its record (`vaecast.job_snapshot`, JSON), the process
+- `jobs`: one row per job: its record (`vaecast.job.snapshot`, JSON), the process
   that owns it while it runs, its video file and the bytes of it that are indexed,
   when it finished and expires, and why it is gone (deleted, evicted), if it is.
 - `events`: the job's progress events, in order (their index is their SSE id).

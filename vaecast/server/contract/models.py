@@ -1,6 +1,6 @@
 """The JSON the API sends and takes, as msgspec Structs: their JSON Schema is the document's.
 
-The job object is built by the job record (`vaecast.job_record.JobRecord.to_json`) and
+The job object is built by the job record (`vaecast.job.record.JobRecord.to_json`) and
 the routes (`with_links`); these types say what it is, field by field, and the tests
 validate real answers against the schemas made from them (unknown fields are refused,
 so a field added on one side and not the other fails). msgspec makes JSON Schema 2020-12,
@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 from vaecast.demo.scenes import SCENE_NAMES
-from vaecast.job_transitions import JobStatus
+from vaecast.job.transitions import JobStatus
 
 Count = Annotated[int, Meta(ge=0)]
 Seconds = Annotated[float, Meta(description="seconds")]

@@ -23,7 +23,7 @@ from vaecast.errors import (
     UnknownModelError,
     UnsupportedMediaError,
 )
-from vaecast.job_record import FINAL, PREVIEW
+from vaecast.job.record import FINAL, PREVIEW
 from vaecast.latent_files.audio import AUDIO_RATE_KEY
 from vaecast.params import MAX_NUMBER_CHARS
 from vaecast.push_ledger import MAX_SEQ_DIGITS, SEQ_HEADER

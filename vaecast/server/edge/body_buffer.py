@@ -1,10 +1,10 @@
 """A request body read into one buffer that grows without copies or heap holes.
 
 `bytearray += chunk` grows by `realloc` with a 1/8 margin. Below glibc's mmap
-threshold (32 MiB with `vaecast.heap`'s settings) the buffer lives in the malloc
+threshold (32 MiB with `vaecast.pipeline.heap`'s settings) the buffer lives in the malloc
 arena, where a growth that cannot extend in place copies the body and leaves its
 old block behind as a hole; and since the server keeps freed memory mapped for the
-next decode (`vaecast/heap.py`), the holes stay in its RSS (measured: a 128 MB
+next decode (`vaecast/pipeline/heap.py`), the holes stay in its RSS (measured: a 128 MB
 upload peaked ~46 MB above the body with `+=`).
 
 So a body that passes `SMALL_BODY_BYTES` moves once into a buffer whose room is
@@ -36,7 +36,7 @@ import mmap
 
 # Bodies up to this grow as a plain bytearray (form fields, JSON, small latents).
 SMALL_BODY_BYTES = 1 << 20
-# Above glibc's largest mmap threshold (32 MiB, also what vaecast.heap sets), so the
+# Above glibc's largest mmap threshold (32 MiB, also what vaecast.pipeline.heap sets), so the
 # buffer is a mapping of its own; only the pages written count in RSS.
 MAPPED_ROOM_BYTES = 33 << 20
 

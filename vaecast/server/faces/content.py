@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from vaecast.errors import JobStateError, VaecastError
-from vaecast.job_record import FINAL, PREVIEW
+from vaecast.job.record import FINAL, PREVIEW
 from vaecast.server.config import Limits
 from vaecast.server.edge.http_errors import error_response
 from vaecast.server.edge.http_ranges import (

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from vaecast.errors import MalformedRequestError, NotFoundError, VaecastError
-from vaecast.job_record import FINAL, FINAL_STATUSES, PREVIEW
+from vaecast.job.record import FINAL, FINAL_STATUSES, PREVIEW
 from vaecast.params import leading_int
 from vaecast.server.contract.shared import (
     CACHE_CONTROL,

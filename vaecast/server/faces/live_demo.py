@@ -30,7 +30,6 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.bridge import chunk_to_host
 from vaecast.codecs.aac import AudioSettings
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.demo.live import latent_block_frames, scene_latent_blocks
@@ -38,7 +37,8 @@ from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
 from vaecast.demo.sources import SceneSpec, parse_scene_spec, scene_audio_span
 from vaecast.errors import DecodeFailedError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
-from vaecast.pipeline import AudioFormat, Stages, TimedAudio, Workers
+from vaecast.pipeline.bridge import chunk_to_host
+from vaecast.pipeline.run import AudioFormat, Stages, TimedAudio, Workers
 from vaecast.server.stream.job import Job, PushRequest
 
 log = logging.getLogger("vaecast.demo")

@@ -43,7 +43,7 @@ from vaecast.errors import (
 from vaecast.latent_files import AUDIO_RATE_KEY, LatentFile, check_audio, load_latents
 from vaecast.latent_files.frames import load_frames
 from vaecast.models.layouts import layout_of
-from vaecast.pipeline import TimedAudio
+from vaecast.pipeline.run import TimedAudio
 from vaecast.push_ledger import (
     SEQ_HEADER,
     PushGapError,

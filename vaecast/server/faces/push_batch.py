@@ -28,7 +28,7 @@ import torch
 
 from vaecast.errors import InvalidRequestError, JobStateError, PayloadTooLargeError
 from vaecast.latent_files import LatentFile
-from vaecast.pipeline import TimedAudio
+from vaecast.pipeline.run import TimedAudio
 from vaecast.push_ledger import PushLedger
 from vaecast.server.faces.push import PushSession, PushSessions
 from vaecast.server.stream.job import Job, JobStatus

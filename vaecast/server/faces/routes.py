@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
-from vaecast.job_record import PREVIEW
+from vaecast.job.record import PREVIEW
 from vaecast.params import leading_int, parse_int
 from vaecast.server.contract.routes import add_contract_routes
 from vaecast.server.contract.spec import not_a_route

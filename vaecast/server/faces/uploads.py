@@ -47,7 +47,7 @@ from vaecast.models.crop import check_crop_size
 from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, MAX_GEOMETRY_VALUE, BoundLayout, LatentLayout
 from vaecast.params import parse_fps, parse_int
-from vaecast.pipeline import AudioFormat
+from vaecast.pipeline.run import AudioFormat
 from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME, ServerConfig
 from vaecast.server.edge.body_buffer import BodyBuffer
 from vaecast.server.edge.body_rate import BodyPace

@@ -25,7 +25,7 @@ from vaecast.errors import (
     ServerBusyError,
     UnsupportedMediaError,
 )
-from vaecast.job_transitions import FINAL_STATUSES
+from vaecast.job.transitions import FINAL_STATUSES
 from vaecast.server.contract.models import DeletedWhepSession
 from vaecast.server.contract.shared import CONTENT_ERRORS, JSON, LOCATION, SDP, VARIANT, VIDEO_ID
 from vaecast.server.contract.spec import Header, Param, Reply, operation

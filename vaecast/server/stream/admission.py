@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from vaecast.errors import ServerBusyError
-from vaecast.job_record import JobStatus
+from vaecast.job.record import JobStatus
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Gauge
 
 from vaecast.errors import StoreUnavailableError
-from vaecast.job_record import NotStored
+from vaecast.job.record import NotStored
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_journal import JobJournal
 from vaecast.server.stream.restored_job import restored_job

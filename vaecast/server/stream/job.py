@@ -1,7 +1,7 @@
 """A job: its record, its MP4 and viewers, and the runner that makes it.
 
 A job is four things composed:
-- its `JobRecord` (`vaecast.job_record`): status, counters, timings, the API's job
+- its `JobRecord` (`vaecast.job.record`): status, counters, timings, the API's job
   object and the progress events, changed only through `apply`;
 - its `SegmentLog`, which any number of viewers follow at their own pace
   (`async with job.viewer()` counts them, so retention never evicts a video someone
@@ -33,7 +33,7 @@ from vaecast.errors import (
     NotFoundError,
     VaecastError,
 )
-from vaecast.job_record import (
+from vaecast.job.record import (
     FINAL,
     FINAL_STATUSES,
     PREVIEW,

@@ -1,7 +1,7 @@
 """A job's journal: what happens to it, told to the durable store as it happens.
 
 Observes the job's transitions (`Job.observe`): its creation, each event with the
-record as it is then (`vaecast.job_snapshot`), each segment's place in the video
+record as it is then (`vaecast.job.snapshot`), each segment's place in the video
 file with its HLS part, and its end. A completed job's `done` goes with the order
 to fsync its file first (`Store.completed`); a failed or cancelled one's video is
 dropped, as in memory. Only jobs whose log writes the store's file are journalled, and
@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vaecast.job_record import FINAL, Completed, Ended, NotStored, SegmentAdded, Transition
-from vaecast.job_snapshot import snapshot
+from vaecast.job.record import FINAL, Completed, Ended, NotStored, SegmentAdded, Transition
+from vaecast.job.snapshot import snapshot
 from vaecast.server.stream.job import Job
 from vaecast.store import Store, StoredSegment
 

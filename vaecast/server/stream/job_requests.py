@@ -12,7 +12,7 @@ from fractions import Fraction
 import torch
 
 from vaecast.codecs.stream import Soundtrack
-from vaecast.pipeline import AudioFormat
+from vaecast.pipeline.run import AudioFormat
 
 
 class PushKind(enum.Enum):

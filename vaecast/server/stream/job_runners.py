@@ -15,7 +15,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vaecast.job_record import JobRecord, PreviewProgress
+from vaecast.job.record import JobRecord, PreviewProgress
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
@@ -94,7 +94,7 @@ class LocalRunners:
         )
         setup = None
         if preview is not None:
-            # On the model's device, the final yields to it (vaecast.preview_first).
+            # On the model's device, the final yields to it (vaecast.pipeline.preview_first).
             first = preview.device == decoder.device
             setup = PreviewSetup(preview, manager.previews.workers(manager.workers), first)
         runner = LocalRunner(request, manager.config, manager.workers, manager.stages, setup)

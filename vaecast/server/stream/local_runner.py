@@ -12,7 +12,7 @@ A job with a preview (`PreviewSetup`) runs two pipelines in its one slot, over t
 same latents (a push session's blocks reach the preview through a `FeedTap`): the
 preview decoder's into the job's preview rendition, on a decode thread of its own,
 and the model's, the final, into the job's video. On one device the final yields
-to the preview chunk by chunk (`vaecast.preview_first`). Each rendition ends on its
+to the preview chunk by chunk (`vaecast.pipeline.preview_first`). Each rendition ends on its
 own (`VariantEnded`; `cancel_variant` stops one); the job ends once both have, as
 its final did. The final's observer sends `final_ready` once the final has passed
 a viewer of the preview (`JobRecord.final_caught_up`).
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vaecast.errors import CancelledByShutdown, DecodeCancelled, DecodeFailedError, VaecastError
-from vaecast.job_record import (
+from vaecast.job.record import (
     FINAL,
     PREVIEW,
     ChunkEncoded,
@@ -41,9 +41,10 @@ from vaecast.job_record import (
     Started,
     VariantEnded,
 )
-from vaecast.latent_feed import LatentFeed
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
-from vaecast.pipeline import (
+from vaecast.pipeline.latent_feed import LatentFeed
+from vaecast.pipeline.preview_first import FinalSide, PreviewFirst, PreviewSide
+from vaecast.pipeline.run import (
     FragmentDone,
     LatentSource,
     Stages,
@@ -53,7 +54,6 @@ from vaecast.pipeline import (
     run_pipeline,
 )
 from vaecast.playback_deadlines import slack
-from vaecast.preview_first import FinalSide, PreviewFirst, PreviewSide
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.finished_file import state_duration
 from vaecast.server.stream.job import Job, plan_facts

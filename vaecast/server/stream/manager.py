@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from vaecast.encoder_spares import SpareEncoders
 from vaecast.errors import (
     JobStateError,
     NotFoundError,
@@ -38,7 +37,8 @@ from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.models.crop import CroppedDecoder
 from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
-from vaecast.pipeline import Stages, Workers
+from vaecast.pipeline.encoder_spares import SpareEncoders
+from vaecast.pipeline.run import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics, ServerState
 from vaecast.server.stream.admission import LOCAL_CLIENT, Admission, Places

@@ -20,7 +20,7 @@ from vaecast.errors import InvalidRequestError, UnknownModelError
 from vaecast.models.base import ChunkedDecoder
 from vaecast.models.latent_space import check_preview
 from vaecast.models.linear import LinearDecoder
-from vaecast.pipeline import Workers
+from vaecast.pipeline.run import Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job_requests import (
     NO_PREVIEW,

@@ -1,7 +1,7 @@
 """A finished job again, from the durable store: after a restart, or another front
 end's (two front ends on one store).
 
-Its record comes from its snapshot (`vaecast.job_snapshot`; one that was running
+Its record comes from its snapshot (`vaecast.job.snapshot`; one that was running
 came back `interrupted`), its MP4 from its file, read where its fragment index says,
 its fragments' facts from the same index, its events as they were: so `/content`, Range,
 the ETag (the id and the size), the playlist and `/events` with `Last-Event-ID`
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from vaecast.codecs.fragment import FragmentFacts
 from vaecast.errors import VaecastError
-from vaecast.job_record import JobStatus
-from vaecast.job_snapshot import from_snapshot
+from vaecast.job.record import JobStatus
+from vaecast.job.snapshot import from_snapshot
 from vaecast.models.base import DecodePlan
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.segment_log import SegmentLog

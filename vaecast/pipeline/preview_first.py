@@ -22,7 +22,7 @@ import threading
 
 from vaecast.errors import DecodeCancelled
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
-from vaecast.pipeline_interfaces import FeedState, LatentSource, TimedAudio
+from vaecast.pipeline.interfaces import FeedState, LatentSource, TimedAudio
 
 # How often a final waiting for its turn looks at its cancel flag.
 TURN_POLL_S = 0.05

@@ -1,6 +1,6 @@
 """What `run_pipeline` is given and what it reports: the pipeline's interfaces.
 
-`vaecast.pipeline` runs one video; these are the parts its callers inject and the
+`vaecast.pipeline.run` runs one video; these are the parts its callers inject and the
 values it hands back, apart so that a caller (the server, `vaecast decode`, the
 benchmarks) can build them without the pipeline's machinery: the latent sources
 (`WholeLatents`, and the `LiveSource` protocol of push sessions with the audio that
@@ -19,12 +19,12 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from vaecast.bridge import ToHost
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import quantize_yuv420_to_host
 from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
 from vaecast.models.base import ChunkCallback, ChunkedDecoder
-from vaecast.thread_priority import lowered_pool
+from vaecast.pipeline.bridge import ToHost
+from vaecast.pipeline.thread_priority import lowered_pool
 
 # What builds the encoder: VideoStreamEncoder's signature.
 EncoderFactory = Callable[..., VideoStreamEncoder]
@@ -88,7 +88,7 @@ class FeedState:
 @runtime_checkable
 class LiveSource(LatentSource, Protocol):
     """A latent source whose blocks, and the audio with them, arrive over time (a push
-    session): with audio, each fragment waits for its audio (`vaecast.pipeline_live_audio`)."""
+    session): with audio, each fragment waits for its audio (`vaecast.pipeline.live_audio`)."""
 
     def feed_state(self) -> FeedState:
         """Now; on the event loop."""
@@ -113,7 +113,7 @@ class Workers:
     `encode` opens each video's encoder and encodes its first chunk (the first
     fragment is what a viewer waits for). `encode_rest`, when given, encodes the
     chunks after it while the encoder keeps up (no chunk waiting behind the one taken):
-    a pool at a lower priority (nice 10, `vaecast.thread_priority`), so that on cores
+    a pool at a lower priority (nice 10, `vaecast.pipeline.thread_priority`), so that on cores
     the decode fills the encoder takes mostly the time the decode leaves idle. A chunk
     taken with another waiting goes to `encode`: the encoder is behind, and at a
     tenth of a core's share the stream would fall further behind.

@@ -26,7 +26,7 @@ from typing import Any
 from vaecast.codecs.aac import AudioSettings
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack, VideoStreamEncoder
-from vaecast.pipeline import EncoderFactory
+from vaecast.pipeline.run import EncoderFactory
 
 # What makes two streams' encoders interchangeable before their first frame.
 SpareKey = tuple[int, int, Fraction, EncoderSettings, AudioSettings | None]

@@ -1,6 +1,6 @@
 """How `vaecast --help` shows each option's default, and the CLI reference with it.
 
-Apart from the parser (`vaecast.cli_parser`) because the documentation's CLI reference
+Apart from the parser (`vaecast.cli.parser`) because the documentation's CLI reference
 (docs/hooks/cli_reference.py) shows defaults the same way.
 """
 
@@ -12,7 +12,7 @@ import re
 # A help text that says its default already ("(default 1)", "; default $VAECAST_API_KEY"),
 # where the value may be a secret read from the environment or not a value at all.
 _DEFAULT_SAID = re.compile(r"(?:^|[(;,] ?)default\b")
-# What `vaecast.cli_checks.defaults_from_environment` appends: the default goes before it.
+# What `vaecast.cli.checks.defaults_from_environment` appends: the default goes before it.
 _ENV_NOTE = re.compile(r" ?\(env [A-Z0-9_]+\)$")
 
 

@@ -23,7 +23,7 @@ the decoder at its next chunk.
 
 Audio that arrives with the latents (a push session with audio, `LiveSource`) is
 carried by each fragment for its own video span; how a chunk waits for it, and what
-that costs, is `vaecast.pipeline_live_audio`'s docstring.
+that costs, is `vaecast.pipeline.live_audio`'s docstring.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from vaecast.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
 from vaecast.codecs.aac import AudioSettings
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.errors import DecodeFailedError
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
-from vaecast.pipeline_interfaces import (
+from vaecast.pipeline.bridge import ChunkBridge, DecodeEnded, DecodeRaised, HostChunk
+from vaecast.pipeline.interfaces import (
     AudioFormat,
     EncoderFactory,
     FeedState,
@@ -55,7 +55,7 @@ from vaecast.pipeline_interfaces import (
     WholeLatents,
     Workers,
 )
-from vaecast.pipeline_live_audio import DEFAULT_AUDIO_WAIT_S, append_audio, encode_aligned
+from vaecast.pipeline.live_audio import DEFAULT_AUDIO_WAIT_S, append_audio, encode_aligned
 
 __all__ = [
     "DEFAULT_AUDIO_WAIT_S",
@@ -97,7 +97,7 @@ async def run_pipeline(
     `plan` is the decoder's plan of a whole video, or its stream plan (frame size and
     chunk sizes, not the length) for one whose length is known when its source ends.
     `audio_wait_s` bounds each chunk's wait for its audio (audio arriving with the
-    latents of a `LiveSource` only; see `vaecast.pipeline_live_audio`).
+    latents of a `LiveSource` only; see `vaecast.pipeline.live_audio`).
     Raises DecodeFailedError when the decoder, the encoder or the sink fails, or the
     decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
     """

@@ -1,7 +1,7 @@
-"""What happens to a job, as the record (`vaecast.job_record`) is told it: its statuses,
+"""What happens to a job, as the record (`vaecast.job.record`) is told it: its statuses,
 the small frozen transitions a runner applies, and which each status allows.
 
-Apart from the record so that the vocabulary reads on its own; `vaecast.job_record`
+Apart from the record so that the vocabulary reads on its own; `vaecast.job.record`
 re-exports every name. Standard library only, like the record.
 """
 

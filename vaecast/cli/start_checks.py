@@ -5,7 +5,7 @@ library that uses a setting can judge is tried here with the real thing: the enc
 settings open a real libx264 context, the spill folder takes a real file. A setting
 that would fail every job then ends the start with one line naming the option, its
 value and what went wrong, instead of a server whose `/healthz` says ready. (The
-models and their weights are loaded before the port opens too, `vaecast.cli_serve`;
+models and their weights are loaded before the port opens too, `vaecast.cli.serve`;
 `load_decoder` names the option of a model that fails.)
 """
 

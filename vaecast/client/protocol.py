@@ -18,7 +18,7 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import urlsplit
 
-from vaecast.client_blocks import Array, encode_block, encode_frames_block
+from vaecast.client.blocks import Array, encode_block, encode_frames_block
 from vaecast.errors import InvalidRequestError, VaecastError
 
 Fps = int | float | Fraction | str

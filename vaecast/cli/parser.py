@@ -1,8 +1,8 @@
 """The `vaecast` command line: every command's options, as one argparse parser.
 
-Each command's parser sets `run`, the function that carries it out (`vaecast.cli_serve`,
-`vaecast.cli_files`); `vaecast.cli.main` parses and calls it. The options `serve`
-and `decode` share are `vaecast.cli_decode_options`'.
+Each command's parser sets `run`, the function that carries it out (`vaecast.cli.serve`,
+`vaecast.cli.files`); `vaecast.cli.main` parses and calls it. The options `serve`
+and `decode` share are `vaecast.cli.decode_options`'.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from vaecast.cli_checks import defaults_from_environment
-from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
-from vaecast.cli_help import DefaultsShown
-from vaecast.cli_types import at_least, option_type, port_number
+from vaecast.cli.checks import defaults_from_environment
+from vaecast.cli.decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
+from vaecast.cli.help import DefaultsShown
+from vaecast.cli.option_types import at_least, option_type, port_number
 from vaecast.demo.scene_names import SCENE_NAMES
 from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
@@ -64,7 +64,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     command = functools.partial(commands.add_parser, formatter_class=DefaultsShown)
 
     serve = command("serve", help="run the HTTP server")
-    serve.set_defaults(run=_runner("vaecast.cli_serve:run_serve"))
+    serve.set_defaults(run=_runner("vaecast.cli.serve:run_serve"))
     for add_options in (
         _serve_basics,
         _serve_limits,
@@ -387,7 +387,7 @@ def _add_latents(command: Callable[..., argparse.ArgumentParser]) -> None:
     latents = command(
         "latents", help="make a latent file: a demo scene or a video, encoded with tiny"
     )
-    latents.set_defaults(run=_runner("vaecast.cli_files:run_latents"))
+    latents.set_defaults(run=_runner("vaecast.cli.files:run_latents"))
     source = latents.add_mutually_exclusive_group(required=True)
     source.add_argument("--scene", help="a demo scene: " + ", ".join(SCENE_NAMES))
     source.add_argument("--video", type=Path, help="a video file to encode (read with PyAV)")
@@ -419,7 +419,7 @@ def _add_latents(command: Callable[..., argparse.ArgumentParser]) -> None:
 def _add_decode(command: Callable[..., argparse.ArgumentParser]) -> None:
     """`vaecast decode`: a latent file to an MP4 file."""
     decode = command("decode", help="decode a latent file to an MP4 file")
-    decode.set_defaults(run=_runner("vaecast.cli_files:run_decode"))
+    decode.set_defaults(run=_runner("vaecast.cli.files:run_decode"))
     decode.add_argument("latents", type=Path, help=".safetensors (tensor 'latents') or .npy")
     decode.add_argument("-o", "--output", type=Path, required=True, help="the MP4 file to write")
     decode.add_argument(
@@ -436,7 +436,7 @@ def _add_push(command: Callable[..., argparse.ArgumentParser]) -> None:
     push = command(
         "push", help="push a latent file to a server block by block, as a generator would"
     )
-    push.set_defaults(run=_runner("vaecast.cli_files:run_push"))
+    push.set_defaults(run=_runner("vaecast.cli.files:run_push"))
     push.add_argument("latents", type=Path, help=".safetensors (tensor 'latents', 'audio') or .npy")
     push.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
     push.add_argument(

@@ -10,21 +10,21 @@ from __future__ import annotations
 import argparse
 import errno
 
-from vaecast.cli_decode_options import (
+from vaecast.cli.decode_file import decode_to_file
+from vaecast.cli.decode_options import (
     DEFAULTS,
     encoder_settings,
     load_decoder,
     resolve_diffusers,
     weights_by_model,
 )
-from vaecast.cli_start_checks import check_encoder, check_writable_folder
+from vaecast.cli.start_checks import check_encoder, check_writable_folder
 from vaecast.codecs.stream import Soundtrack
-from vaecast.decode_file import decode_to_file
 from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.models.layouts import layout_of
 from vaecast.params import parse_fps
-from vaecast.pipeline import VideoOutput
+from vaecast.pipeline.run import VideoOutput
 
 
 def run_latents(args: argparse.Namespace) -> int:
@@ -110,7 +110,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from vaecast.push_file import push_file  # the client: no server, no model loaded
+    from vaecast.cli.push_file import push_file  # the client: no server, no model loaded
 
     return push_file(
         args.latents,

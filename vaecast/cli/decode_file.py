@@ -22,7 +22,7 @@ import torch
 
 from vaecast.codecs.fmp4_finish import DurationTally
 from vaecast.models.base import ChunkedDecoder, DecodePlan
-from vaecast.pipeline import FragmentDone, VideoOutput, WholeLatents, Workers, run_pipeline
+from vaecast.pipeline.run import FragmentDone, VideoOutput, WholeLatents, Workers, run_pipeline
 
 
 def decode_to_file(

@@ -42,8 +42,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit
 
-from vaecast.client_blocks import Array, encode_block, encode_frames_block
-from vaecast.client_protocol import (
+from vaecast.client.blocks import Array, encode_block, encode_frames_block
+from vaecast.client.protocol import (
     DEFAULT_RETRY_S,
     DEFAULT_TIMEOUT_S,
     FIRST_BACKOFF_S,

@@ -12,7 +12,7 @@ loop every `GET_POLL_S`, as the bridge does for its puts.
 A block's audio (`TimedAudio`, from the block's first video frame on) is handed to
 the encoder with the next chunk it encodes. With audio, the pipeline holds each
 chunk's fragment until the audio that ends it with its video is in (see
-`vaecast.pipeline`): it reads where the blocks stand (`feed_state`: latent frames put,
+`vaecast.pipeline.run`): it reads where the blocks stand (`feed_state`: latent frames put,
 whose audio is all here by then; the end; a producer held back by the full queue; a
 cancel) and waits on the loop for the next change (`feed_changed`), which every put,
 the end, a held-back put and a cancel (from any thread) signal.
@@ -48,7 +48,7 @@ import torch
 
 from vaecast.errors import DecodeCancelled, DecodeFailedError, VaecastError
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
-from vaecast.pipeline import FeedState, TimedAudio
+from vaecast.pipeline.run import FeedState, TimedAudio
 
 GET_POLL_S = 0.05
 

@@ -1,5 +1,5 @@
 """What a job record shows of itself: its timings and, for a job with a preview, each
-rendition. Pure functions of a `JobRecord` (`vaecast.job_record`), apart from it so
+rendition. Pure functions of a `JobRecord` (`vaecast.job.record`), apart from it so
 that the record reads as its state and its transitions. Standard library only.
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vaecast.errors import VaecastError
-from vaecast.job_transitions import FINAL, PREVIEW, JobStatus
+from vaecast.job.transitions import FINAL, PREVIEW, JobStatus
 
 if TYPE_CHECKING:
-    from vaecast.job_record import JobRecord
+    from vaecast.job.record import JobRecord
 
 
 def job_timings(

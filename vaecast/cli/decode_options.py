@@ -2,8 +2,8 @@
 
 Both take the same decoder and encoder options (`add_common_options`: device,
 weights, fps, x264 settings) and resolve `--model`/`--weights` the same way before
-loading a decoder. Here, apart from the parser (`vaecast.cli_parser`) and the
-commands (`vaecast.cli_serve`, `vaecast.cli_files`), because both sides use them.
+loading a decoder. Here, apart from the parser (`vaecast.cli.parser`) and the
+commands (`vaecast.cli.serve`, `vaecast.cli.files`), because both sides use them.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from vaecast.errors import JobInterruptedError, VaecastError, error_of_type
-from vaecast.job_record import (
+from vaecast.job.record import (
     FINAL,
     Ended,
     Geometry,

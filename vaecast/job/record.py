@@ -31,7 +31,7 @@ from fractions import Fraction
 from typing import Any
 
 from vaecast.errors import VaecastError
-from vaecast.job_transitions import (
+from vaecast.job.transitions import (
     ALLOWED,
     FINAL,
     FINAL_STATUSES,
@@ -52,7 +52,7 @@ from vaecast.job_transitions import (
     Transition,
     VariantEnded,
 )
-from vaecast.job_views import job_timings, variants_json
+from vaecast.job.views import job_timings, variants_json
 from vaecast.playback_deadlines import Commit, stall_free_start_s
 
 __all__ = [

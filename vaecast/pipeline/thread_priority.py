@@ -11,7 +11,7 @@ a weight of 110 against a normal thread's 1024) the encoder rarely preempts a
 decode thread and runs in the decode's gaps and after it, yet still gets about a
 tenth of a core's share when everything else is busy. The pipeline's bounded queue
 keeps the decode from running away from it, and a chunk taken while another already
-waits goes to a normal-priority thread (`vaecast.pipeline.run_pipeline`).
+waits goes to a normal-priority thread (`vaecast.pipeline.run.run_pipeline`).
 
 Why not Linux's idle class (`SCHED_IDLE`, which this module used first): an idle
 thread gets next to nothing (a weight of 3) whenever other processes keep the cores
@@ -24,7 +24,7 @@ at 832x480, `tiny`, 2 cores), nice 10 against `SCHED_IDLE`: last byte 1.007x (IQ
 runs, `SCHED_IDLE` then): 0.955x (IQR 0.89-1.00); with every chunk lowered the first
 fragment came 1.11x later (its encode waited for a gap in the second chunk's
 decode), so the first chunk is encoded at normal priority
-(`vaecast.pipeline.Workers.encode`).
+(`vaecast.pipeline.run.Workers.encode`).
 
 Linux only: nice is per thread there. Where it is refused (a seccomp filter, say)
 the thread keeps its priority. Elsewhere nothing is changed: `setpriority` would

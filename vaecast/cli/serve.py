@@ -13,7 +13,7 @@ import asyncio
 import sys
 from typing import Any
 
-from vaecast.cli_decode_options import (
+from vaecast.cli.decode_options import (
     DEFAULT_MODEL,
     DEFAULTS,
     encoder_settings,
@@ -21,7 +21,7 @@ from vaecast.cli_decode_options import (
     resolve_diffusers,
     weights_by_model,
 )
-from vaecast.cli_start_checks import check_encoder, check_listen_address, check_writable_folder
+from vaecast.cli.start_checks import check_encoder, check_listen_address, check_writable_folder
 from vaecast.cluster.records import ReplicaOptions
 from vaecast.errors import InvalidRequestError
 from vaecast.params import parse_fps

@@ -1,7 +1,7 @@
 """The `vaecast` command: `serve` the HTTP API, or `decode` latents to an MP4 file."""
 
-# The console entry point (`vaecast.cli:main`). The parser is `vaecast.cli_parser`'s,
-# the commands' runners `vaecast.cli_serve`'s and `vaecast.cli_files`'; the names
+# The console entry point (`vaecast.cli:main`). The parser is `vaecast.cli.parser`'s,
+# the commands' runners `vaecast.cli.serve`'s and `vaecast.cli.files`'; the names
 # other code imported from here are re-exported.
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import errno
 import sys
 from collections.abc import Sequence
 
-from vaecast.cli_checks import misspelt_option
-from vaecast.cli_decode_options import DEFAULT_MODEL, DEFAULTS
-from vaecast.cli_parser import build_parser
+from vaecast.cli.checks import misspelt_option
+from vaecast.cli.decode_options import DEFAULT_MODEL, DEFAULTS
+from vaecast.cli.parser import build_parser
 from vaecast.errors import VaecastError
 from vaecast.log_format import configure_logging
 

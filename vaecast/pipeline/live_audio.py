@@ -1,7 +1,7 @@
 """Live audio in the pipeline: each fragment of a push session waits for the audio
 that ends it with its video.
 
-Apart from `vaecast.pipeline` because it is the one part of a video's path that waits
+Apart from `vaecast.pipeline.run` because it is the one part of a video's path that waits
 on the event loop for something other than the decoder: the rules for how long a
 chunk is held for its audio, and the encode-thread steps that take the audio in.
 
@@ -48,10 +48,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from vaecast.bridge import HostChunk
 from vaecast.codecs.stream import VideoStreamEncoder
 from vaecast.models.base import DecodePlan, StreamPlan
-from vaecast.pipeline_interfaces import LiveSource, TimedAudio
+from vaecast.pipeline.bridge import HostChunk
+from vaecast.pipeline.interfaces import LiveSource, TimedAudio
 
 # The longest a chunk of a push session with audio waits for the audio that ends its
 # fragment with its video (module docstring).
