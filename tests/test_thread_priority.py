@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from vaecast import thread_priority
+from vaecast.pipeline import thread_priority
 from vaecast.pipeline.thread_priority import lower_this_thread, lowered_nice, lowered_pool
 
 pytestmark = pytest.mark.skipif(
