@@ -91,27 +91,8 @@ def create_app(
             watch_loop_lag(manager.metrics.record_loop_lag), name="vaecast-loop-lag"
         )
         warm_up = None
-        decodes_here = manager.runners.decodes_here
-        if warm_demo and decodes_here and config.default_model == DEMO_MODEL:
-            # A task: the server answers (/healthz, jobs) while it runs.
-            warm_up = asyncio.create_task(
-                warm_up_demo(
-                    decoders[DEMO_MODEL],
-                    config.device,
-                    config.default_fps,
-                    config.encoder,
-                    # The manager's: the demo's encoder is then opened ahead for the
-                    # first click (encoder_spares).
-                    manager.stages,
-                    # The threads jobs decode and encode on: a fresh thread would pay
-                    # its first-call costs again.
-                    manager.workers,
-                    # A job, or a request being read: the warm-up would only compete.
-                    busy=lambda: manager.places.busy,
-                ),
-                name="vaecast-demo-warm-up",
-            )
-            warm_up.add_done_callback(lambda _: manager.replenish_spare_encoder())
+        if warm_demo and manager.runners.decodes_here and config.default_model == DEMO_MODEL:
+            warm_up = _warm_up_demo(manager, decoders[DEMO_MODEL])
         app[DEMO_WARM_UP] = warm_up
         yield
         tasks = [lag_watch] if warm_up is None else [lag_watch, warm_up]
@@ -124,6 +105,31 @@ def create_app(
 
     app.cleanup_ctx.append(job_manager)
     return app
+
+
+def _warm_up_demo(manager: JobManager, decoder: ChunkedDecoder) -> asyncio.Task[Any]:
+    """The demo's first-call work, as a task: the server answers (/healthz, jobs)
+    while it runs."""
+    config = manager.config
+    warm_up = asyncio.create_task(
+        warm_up_demo(
+            decoder,
+            config.device,
+            config.default_fps,
+            config.encoder,
+            # The manager's: the demo's encoder is then opened ahead for the first
+            # click (encoder_spares).
+            manager.stages,
+            # The threads jobs decode and encode on: a fresh thread would pay its
+            # first-call costs again.
+            manager.workers,
+            # A job, or a request being read: the warm-up would only compete.
+            busy=lambda: manager.places.busy,
+        ),
+        name="vaecast-demo-warm-up",
+    )
+    warm_up.add_done_callback(lambda _: manager.replenish_spare_encoder())
+    return warm_up
 
 
 @web.middleware

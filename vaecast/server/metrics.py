@@ -97,6 +97,13 @@ class Metrics:
         self.read_replicas: Callable[[], dict[str, Any] | None] | None = None
         self.registry.register(_ReplicaCollector(self))
         r = self.registry
+        self._count_jobs(r)
+        self._time_jobs(r)
+        self._watch_the_loop(r)
+        self._count_webrtc(r)
+
+    def _count_jobs(self, r: CollectorRegistry) -> None:
+        """Jobs that ended, were refused or evicted; bytes and viewers."""
         self.jobs_finished = Counter(
             "vaecast_jobs_finished", "Jobs that ended, by final status", ["status"], registry=r
         )
@@ -115,6 +122,9 @@ class Metrics:
         self.jobs_evicted = Counter(
             "vaecast_jobs_evicted", "Finished jobs evicted, by reason", ["reason"], registry=r
         )
+
+    def _time_jobs(self, r: CollectorRegistry) -> None:
+        """How long a job's steps take: first fragment, decode, encode, slack."""
         self.time_to_first_fragment = Histogram(
             "vaecast_time_to_first_fragment_seconds",
             "From job creation to its first fragment in the log",
@@ -166,6 +176,9 @@ class Metrics:
             buckets=SECONDS_BUCKETS,
             registry=r,
         )
+
+    def _watch_the_loop(self, r: CollectorRegistry) -> None:
+        """How late the event loop runs."""
         self.loop_lag = Histogram(
             "vaecast_event_loop_lag_seconds",
             "How late a periodic event-loop tick fired (anything that blocks the loop shows here)",
@@ -178,6 +191,9 @@ class Metrics:
             registry=r,
         )
         self._worst_lag_s = 0.0
+
+    def _count_webrtc(self, r: CollectorRegistry) -> None:
+        """WHEP viewers, sessions, shared encodes and stalls."""
         self.webrtc_viewers = Gauge(
             "vaecast_webrtc_viewers",
             "WHEP viewers connected or connecting, by what their video is: the job's own "

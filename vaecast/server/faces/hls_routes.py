@@ -117,73 +117,9 @@ SEGMENT = operation(
 
 
 def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
-    def found(request: web.Request, variant: str) -> tuple[Job, Rendition]:
-        job = request.app[manager_key].get(request.match_info["video_id"])
-        return job, job.rendition(variant)
-
-    def routes(variant: str, prefix: str) -> None:
-        @PLAYLIST
-        async def playlist(request: web.Request) -> web.Response:
-            job, rendition = found(request, variant)
-            msn = _hls_number(request, "_HLS_msn")
-            part = _hls_number(request, "_HLS_part")
-            if part is not None and msn is None:
-                raise MalformedRequestError("_HLS_part needs _HLS_msn")
-            if msn is not None:
-                if too_far_ahead(_listed(job, rendition), _ended(job, rendition), msn):
-                    raise MalformedRequestError(
-                        f"_HLS_msn={msn} is more than two segments past the playlist's last"
-                    )
-                await _until_listed(job, rendition, msn, part)
-            else:
-                await _until_playable(job, rendition)
-            # A rendition that failed or was stopped has no media to list: its error,
-            # as for its /content and its parts (the job's other rendition may play).
-            # A whole file (an interrupted job's kept fragments) plays, as its /content.
-            if not rendition.log.complete:
-                refuse_if_broken(job, rendition)
-            return web.Response(
-                text=_playlist_text(job, rendition),
-                content_type=MEDIA_TYPE,
-                headers={"Cache-Control": "no-cache"},
-            )
-
-        @INIT
-        async def init(request: web.Request) -> web.StreamResponse:
-            job, rendition = found(request, variant)
-            await wait_for_init(job, rendition)
-            # A running rendition's init segment is rewritten once it finishes, to state
-            # its duration (`finished_file`): kept by a cache only from then on.
-            cache = CACHE_FINISHED if rendition.log.complete else "no-cache"
-            return await _send_segments(request, job, rendition, [0], cache)
-
-        @PART
-        async def part(request: web.Request) -> web.StreamResponse:
-            job, rendition = found(request, variant)
-            index = _media_number(request)
-            await _until_parts(job, rendition, index + 1)
-            if index >= len(rendition.fragments):
-                # A job that failed first: its error, as for /content.
-                refuse_if_broken(job, rendition)
-                raise NotFoundError(f"video {job.id} has no part {index}")
-            return await _send_segments(request, job, rendition, [index + 1])
-
-        @SEGMENT
-        async def segment(request: web.Request) -> web.StreamResponse:
-            job, rendition = found(request, variant)
-            number = _media_number(request)
-            grouped = segments(_listed(job, rendition), _ended(job, rendition))
-            if number >= len(grouped) or not grouped[number].complete:
-                raise NotFoundError(f"video {job.id} has no complete segment {number}")
-            chosen = grouped[number]
-            first = chosen.first_part + 1  # log segment 0 is the init segment
-            indexes = list(range(first, first + len(chosen.parts)))
-            return await _send_segments(request, job, rendition, indexes)
-
-        app.router.add_get(f"{prefix}/playlist.m3u8", playlist)
-        app.router.add_get(f"{prefix}/hls/init.mp4", init)
-        app.router.add_get(f"{prefix}/hls/part/{{number}}.m4s", part)
-        app.router.add_get(f"{prefix}/hls/segment/{{number}}.m4s", segment)
+    base = "/v1/videos/{video_id}"
+    _add_rendition_routes(app, manager_key, FINAL, base)
+    _add_rendition_routes(app, manager_key, PREVIEW, f"{base}/{PREVIEW}")
 
     @MASTER
     async def master(request: web.Request) -> web.Response:
@@ -200,10 +136,86 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
             headers={"Cache-Control": "no-cache"},
         )
 
-    base = "/v1/videos/{video_id}"
-    routes(FINAL, base)
-    routes(PREVIEW, f"{base}/{PREVIEW}")
     app.router.add_get(f"{base}/master.m3u8", master)
+
+
+def _add_rendition_routes(
+    app: web.Application, manager_key: web.AppKey[JobManager], variant: str, prefix: str
+) -> None:
+    """One rendition's playlist, init segment, parts and segments under `prefix`."""
+
+    def found(request: web.Request) -> tuple[Job, Rendition]:
+        job = request.app[manager_key].get(request.match_info["video_id"])
+        return job, job.rendition(variant)
+
+    @PLAYLIST
+    async def playlist(request: web.Request) -> web.Response:
+        job, rendition = found(request)
+        return await _playlist_answer(request, job, rendition)
+
+    @INIT
+    async def init(request: web.Request) -> web.StreamResponse:
+        job, rendition = found(request)
+        await wait_for_init(job, rendition)
+        # A running rendition's init segment is rewritten once it finishes, to state
+        # its duration (`finished_file`): kept by a cache only from then on.
+        cache = CACHE_FINISHED if rendition.log.complete else "no-cache"
+        return await _send_segments(request, job, rendition, [0], cache)
+
+    @PART
+    async def part(request: web.Request) -> web.StreamResponse:
+        job, rendition = found(request)
+        index = _media_number(request)
+        await _until_parts(job, rendition, index + 1)
+        if index >= len(rendition.fragments):
+            # A job that failed first: its error, as for /content.
+            refuse_if_broken(job, rendition)
+            raise NotFoundError(f"video {job.id} has no part {index}")
+        return await _send_segments(request, job, rendition, [index + 1])
+
+    @SEGMENT
+    async def segment(request: web.Request) -> web.StreamResponse:
+        job, rendition = found(request)
+        number = _media_number(request)
+        grouped = segments(_listed(job, rendition), _ended(job, rendition))
+        if number >= len(grouped) or not grouped[number].complete:
+            raise NotFoundError(f"video {job.id} has no complete segment {number}")
+        chosen = grouped[number]
+        first = chosen.first_part + 1  # log segment 0 is the init segment
+        indexes = list(range(first, first + len(chosen.parts)))
+        return await _send_segments(request, job, rendition, indexes)
+
+    app.router.add_get(f"{prefix}/playlist.m3u8", playlist)
+    app.router.add_get(f"{prefix}/hls/init.mp4", init)
+    app.router.add_get(f"{prefix}/hls/part/{{number}}.m4s", part)
+    app.router.add_get(f"{prefix}/hls/segment/{{number}}.m4s", segment)
+
+
+async def _playlist_answer(request: web.Request, job: Job, rendition: Rendition) -> web.Response:
+    """The media playlist, once what the request waits for is listed (a blocking
+    reload's `_HLS_msn`/`_HLS_part`), or once a player can start (a plain request)."""
+    msn = _hls_number(request, "_HLS_msn")
+    part = _hls_number(request, "_HLS_part")
+    if part is not None and msn is None:
+        raise MalformedRequestError("_HLS_part needs _HLS_msn")
+    if msn is not None:
+        if too_far_ahead(_listed(job, rendition), _ended(job, rendition), msn):
+            raise MalformedRequestError(
+                f"_HLS_msn={msn} is more than two segments past the playlist's last"
+            )
+        await _until_listed(job, rendition, msn, part)
+    else:
+        await _until_playable(job, rendition)
+    # A rendition that failed or was stopped has no media to list: its error, as for
+    # its /content and its parts (the job's other rendition may play). A whole file (an
+    # interrupted job's kept fragments) plays, as its /content.
+    if not rendition.log.complete:
+        refuse_if_broken(job, rendition)
+    return web.Response(
+        text=_playlist_text(job, rendition),
+        content_type=MEDIA_TYPE,
+        headers={"Cache-Control": "no-cache"},
+    )
 
 
 def _plays(job: Job, rendition: Rendition) -> bool:
