@@ -159,6 +159,46 @@ async def warm_up_demo(
     only compete with that job for the CPU and for the decode thread. It returns the
     steps done so far.
     """
+    steps = _warm_up_steps(decoder, device, fps, settings, stages, workers)
+    loop = asyncio.get_running_loop()
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            for name, step, executor in steps:
+                if busy():
+                    log.info("demo warm-up stopped for a job (%s done)", seconds or "nothing")
+                    return seconds
+                began = time.perf_counter()
+                await loop.run_in_executor(executor, step)
+                seconds[name] = round(time.perf_counter() - began, 3)
+    except TimeoutError:
+        log.warning("demo warm-up gave up after %.0f s (%s done)", timeout_s, seconds)
+        return None
+    except Exception:
+        log.exception("demo warm-up failed (%s done); /healthz is not ready", seconds)
+        raise
+    log.info(
+        "demo warm-up done in %.2f s (%s)",
+        time.perf_counter() - started,
+        ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items()),
+    )
+    return seconds
+
+
+WarmUpStep = tuple[str, Callable[[], None], Executor | None]
+
+
+def _warm_up_steps(
+    decoder: ChunkedDecoder,
+    device: str,
+    fps: Fraction,
+    settings: EncoderSettings,
+    stages: Stages,
+    workers: Workers | None,
+) -> list[WarmUpStep]:
+    """A demo click's steps, each with the threads it runs on (None: the loop's
+    default executor): the scene, its audio, the decode and the encode."""
     spec = parse_scene_spec({})  # the preview page's default scene: 832x480
     made: dict[str, Any] = {}
 
@@ -195,33 +235,9 @@ async def warm_up_demo(
         finally:
             encoder.close()
 
-    steps: list[tuple[str, Callable[[], None], Executor | None]] = [
+    return [
         ("scene", scene, None),
         ("audio", audio, None),
         ("decode", decode, None if workers is None else workers.decode),
         ("encode", encode, None if workers is None else workers.encode),
     ]
-    loop = asyncio.get_running_loop()
-    seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    try:
-        async with asyncio.timeout(timeout_s):
-            for name, step, executor in steps:
-                if busy():
-                    log.info("demo warm-up stopped for a job (%s done)", seconds or "nothing")
-                    return seconds
-                began = time.perf_counter()
-                await loop.run_in_executor(executor, step)
-                seconds[name] = round(time.perf_counter() - began, 3)
-    except TimeoutError:
-        log.warning("demo warm-up gave up after %.0f s (%s done)", timeout_s, seconds)
-        return None
-    except Exception:
-        log.exception("demo warm-up failed (%s done); /healthz is not ready", seconds)
-        raise
-    log.info(
-        "demo warm-up done in %.2f s (%s)",
-        time.perf_counter() - started,
-        ", ".join(f"{name} {s:.2f} s" for name, s in seconds.items()),
-    )
-    return seconds
