@@ -37,19 +37,22 @@ from vaecast.server.webrtc.settings import WebRtcSettings, host_addresses_for
 
 def run_serve(args: argparse.Namespace) -> int:
     check_listen_address(args.host)  # before anything heavy is imported
-    from vaecast.server.app import (
-        ACCESS_LOG_FORMAT,
-        create_app,
-        runner_settings,
-        serve_until_signalled,
-    )
-    from vaecast.server.faces.routes import MANAGER
-    from vaecast.server.stream.manager import JobManager
-
     models = args.model or [DEFAULT_MODEL]
     # Checked before any model loads: a --weights mistake is a usage error.
     models, weights = resolve_diffusers(models, weights_by_model(args.weights, models))
     previews = preview_pairs(args.preview, models)
+    config = _server_config(args, models[0], previews, _security(args))
+    # Before the port opens (as the models below): a setting that would fail every job
+    # ends the start with one line.
+    check_encoder(config.encoder, config.default_fps)
+    check_writable_folder("--spill-dir", config.spill_dir)
+    replicas = None if args.ray is None else start_replicas(args, models, weights)
+    run_loop(_serve(args, config, models, weights, previews, replicas))
+    return 0
+
+
+def _security(args: argparse.Namespace) -> SecurityConfig:
+    """The API key, Host and Origin rules for the bind address (warnings printed)."""
     if args.require_api_key and args.api_key is None and not is_loopback_bind(args.host):
         raise InvalidRequestError(
             f"--require-api-key: listening on {args.host or 'all interfaces'} needs a key: "
@@ -65,8 +68,17 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     for warning in warnings:
         print(f"vaecast: warning: {warning}", file=sys.stderr, flush=True)
-    config = ServerConfig(
-        default_model=models[0],
+    return security
+
+
+def _server_config(
+    args: argparse.Namespace,
+    default_model: str,
+    previews: tuple[tuple[str, str], ...],
+    security: SecurityConfig,
+) -> ServerConfig:
+    return ServerConfig(
+        default_model=default_model,
         default_fps=parse_fps(args.fps, DEFAULTS.default_fps),
         device=args.device,
         encoder=encoder_settings(args),
@@ -104,54 +116,63 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
     )
 
-    # Before the port opens (as the models below): a setting that would fail every job
-    # ends the start with one line.
-    check_encoder(config.encoder, config.default_fps)
-    check_writable_folder("--spill-dir", config.spill_dir)
-    replicas = None if args.ray is None else start_replicas(args, models, weights)
 
-    async def serve() -> None:
-        # Weights load in a thread: the loop is already running signal handling.
-        decoders = {
-            name: await asyncio.to_thread(load_decoder, name, args.device, weights.get(name))
-            for name in models
+async def _serve(
+    args: argparse.Namespace,
+    config: ServerConfig,
+    models: list[str],
+    weights: dict[str, str],
+    previews: tuple[tuple[str, str], ...],
+    replicas: Any,
+) -> None:
+    """Load the models (in threads: the loop already handles signals), then serve
+    until SIGTERM or SIGINT."""
+    from vaecast.server.app import (
+        ACCESS_LOG_FORMAT,
+        create_app,
+        runner_settings,
+        serve_until_signalled,
+    )
+    from vaecast.server.faces.routes import MANAGER
+    from vaecast.server.stream.manager import JobManager
+
+    decoders = {
+        name: await asyncio.to_thread(load_decoder, name, args.device, weights.get(name))
+        for name in models
+    }
+    preview_decoders = None
+    if args.preview_device is not None:  # a copy of each --preview decoder there
+        preview_decoders = {
+            name: await asyncio.to_thread(
+                load_decoder, name, args.preview_device, weights.get(name)
+            )
+            for name in sorted({decoder for _, decoder in previews})
         }
-        preview_decoders = None
-        if args.preview_device is not None:  # a copy of each --preview decoder there
-            preview_decoders = {
-                name: await asyncio.to_thread(
-                    load_decoder, name, args.preview_device, weights.get(name)
-                )
-                for name in sorted({decoder for _, decoder in previews})
-            }
-        manager = JobManager(
-            config,
-            decoders,
-            runners=None if replicas is None else cluster_runners(replicas),
-            preview_decoders=preview_decoders,
-        )
-        manager.previews.check_defaults()  # before the port opens: one line, exit 2
-        app = create_app(config, decoders, manager=manager, warm_demo=True)
+    manager = JobManager(
+        config,
+        decoders,
+        runners=None if replicas is None else cluster_runners(replicas),
+        preview_decoders=preview_decoders,
+    )
+    manager.previews.check_defaults()  # before the port opens: one line, exit 2
+    app = create_app(config, decoders, manager=manager, warm_demo=True)
 
-        def announce(host: str, port: int) -> None:
-            print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)
+    def announce(host: str, port: int) -> None:
+        print(f"vaecast serving {', '.join(models)} on http://{host}:{port}/", flush=True)
 
-        async def drain() -> None:
-            print("vaecast: shutting down: no new jobs, waiting for running ones", flush=True)
-            await app[MANAGER].drain(config.shutdown_grace_s)
+    async def drain() -> None:
+        print("vaecast: shutting down: no new jobs, waiting for running ones", flush=True)
+        await app[MANAGER].drain(config.shutdown_grace_s)
 
-        await serve_until_signalled(
-            app,
-            args.host,
-            args.port,
-            announce,
-            drain,
-            access_log_format=ACCESS_LOG_FORMAT,
-            **runner_settings(config),
-        )
-
-    run_loop(serve())
-    return 0
+    await serve_until_signalled(
+        app,
+        args.host,
+        args.port,
+        announce,
+        drain,
+        access_log_format=ACCESS_LOG_FORMAT,
+        **runner_settings(config),
+    )
 
 
 def preview_pairs(specs: list[str], models: list[str]) -> tuple[tuple[str, str], ...]:
