@@ -13,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vaecast"
 MAX_MODULE_LINES = 600
+# A function longer than this is several steps: each a function with a name.
+MAX_FUNCTION_LINES = 80
 MAX_README_LINES = 350
 # The root holds what every part shares (errors, the version, pure rules and parsers);
 # each family of modules is a package of its own (cli, client, pipeline, job, ...).
@@ -61,6 +63,17 @@ def test_the_stream_core_and_the_api_document_import_no_face() -> None:
     stream = _offenders(PACKAGE / "server" / "stream", FACES)
     contract = _offenders(PACKAGE / "server" / "contract", FACES)
     assert not stream | contract
+
+
+def test_no_function_is_over_the_line_budget() -> None:
+    long = {
+        f"{path.relative_to(ROOT)}: {node.name} ({lines} lines)"
+        for path in modules(PACKAGE)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (lines := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES
+    }
+    assert not long, f"split these into named steps (at most {MAX_FUNCTION_LINES} lines each)"
 
 
 def test_the_package_root_holds_few_modules() -> None:

@@ -101,123 +101,164 @@ async def run_pipeline(
     Raises DecodeFailedError when the decoder, the encoder or the sink fails, or the
     decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
     """
-    loop = asyncio.get_running_loop()
-    bridge = ChunkBridge(loop, decoder.value_range, max_chunks=queue_chunks, to_host=stages.to_host)
-    # The decode starts first and the encoder opens on the encode thread meanwhile:
-    # opening x264 and writing the init segment take milliseconds that would
-    # otherwise come before the first chunk's decode, on the way to the first fragment.
-    decoding = loop.run_in_executor(
-        workers.decode, bridge.run, functools.partial(source.decode, decoder)
-    )
-    opening = loop.run_in_executor(
-        workers.encode,
-        functools.partial(
-            stages.encoder_factory,
-            plan.width,
-            plan.height,
-            output.fps,
-            output.settings,
-            **_audio_options(output, plan),
-        ),
-    )
-    encoder: VideoStreamEncoder | None = None
-    encoding: asyncio.Future[Any] | None = None
+    run = _PipelineRun(source, decoder, plan, output, sink, workers, stages, observer)
+    run.start(queue_chunks)
+    try:
+        await run.stream(audio_wait_s)
+    finally:
+        await run.stop()
 
-    async def encode_call(pool: Executor, function: Callable[..., Any], *args: Any) -> Any:
+
+class _PipelineRun:
+    """One `run_pipeline` call's state: the decode thread and its bridge, the encoder
+    and its one call in flight, and what has been encoded so far."""
+
+    def __init__(
+        self,
+        source: LatentSource,
+        decoder: ChunkedDecoder,
+        plan: DecodePlan | StreamPlan,
+        output: VideoOutput,
+        sink: Sink,
+        workers: Workers,
+        stages: Stages,
+        observer: PipelineObserver | None,
+    ) -> None:
+        self.source, self.decoder, self.plan, self.output = source, decoder, plan, output
+        self.sink, self.workers, self.stages, self.observer = sink, workers, stages, observer
+        self.loop = asyncio.get_running_loop()
+        self.encoder: VideoStreamEncoder | None = None
+        self.encoding: asyncio.Future[Any] | None = None
+        self.chunks_done = self.frames_done = 0
+        self.ended_video = False  # a chunk was encoded as the video's last
+        live = output.audio_format is not None and isinstance(source, LiveSource)
+        self.live: LiveSource | None = source if live else None  # type: ignore[assignment]
+
+    def start(self, queue_chunks: int) -> None:
+        """The decode starts first and the encoder opens on the encode thread meanwhile:
+        opening x264 and writing the init segment take milliseconds that would otherwise
+        come before the first chunk's decode, on the way to the first fragment."""
+        plan, output, stages = self.plan, self.output, self.stages
+        self.bridge = ChunkBridge(
+            self.loop, self.decoder.value_range, max_chunks=queue_chunks, to_host=stages.to_host
+        )
+        self.decoding = self.loop.run_in_executor(
+            self.workers.decode,
+            self.bridge.run,
+            functools.partial(self.source.decode, self.decoder),
+        )
+        self.opening = self.loop.run_in_executor(
+            self.workers.encode,
+            functools.partial(
+                stages.encoder_factory,
+                plan.width,
+                plan.height,
+                output.fps,
+                output.settings,
+                **_audio_options(output, plan),
+            ),
+        )
+
+    async def encode_call(self, pool: Executor, function: Callable[..., Any], *args: Any) -> Any:
         """`function(encoder, *args)` on `pool`: the encoder's one call in flight."""
-        nonlocal encoding
-        encoding = loop.run_in_executor(pool, function, encoder, *args)
+        self.encoding = self.loop.run_in_executor(pool, function, self.encoder, *args)
         try:
-            return await encoding
+            return await self.encoding
         except Exception as error:
             raise DecodeFailedError(f"the encoder failed: {error}") from error
 
-    live = source if output.audio_format is not None and isinstance(source, LiveSource) else None
-    try:
-        encoder = await _join(opening)  # an error opening it is the caller's, as it was
-        if observer is not None:
-            observer.started(encoder.content_type)
-        await _append(sink, encoder.init_segment)
-        chunks_done = frames_done = 0
-        ended_video = False  # a chunk was encoded as the video's last
+    async def stream(self, audio_wait_s: float) -> None:
+        """The init segment, a fragment per decoded chunk, then the stream's tail."""
+        self.encoder = await _join(self.opening)  # an error opening it is the caller's
+        if self.observer is not None:
+            self.observer.started(self.encoder.content_type)
+        await _append(self.sink, self.encoder.init_segment)
         while True:
             waited_from = time.perf_counter()
-            item = await bridge.get()
+            item = await self.bridge.get()
             decode_wait_s = time.perf_counter() - waited_from
             if isinstance(item, DecodeEnded):
                 break
             if isinstance(item, DecodeRaised):
                 raise DecodeFailedError(f"the decoder failed: {item.error}") from item.error
-            if ended_video:
-                raise DecodeFailedError(
-                    f"the decoder broke its plan: chunk {item.index} came after the "
-                    f"{frames_done} frames its latents decode to"
-                )
-            _check_against_plan(plan, chunks_done, frames_done, item)
-            # At the lower priority only while the encoder keeps up. Anything already
-            # waiting behind this chunk means it does not: the decode outruns it, or
-            # other work (another process) holds the cores; at normal priority it then
-            # gets its fair share. (The decode's end waiting: nothing is left to yield to.)
-            caught_up = chunks_done > 0 and bridge.backlog == 0
-            pool = workers.after_first() if caught_up else workers.encode
-            audio_waited_s = 0.0
-            if live is None:
-                encode_from = time.perf_counter()
-                fragment = await encode_call(pool, _encode, item.pixels, source.take_audio())
-            else:
-                fragment, ended_video, audio_waited_s, encode_from = await encode_aligned(
-                    live,
-                    plan,
-                    encoder,
-                    item,
-                    functools.partial(encode_call, pool),
-                    audio_wait_s,
-                )
-            encode_s = time.perf_counter() - encode_from
-            await _append(sink, fragment)
-            chunks_done += 1
-            frames_done += item.frame_count
-            if observer is not None:
-                observer.fragment(
-                    FragmentDone(
-                        item.index,
-                        item.total,
-                        item.frame_start,
-                        item.frame_count,
-                        len(fragment),
-                        encode_s,
-                        decode_wait_s,
-                        audio_waited_s,
-                    )
-                )
-        if isinstance(plan, DecodePlan) and chunks_done != plan.chunks:
+            await self._chunk(item, decode_wait_s, audio_wait_s)
+        if isinstance(self.plan, DecodePlan) and self.chunks_done != self.plan.chunks:
             raise DecodeFailedError(
-                f"the decoder published {chunks_done} chunks, its plan said {plan.chunks}"
+                f"the decoder published {self.chunks_done} chunks, its plan said {self.plan.chunks}"
             )
         # A stream's length is known only now: the rest of its audio, cut to the video
         # (nothing, where the last chunk's fragment carried it).
-        tail = await encode_call(workers.encode, _finish, source.take_audio())
+        tail = await self.encode_call(self.workers.encode, _finish, self.source.take_audio())
         if tail:
-            await _append(sink, tail)
-    finally:
-        bridge.cancel()  # a no-op after a clean end; stops the decoder otherwise
-        source.cancel()  # and a decoder waiting for latents
+            await _append(self.sink, tail)
+
+    async def _chunk(self, item: HostChunk, decode_wait_s: float, audio_wait_s: float) -> None:
+        """Encode one decoded chunk and append its fragment."""
+        if self.ended_video:
+            raise DecodeFailedError(
+                f"the decoder broke its plan: chunk {item.index} came after the "
+                f"{self.frames_done} frames its latents decode to"
+            )
+        _check_against_plan(self.plan, self.chunks_done, self.frames_done, item)
+        # At the lower priority only while the encoder keeps up. Anything already
+        # waiting behind this chunk means it does not: the decode outruns it, or other
+        # work (another process) holds the cores; at normal priority it then gets its
+        # fair share. (The decode's end waiting: nothing is left to yield to.)
+        caught_up = self.chunks_done > 0 and self.bridge.backlog == 0
+        pool = self.workers.after_first() if caught_up else self.workers.encode
+        audio_waited_s = 0.0
+        if self.live is None:
+            encode_from = time.perf_counter()
+            fragment = await self.encode_call(pool, _encode, item.pixels, self.source.take_audio())
+        else:
+            assert self.encoder is not None
+            fragment, self.ended_video, audio_waited_s, encode_from = await encode_aligned(
+                self.live,
+                self.plan,
+                self.encoder,
+                item,
+                functools.partial(self.encode_call, pool),
+                audio_wait_s,
+            )
+        encode_s = time.perf_counter() - encode_from
+        await _append(self.sink, fragment)
+        self.chunks_done += 1
+        self.frames_done += item.frame_count
+        if self.observer is not None:
+            self.observer.fragment(
+                FragmentDone(
+                    item.index,
+                    item.total,
+                    item.frame_start,
+                    item.frame_count,
+                    len(fragment),
+                    encode_s,
+                    decode_wait_s,
+                    audio_waited_s,
+                )
+            )
+
+    async def stop(self) -> None:
+        """However the run ended: the decode thread returned and the encoder closed."""
+        self.bridge.cancel()  # a no-op after a clean end; stops the decoder otherwise
+        self.source.cancel()  # and a decoder waiting for latents
         # Even while this task is being cancelled: the decoder thread must return and
         # the encoder must be idle before it is closed (one thread at a time).
         # The decode thread ends normally, or with DecodeCancelled (other errors came
         # through the bridge). Drop that error's traceback: it holds the thread's frames
         # (tensors among them) in a cycle only a full garbage collection would free.
+        decoding = self.decoding
         await _join(decoding, outcome_handled=True)
         if not decoding.cancelled() and (stopped := decoding.exception()) is not None:
             stopped.__traceback__ = None
-        if encoding is not None:
-            await _join(encoding, outcome_handled=True)
-        if encoder is None:  # the open failed, or this task was cancelled during it
-            await _join(opening, outcome_handled=True)
-            if not opening.cancelled() and opening.exception() is None:
-                encoder = opening.result()
-        if encoder is not None:
-            await _join(loop.run_in_executor(workers.encode, encoder.close))
+        if self.encoding is not None:
+            await _join(self.encoding, outcome_handled=True)
+        if self.encoder is None:  # the open failed, or this task was cancelled during it
+            await _join(self.opening, outcome_handled=True)
+            if not self.opening.cancelled() and self.opening.exception() is None:
+                self.encoder = self.opening.result()
+        if self.encoder is not None:
+            await _join(self.loop.run_in_executor(self.workers.encode, self.encoder.close))
 
 
 async def _append(sink: Sink, segment: bytes) -> None:
