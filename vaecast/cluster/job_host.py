@@ -25,6 +25,7 @@ import ray
 from vaecast.cluster.records import Block, DecodeCall, JobRef, JobSpec, PushState, Update
 from vaecast.cluster.shared_job import JobSettings, SharedJob, plan_facts
 from vaecast.errors import JobStateError, VaecastError
+from vaecast.job.transitions import Variant
 
 __all__ = ["JobHost", "JobSettings", "SharedJob", "plan_facts"]
 
@@ -102,17 +103,17 @@ class JobHost:
         job = self._jobs.get(job_id)
         return _gone(job_id) if job is None else await job.end_feed(plan, preview_chunks)
 
-    async def next_block(self, job_id: str, variant: str = "final") -> Block | None:
+    async def next_block(self, job_id: str, variant: Variant = "final") -> Block | None:
         job = self._jobs.get(job_id)
         return None if job is None else await job.next_block(variant)
 
     async def replica_stopped(
-        self, job_id: str, decoded_chunks: int, variant: str = "final"
+        self, job_id: str, decoded_chunks: int, variant: Variant = "final"
     ) -> None:
         if (job := self._jobs.get(job_id)) is not None:
             await job.replica_stopped(decoded_chunks, variant)
 
-    async def cancel_variant(self, job_id: str, variant: str, error: VaecastError) -> None:
+    async def cancel_variant(self, job_id: str, variant: Variant, error: VaecastError) -> None:
         if (job := self._jobs.get(job_id)) is not None:
             await job.cancel_variant(variant, error)
 

@@ -35,6 +35,7 @@ from vaecast.errors import (
     VaecastError,
 )
 from vaecast.job.record import Completed, JobStatus, SegmentAdded, Transition, VariantEnded
+from vaecast.job.transitions import JobInput, Variant
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.pipeline.run import TimedAudio
 from vaecast.server.stream.finished_file import state_duration
@@ -122,7 +123,9 @@ class MirrorRunner:
         self.spec = spec
         self.shared = shared
         self.push_token = spec.push_token
-        self.feed: ActorFeed | None = ActorFeed(shared, decoder) if spec.input == "push" else None
+        self.feed: ActorFeed | None = (
+            ActorFeed(shared, decoder) if spec.input == JobInput.PUSH else None
+        )
         self.stop_error: VaecastError | None = None
         self.synced = asyncio.Event()  # the host's first answer is applied
         # Transitions applied here so far; `_progressed` is set (and replaced) at each.
@@ -237,7 +240,7 @@ class MirrorRunner:
     def abort(self, job: Job, error: VaecastError) -> None:
         self._in_background(job, self.shared.fail(error.detached()))
 
-    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+    def cancel_variant(self, job: Job, variant: Variant, error: VaecastError) -> None:
         """Stop one rendition of the job in the cluster (the host ends it; its
         `VariantEnded` closes the rendition here)."""
         self._in_background(job, self.shared.cancel_variant(variant, error))

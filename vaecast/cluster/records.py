@@ -16,6 +16,7 @@ import numpy as np
 
 from vaecast.codecs.fragment import FragmentFacts
 from vaecast.errors import VaecastError
+from vaecast.job.transitions import JobInput, Variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,7 @@ class DecodeCall:
     audio_format: tuple[int, int] | None = None  # (sample rate, channels)
     # Which rendition of its job this call makes ("final", or "preview": `model` is
     # then the preview decoder); a push session's blocks are pulled for it.
-    variant: str = "final"
+    variant: Variant = "final"
 
 
 # What a replica's `decode` yields, in order: Started, then Segment (the init segment
@@ -116,7 +117,7 @@ class JobSpec:
     """What a job is, known when it is created (shared with every front end)."""
 
     job_id: str
-    input: str  # "latents" or "push"
+    input: JobInput
     model: str
     fps: Fraction
     created_at: float
@@ -209,13 +210,13 @@ class JobRef:
     def end_feed(self, plan: dict[str, Any] | None, preview_chunks: int | None = None) -> Any:
         return self.host.end_feed.remote(self.job_id, plan, preview_chunks)
 
-    def next_block(self, variant: str = "final") -> Any:
+    def next_block(self, variant: Variant = "final") -> Any:
         return self.host.next_block.remote(self.job_id, variant)
 
-    def replica_stopped(self, decoded_chunks: int, variant: str = "final") -> Any:
+    def replica_stopped(self, decoded_chunks: int, variant: Variant = "final") -> Any:
         return self.host.replica_stopped.remote(self.job_id, decoded_chunks, variant)
 
-    def cancel_variant(self, variant: str, error: VaecastError) -> Any:
+    def cancel_variant(self, variant: Variant, error: VaecastError) -> Any:
         return self.host.cancel_variant.remote(self.job_id, variant, error)
 
 

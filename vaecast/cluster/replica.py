@@ -50,6 +50,7 @@ from vaecast.codecs.fragment import facts_of
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import DecodeFailedError, UnknownModelError, VaecastError
+from vaecast.job.transitions import Variant
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk
 from vaecast.models.linear import LinearDecoder
 from vaecast.pipeline.heap import retain_decode_heap
@@ -255,7 +256,7 @@ class _End:
         self.error = error
 
 
-def actor_pull(job: JobRef, variant: str = "final") -> BlockPull:
+def actor_pull(job: JobRef, variant: Variant = "final") -> BlockPull:
     """A `LatentFeed`'s transport for a push job of the cluster: its next block (for
     the rendition `variant`), pulled from the job's host actor (None after the last); a
     cancelled pull cancels the call."""

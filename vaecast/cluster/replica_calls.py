@@ -45,6 +45,7 @@ from vaecast.job.record import (
     VariantEnded,
 )
 from vaecast.job.record import Started as RecordStarted
+from vaecast.job.transitions import Variant
 
 # A cancelled call ends once its replica says its decode returned, or after this long.
 REPLICA_STOP_WAIT_S = 10.0
@@ -84,16 +85,16 @@ class ReplicaCalls:
             await self._stream(FINAL)
             self._check_chunks()
 
-    def replica_stopped(self, decoded_chunks: int, variant: str) -> None:
+    def replica_stopped(self, decoded_chunks: int, variant: Variant) -> None:
         if variant == FINAL:
             self.decoded_chunks = decoded_chunks
         if (stopped := self._stopped.get(variant)) is not None:
             stopped.set()
 
-    def stopping(self, variant: str) -> bool:
+    def stopping(self, variant: Variant) -> bool:
         return variant in self._stops
 
-    async def stop(self, variant: str, error: VaecastError) -> bool:
+    async def stop(self, variant: Variant, error: VaecastError) -> bool:
         """Stop one rendition's call (its `VariantEnded` says so once it has stopped);
         False: it never started, and never will."""
         if variant in self._stops:
@@ -110,7 +111,7 @@ class ReplicaCalls:
         for variant, call in self.calls.items():
             self.calls[variant] = replace(call, latents=None, soundtrack=None)
 
-    async def _stream(self, variant: str) -> None:
+    async def _stream(self, variant: Variant) -> None:
         """One replica call (rendition `variant`) to its end, each record taken."""
         call = replace(self.calls[variant], job=self._ref)
         self.calls[variant] = replace(call, latents=None)
@@ -153,7 +154,7 @@ class ReplicaCalls:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _rendition(self, variant: str) -> None:
+    async def _rendition(self, variant: Variant) -> None:
         try:
             await self._stream(variant)
             if variant == FINAL:
@@ -177,7 +178,7 @@ class ReplicaCalls:
         if self._record.final_caught_up():  # (never for a job without a preview)
             self._apply(FinalReady())
 
-    def _take(self, record: Started | Segment | Chunk | VaecastError, variant: str) -> None:
+    def _take(self, record: Started | Segment | Chunk | VaecastError, variant: Variant) -> None:
         if isinstance(record, Segment):
             # The bytes and their facts: a front end's mirror makes the fragment again.
             self._fragments.append(ray.put((record.data, record.facts)))
@@ -206,7 +207,7 @@ class ReplicaCalls:
         elif isinstance(record, VaecastError):
             raise record
 
-    async def _until_replica_stopped(self, variant: str) -> None:
+    async def _until_replica_stopped(self, variant: Variant) -> None:
         # Past the wait the job ends cancelled all the same; the replica is Serve's to watch.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopped[variant].wait(), REPLICA_STOP_WAIT_S)

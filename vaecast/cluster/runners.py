@@ -36,6 +36,7 @@ from vaecast.cluster.records import (
 )
 from vaecast.cluster.replica import replica_states
 from vaecast.job.record import PREVIEW, JobRecord, PreviewProgress
+from vaecast.job.transitions import JobInput
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job
@@ -289,7 +290,7 @@ def _describe(
         audio_format = (fmt.sample_rate, fmt.channels)
     spec = JobSpec(
         job_id,
-        "push" if push else "latents",
+        JobInput.PUSH if push else JobInput.LATENTS,
         request.model,
         request.fps,
         time.time(),

@@ -67,6 +67,7 @@ from vaecast.job.record import (
     SegmentAdded,
     VariantEnded,
 )
+from vaecast.job.transitions import JobInput, Variant
 from vaecast.push_ledger import session_timeout
 
 # Fragments and events per `follow` answer: a late follower catches up in batches.
@@ -135,7 +136,7 @@ class SharedJob:
             variant: asyncio.Queue(settings.push_queue_blocks) for variant in calls
         }
         self._first_block = asyncio.Event()
-        self._push = PushState(0, None, None, False) if spec.input == "push" else None
+        self._push = PushState(0, None, None, False) if spec.input == JobInput.PUSH else None
         self._last_push = time.perf_counter()
         self._pushes_in_flight = 0
 
@@ -169,12 +170,12 @@ class SharedJob:
         self._go(GONE_DELETED)
         return None
 
-    async def replica_stopped(self, decoded_chunks: int, variant: str = FINAL) -> None:
+    async def replica_stopped(self, decoded_chunks: int, variant: Variant = FINAL) -> None:
         """The replica's decode of this job (its rendition `variant`) has returned,
         after `decoded_chunks` chunks."""
         self._replicas.replica_stopped(decoded_chunks, variant)
 
-    async def cancel_variant(self, variant: str, error: VaecastError) -> None:
+    async def cancel_variant(self, variant: Variant, error: VaecastError) -> None:
         """Stop one rendition of a job with a preview; the other goes on (stopping the
         last one still running stops the job). Returns once it has stopped."""
         preview = self.record.preview
@@ -284,7 +285,7 @@ class SharedJob:
         await self._until_job_ends(self._put_all(None))
         return self._push
 
-    async def next_block(self, variant: str = FINAL) -> Block | None:
+    async def next_block(self, variant: Variant = FINAL) -> Block | None:
         """The next block of a replica's call for rendition `variant` (None: the session
         ended, or the rendition was stopped); waits for one."""
         queue = self._blocks.get(variant)
@@ -297,7 +298,7 @@ class SharedJob:
             if queue is not None:  # a rendition stopped meanwhile: its queue is gone
                 await queue.put(block)
 
-    def _drop_blocks(self, variant: str) -> None:
+    def _drop_blocks(self, variant: Variant) -> None:
         """A stopped rendition takes no more blocks: a put waiting for its room goes on."""
         queue = self._blocks.pop(variant, None)
         while queue is not None and not queue.empty():

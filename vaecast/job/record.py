@@ -43,6 +43,7 @@ from vaecast.job.transitions import (
     FinalReady,
     Geometry,
     IllegalTransition,
+    JobInput,
     JobStatus,
     LengthKnown,
     NotStored,
@@ -105,7 +106,7 @@ class JobRecord:
     """One job's state (see the module docstring). Create it, then `apply` what happens."""
 
     id: str
-    input: str  # "latents" or "push"
+    input: JobInput
     model: str
     fps: Fraction
     audio: Mapping[str, int] | None  # sample_rate and channels

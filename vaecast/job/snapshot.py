@@ -25,6 +25,7 @@ from vaecast.job.record import (
     PreviewProgress,
     VariantEnded,
 )
+from vaecast.job.transitions import JobInput
 
 
 def snapshot(record: JobRecord) -> dict[str, Any]:
@@ -104,7 +105,7 @@ def from_snapshot(
     error = data["error"]
     record = JobRecord(
         data["id"],
-        data["input"],
+        JobInput(data["input"]),
         data["model"],
         Fraction(data["fps"]),
         data["audio"],

@@ -66,9 +66,22 @@ class Geometry:
     height: int
 
 
-# The renditions of a job with a preview (`JobRecord.preview`): the preview decoder's
-# and the model's own, the final. A job without a preview has only its final.
-PREVIEW, FINAL = "preview", "final"
+class Variant(StrEnum):
+    """A job's renditions: with a preview (`JobRecord.preview`), the preview decoder's
+    and the model's own, the final; a job without a preview has only its final."""
+
+    PREVIEW = "preview"
+    FINAL = "final"
+
+
+PREVIEW, FINAL = Variant.PREVIEW, Variant.FINAL
+
+
+class JobInput(StrEnum):
+    """What a job decodes: an uploaded latent file, or the blocks a push session gets."""
+
+    LATENTS = "latents"
+    PUSH = "push"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +89,7 @@ class SegmentAdded:
     """Bytes of the MP4 appended: the init segment, a fragment, the audio tail."""
 
     size: int
-    variant: str = FINAL
+    variant: Variant = FINAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +105,7 @@ class ChunkEncoded:
     decode_wait_s: float
     latency_s: float | None = None  # from its pushed block's arrival (push sessions)
     at: float | None = None
-    variant: str = FINAL
+    variant: Variant = FINAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +124,7 @@ class VariantEnded:
     `DELETE ?variant=final`, or failed). The job itself ends with `Completed` or
     `Ended` once both have."""
 
-    variant: str
+    variant: Variant
     status: JobStatus
     error: VaecastError | None = None
     at: float | None = None

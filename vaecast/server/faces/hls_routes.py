@@ -34,6 +34,7 @@ from aiohttp import web
 
 from vaecast.errors import MalformedRequestError, NotFoundError, VaecastError
 from vaecast.job.record import FINAL, FINAL_STATUSES, PREVIEW
+from vaecast.job.transitions import Variant as JobVariant
 from vaecast.params import leading_int
 from vaecast.server.contract.shared import (
     CACHE_CONTROL,
@@ -140,7 +141,7 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
 
 
 def _add_rendition_routes(
-    app: web.Application, manager_key: web.AppKey[JobManager], variant: str, prefix: str
+    app: web.Application, manager_key: web.AppKey[JobManager], variant: JobVariant, prefix: str
 ) -> None:
     """One rendition's playlist, init segment, parts and segments under `prefix`."""
 

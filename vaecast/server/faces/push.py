@@ -40,6 +40,7 @@ from vaecast.errors import (
     SessionTimeoutError,
     UnauthorizedError,
 )
+from vaecast.job.transitions import JobInput
 from vaecast.latent_files import AUDIO_RATE_KEY, LatentFile, check_audio, load_latents
 from vaecast.latent_files.frames import load_frames
 from vaecast.models.layouts import layout_of
@@ -358,7 +359,7 @@ class PushSessions:
         session = self._sessions.get(job.id)
         if session is None and job.feed is not None and getattr(job.runner, "push_token", None):
             session = self.open(job)  # a session kept elsewhere (Ray mode), pushed to here
-        if session is None and job.record.input == "push" and job.error is not None:
+        if session is None and job.record.input == JobInput.PUSH and job.error is not None:
             # A session that ended in an earlier process (a restart: 409 `interrupted`).
             raise job.error.detached()
         if session is None:

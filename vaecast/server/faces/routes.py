@@ -13,6 +13,7 @@ from aiohttp import web
 
 from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
 from vaecast.job.record import PREVIEW
+from vaecast.job.transitions import Variant
 from vaecast.params import leading_int, parse_int
 from vaecast.server.contract.routes import add_contract_routes
 from vaecast.server.contract.spec import not_a_route
@@ -224,7 +225,7 @@ async def delete_video(request: web.Request) -> web.Response:
     return web.json_response({"id": job.id, "object": "video.deleted", "deleted": True})
 
 
-async def _stop_variant(job: Job, variant: str, manager: JobManager) -> web.Response:
+async def _stop_variant(job: Job, variant: Variant, manager: JobManager) -> web.Response:
     rendition = job.rendition(variant)  # 404 for a preview the job does not have
     if job.preview is None:
         raise InvalidRequestError(

@@ -40,6 +40,7 @@ from vaecast.errors import (
     PayloadTooLargeError,
     UnsupportedMediaError,
 )
+from vaecast.job.transitions import JobInput
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.latent_files.audio import MAX_AUDIO_CHANNELS
 from vaecast.latent_files.latents import echo
@@ -114,7 +115,7 @@ async def read_decode_request(
     names before it is rendered."""
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
-        if body.get("input") == "push":
+        if body.get("input") == JobInput.PUSH:
             if "preview" in request.query and "preview" not in body:
                 body = {**body, "preview": request.query["preview"]}
             return _push_request(body, config)

@@ -44,6 +44,7 @@ from vaecast.job.record import (
     SegmentAdded,
     Transition,
 )
+from vaecast.job.transitions import Variant
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
@@ -93,7 +94,7 @@ class JobRunner(Protocol):
         """A push session's last block came through this process (`preview_chunks`:
         the preview's chunk count, for a job with a preview)."""
 
-    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+    def cancel_variant(self, job: Job, variant: Variant, error: VaecastError) -> None:
         """Stop one rendition of a running job with a preview (DELETE ?variant=)."""
 
     def interrupted(self, job: Job) -> None:
@@ -304,7 +305,7 @@ class Job:
         preview = None if self.preview is None else self.preview.decoder.plan(latent_shape)
         self.runner.length_known(self, plan, None if preview is None else preview.chunks)
 
-    def cancel_variant(self, variant: str, reason: str) -> None:
+    def cancel_variant(self, variant: Variant, reason: str) -> None:
         """Stop one rendition of a job with a preview; the other goes on (stopping the
         last one still running stops the job)."""
         self.rendition(variant)  # raises for one the job does not have
@@ -324,7 +325,7 @@ class Job:
 
     # The renditions.
 
-    def rendition(self, variant: str) -> Rendition:
+    def rendition(self, variant: Variant) -> Rendition:
         """`final` (the video) or, on a job with a preview, `preview`."""
         if variant == FINAL:
             return self.final
@@ -380,7 +381,7 @@ class Job:
     async def append(self, segment: bytes) -> None:
         await self.sink(FINAL).append(segment)
 
-    def sink(self, variant: str) -> _RenditionSink:
+    def sink(self, variant: Variant) -> _RenditionSink:
         """Where the fragments of rendition `variant` go."""
         return _RenditionSink(self, self.rendition(variant))
 
@@ -418,7 +419,7 @@ class Rendition:
 
     def __init__(
         self,
-        variant: str,
+        variant: Variant,
         decoder: ChunkedDecoder,
         log: SegmentLog,
         metrics: Metrics,

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vaecast.job.record import JobRecord, PreviewProgress
+from vaecast.job.transitions import JobInput
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
@@ -82,7 +83,7 @@ class LocalRunners:
         job_id = "video_" + secrets.token_hex(12)
         record = JobRecord(
             job_id,
-            "push" if push else "latents",
+            JobInput.PUSH if push else JobInput.LATENTS,
             request.model,
             request.fps,
             _audio_json(request),

@@ -41,6 +41,7 @@ from vaecast.job.record import (
     Started,
     VariantEnded,
 )
+from vaecast.job.transitions import Variant
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.pipeline.latent_feed import LatentFeed
 from vaecast.pipeline.preview_first import FinalSide, PreviewFirst, PreviewSide
@@ -77,7 +78,7 @@ class PreviewSetup:
 class _RenditionRun:
     """One rendition's pipeline in a job's run."""
 
-    variant: str
+    variant: Variant
     source: LatentSource
     output: VideoOutput
     workers: Workers
@@ -191,7 +192,7 @@ class LocalRunner:
         plan: DecodePlan | StreamPlan,
         output: VideoOutput,
         workers: Workers,
-        variant: str = FINAL,
+        variant: Variant = FINAL,
     ) -> None:
         await run_pipeline(
             source,
@@ -254,7 +255,7 @@ class LocalRunner:
             log.finish()
 
     def _variant_ended(
-        self, job: Job, variant: str, status: JobStatus, error: VaecastError
+        self, job: Job, variant: Variant, status: JobStatus, error: VaecastError
     ) -> None:
         error = error.detached()
         job.apply(VariantEnded(variant, status, error))
@@ -267,7 +268,7 @@ class LocalRunner:
             return decoder.plan_stream(self._latent_shape)
         return decoder.plan(self._latent_shape)
 
-    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+    def cancel_variant(self, job: Job, variant: Variant, error: VaecastError) -> None:
         """Stop one rendition (DELETE ?variant=); the other goes on. Stopping the
         last one running stops the job."""
         run = self._renditions[variant]
@@ -364,7 +365,7 @@ class _PreviewObserver:
 
 
 def _chunk_encoded(
-    done: FragmentDone, at: float, variant: str, latency_s: float | None = None
+    done: FragmentDone, at: float, variant: Variant, latency_s: float | None = None
 ) -> ChunkEncoded:
     return ChunkEncoded(
         index=done.index,

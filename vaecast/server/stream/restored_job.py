@@ -18,6 +18,7 @@ from vaecast.codecs.fragment import FragmentFacts
 from vaecast.errors import VaecastError
 from vaecast.job.record import JobStatus
 from vaecast.job.snapshot import from_snapshot
+from vaecast.job.transitions import Variant
 from vaecast.models.base import DecodePlan
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.segment_log import SegmentLog
@@ -45,7 +46,7 @@ class RestoredRunner:
     def length_known(self, job: Job, plan: DecodePlan, preview_chunks: int | None) -> None:
         pass
 
-    def cancel_variant(self, job: Job, variant: str, error: VaecastError) -> None:
+    def cancel_variant(self, job: Job, variant: Variant, error: VaecastError) -> None:
         pass  # a restored job has ended
 
     def interrupted(self, job: Job) -> None:

@@ -36,6 +36,7 @@ from fractions import Fraction
 
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
 from vaecast.errors import NotFoundError, ServerBusyError, VaecastError
+from vaecast.job.transitions import Variant
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.segment_log import SegmentLog
 from vaecast.server.webrtc.media import JobMedia, UnitLog
@@ -53,7 +54,7 @@ RETRY_AFTER_S = 5
 class WhepSession:
     id: str
     job_id: str
-    variant: str
+    variant: Variant
     video: VideoCodec
     media_key: tuple[str, str]
     binding: asyncio.Task[None] | None = None  # finds the streams its tracks send
@@ -92,7 +93,7 @@ class WhepSessions:
         return session
 
     async def open(
-        self, job_id: str, variant: str, segments: SegmentLog, offer: Offer
+        self, job_id: str, variant: Variant, segments: SegmentLog, offer: Offer
     ) -> tuple[WhepSession, str]:
         """A session for a viewer of `segments` (a job's rendition): it and its SDP answer."""
         if self._closing:
@@ -179,7 +180,7 @@ class WhepSessions:
     async def _connect(
         self,
         job_id: str,
-        variant: str,
+        variant: Variant,
         key: tuple[str, str],
         media: JobMedia,
         segments: SegmentLog,
