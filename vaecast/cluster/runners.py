@@ -41,9 +41,9 @@ from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
-from vaecast.server.stream.manager import JobManager
 from vaecast.server.stream.retention import EvictionReason
 from vaecast.server.stream.segment_log import SegmentLog
+from vaecast.server.stream.services import JobServices, JobTable
 
 log = logging.getLogger("vaecast.cluster")
 
@@ -73,7 +73,7 @@ class ClusterRunners:
 
     def __init__(self, replicas: ReplicaOptions) -> None:
         self.replica_options = replicas
-        self._manager: JobManager | None = None
+        self._table: JobTable | None = None
         self._replica_states: dict[str, int] | None = None
         self._lookups: dict[str, asyncio.Future[None]] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -81,22 +81,23 @@ class ClusterRunners:
         self._creating: list[Any] = []  # ObjectRefs of jobs being created at their hosts
         self._side: set[asyncio.Task[None]] = set()
 
-    def start(self, manager: JobManager) -> None:
-        self._manager = manager
-        manager.metrics.read_replicas = self.replica_health
+    def start(self, table: JobTable) -> None:
+        self._table = table
+        table.services.metrics.read_replicas = self.replica_health
         self._poller = asyncio.create_task(self._poll_replicas(), name="vaecast-replicas")
         self._in_background(self._start_hosts())
 
     def new_job(
         self,
-        manager: JobManager,
+        services: JobServices,
         request: DecodeRequest | PushRequest,
         plan: DecodePlan | None,
         decoder: ChunkedDecoder,
         preview: ChunkedDecoder | None = None,
     ) -> Job:
         job_id = "video_" + secrets.token_hex(12)
-        spec, call = _describe(job_id, request, plan, manager.config)
+        config = services.config
+        spec, call = _describe(job_id, request, plan, config)
         preview_call = None
         if preview is not None:  # a second call on the replicas, for the preview
             chunks = None
@@ -105,19 +106,19 @@ class ClusterRunners:
             spec = replace(spec, preview=preview.name, preview_chunks=chunks)
             preview_call = replace(call, model=preview.name, variant=PREVIEW)
         settings = JobSettings(
-            manager.config.push_queue_blocks,
-            manager.config.push_idle_timeout_s,
-            manager.config.push_first_block_timeout_s,
-            manager.config.retention_s,
+            config.push_queue_blocks,
+            config.push_idle_timeout_s,
+            config.push_first_block_timeout_s,
+            config.retention_s,
         )
         host = self._host(host_name(job_id))
         created = host.create.remote(spec, call, settings, preview_call)
         self._creating.append(created)
         push_kind = request.kind if isinstance(request, PushRequest) else None
         # The front end that created the job writes it to the store (--store), if any.
-        log = manager.new_log(job_id)
+        log = services.new_log(job_id)
         shared = JobRef(host, job_id)
-        return self._mirror(manager, spec, shared, decoder, created, push_kind, log, preview)
+        return self._mirror(services, spec, shared, decoder, created, push_kind, log, preview)
 
     async def settle(self) -> None:
         """Until the jobs created here so far exist at their hosts (another front end
@@ -126,13 +127,13 @@ class ClusterRunners:
         if creating:
             await asyncio.gather(*creating, return_exceptions=True)
 
-    async def find(self, manager: JobManager, job_id: str) -> None:
+    async def find(self, table: JobTable, job_id: str) -> None:
         """Mirror job `job_id` here if the cluster has it and this process does not."""
         if not JOB_ID.fullmatch(job_id):
             return
         pending = self._lookups.get(job_id)
         if pending is None:
-            pending = self._lookups[job_id] = asyncio.ensure_future(self._look_up(manager, job_id))
+            pending = self._lookups[job_id] = asyncio.ensure_future(self._look_up(table, job_id))
             pending.add_done_callback(lambda _: self._lookups.pop(job_id, None))
         await asyncio.shield(pending)
 
@@ -154,7 +155,7 @@ class ClusterRunners:
             await asyncio.gather(self._poller, return_exceptions=True)
         for pending in list(self._lookups.values()):
             pending.cancel()
-        jobs = [] if self._manager is None else list(self._manager.jobs.values())
+        jobs = [] if self._table is None else list(self._table.jobs.values())
         for job in jobs:
             if isinstance(job.runner, MirrorRunner):
                 await job.runner.close_calls()
@@ -173,7 +174,7 @@ class ClusterRunners:
 
     def _mirror(
         self,
-        manager: JobManager,
+        services: JobServices,
         spec: JobSpec,
         shared: JobRef,
         decoder: ChunkedDecoder,
@@ -183,7 +184,8 @@ class ClusterRunners:
         preview: ChunkedDecoder | None = None,
     ) -> Job:
         def gone(job: Job, reason: EvictionReason) -> None:
-            self._in_background(manager.retention.evict(job, reason))
+            assert self._table is not None  # started before any job exists
+            self._in_background(self._table.retention.evict(job, reason))
 
         runner = MirrorRunner(spec, shared, decoder, created, on_gone=gone)
         # The host's record, rebuilt here: the same facts, its moments on the wall clock.
@@ -202,23 +204,23 @@ class ClusterRunners:
             ),
         )
         plan = None if spec.plan is None else DecodePlan(**spec.plan)
-        config = manager.config
+        config = services.config
         if spec.preview is not None and preview is None:  # a job found here: planning only
-            preview = manager.previews.decoders.get(spec.preview, decoder)
+            preview = services.previews.decoders.get(spec.preview, decoder)
         return Job(
             record,
             decoder,
             plan,
             config,
-            manager.metrics,
+            services.metrics,
             runner,
-            manager.fanout,
+            services.fanout,
             push_kind,
             log,
             preview=preview,
         )
 
-    async def _look_up(self, manager: JobManager, job_id: str) -> None:
+    async def _look_up(self, table: JobTable, job_id: str) -> None:
         try:
             host = self._hosts.get(host_name(job_id)) or await asyncio.to_thread(
                 ray.get_actor, host_name(job_id), NAMESPACE
@@ -228,11 +230,13 @@ class ClusterRunners:
             )
         except (ValueError, ray.exceptions.RayActorError, TimeoutError):
             spec = None
-        if spec is None or job_id in manager.jobs or manager.draining:
+        if spec is None or job_id in table.jobs or table.draining:
             return  # no such job in the cluster (or it just ended): the route says 404
-        decoder = manager.decoders.get(spec.model) or manager.decoders[manager.config.default_model]
-        job = self._mirror(manager, spec, JobRef(host, job_id), decoder, None)
-        manager.adopt(job)
+        services = table.services
+        decoders = services.decoders
+        decoder = decoders.get(spec.model) or decoders[services.config.default_model]
+        job = self._mirror(services, spec, JobRef(host, job_id), decoder, None)
+        table.adopt(job)
         assert isinstance(job.runner, MirrorRunner)
         with contextlib.suppress(TimeoutError):  # served as it is: the mirror fills in
             await asyncio.wait_for(job.runner.synced.wait(), LOOKUP_TIMEOUT_S)

@@ -25,7 +25,6 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
@@ -34,12 +33,10 @@ from vaecast.job.record import NotStored
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_journal import JobJournal
 from vaecast.server.stream.restored_job import restored_job
-from vaecast.server.stream.retention import EvictionReason
+from vaecast.server.stream.retention import EvictionReason, Retention
 from vaecast.server.stream.segment_log import SegmentLog
+from vaecast.server.stream.services import JobServices
 from vaecast.store import Recovered, Store, StoredJob
-
-if TYPE_CHECKING:
-    from vaecast.server.stream.manager import JobManager
 
 log = logging.getLogger("vaecast.store")
 
@@ -63,12 +60,14 @@ class VideoBudget:
 
 
 class DurableJobs:
-    def __init__(self, store: Store, manager: JobManager) -> None:
+    def __init__(
+        self, store: Store, services: JobServices, jobs: dict[str, Job], retention: Retention
+    ) -> None:
         self.store = store
-        self._manager = manager
+        self._services, self._jobs, self._retention = services, jobs, retention
         self._gone_synced_at = time.time()  # what went before this was read at start
         self._gone_sync: asyncio.Task[None] | None = None
-        registry = manager.metrics.registry
+        registry = services.metrics.registry
         self.recovered = Counter(
             "vaecast_store_recovered",
             "Jobs the store held at start, by what became of them",
@@ -93,8 +92,11 @@ class DurableJobs:
         ).set_function(lambda: store.failed_writes)
 
     @classmethod
-    async def open(cls, manager: JobManager, folder: Path) -> DurableJobs:
-        config = manager.config
+    async def open(
+        cls, services: JobServices, jobs: dict[str, Job], retention: Retention, folder: Path
+    ) -> DurableJobs:
+        """The store in `folder`, its kept jobs put in `jobs` (the server's table)."""
+        config = services.config
         retention_s = config.retention_s
         store, recovered = await Store.open(
             folder,
@@ -104,7 +106,7 @@ class DurableJobs:
         )
         if store.database_note is not None:
             log.warning("store: %s", store.database_note)
-        durable = cls(store, manager)
+        durable = cls(store, services, jobs, retention)
         durable._restore(recovered)
         durable._gone_sync = asyncio.create_task(durable._sync_gone(), name="vaecast-gone-sync")
         log.info(
@@ -117,18 +119,17 @@ class DurableJobs:
         return durable
 
     def _restore(self, recovered: Recovered) -> None:
-        manager = self._manager
         for job_id, reason in recovered.gone:
-            manager.retention.remember_gone(job_id, reason)
+            self._retention.remember_gone(job_id, reason)
         for stored in recovered.jobs:
-            manager.jobs[stored.id] = restored_job(stored, manager)
+            self._jobs[stored.id] = restored_job(stored, self._services)
         for outcome, count in recovered.counts.items():
             self.recovered.labels(outcome).inc(count)
 
     def new_log(self, job_id: str) -> SegmentLog:
         """A new job's log, writing its MP4 into the store's file for it while the
         store's budget has room."""
-        config = self._manager.config
+        config = self._services.config
         return SegmentLog(
             config.spill_threshold_bytes,
             spill_dir=config.spill_dir,
@@ -140,7 +141,7 @@ class DurableJobs:
         """Job `job_id`'s video left the store: its record says why (and its journal
         tells the store)."""
         self.videos_not_stored.inc()
-        job = self._manager.jobs.get(job_id)
+        job = self._jobs.get(job_id)
         if job is not None:
             job.apply(NotStored(reason))
 
@@ -150,7 +151,7 @@ class DurableJobs:
         store = self.store
         if store.room_for(length):
             return None
-        self._manager.retention.make_room(lambda: not store.room_for(length))
+        self._retention.make_room(lambda: not store.room_for(length))
         if store.room_for(length):
             return None
         return (
@@ -161,7 +162,7 @@ class DurableJobs:
 
     def track(self, job: Job) -> None:
         """Journal `job` (one whose log writes the store's file)."""
-        JobJournal(self.store, job, self._manager.config.retention_s)
+        JobJournal(self.store, job, self._services.config.retention_s)
 
     async def settle(self) -> None:
         """Before an answer or an event: until what has happened so far is committed,
@@ -174,7 +175,7 @@ class DurableJobs:
         not keep would be answered as kept)."""
         failing = self.store.failing
         if failing is not None:
-            self._manager.metrics.jobs_rejected.labels("store_unavailable").inc()
+            self._services.metrics.jobs_rejected.labels("store_unavailable").inc()
             raise StoreUnavailableError(
                 f"the store cannot save new videos right now ({failing}); try again later"
             )
@@ -188,16 +189,15 @@ class DurableJobs:
         if not JOB_ID.fullmatch(job_id):
             return
         found = await self.store.load(job_id)
-        manager = self._manager
         if isinstance(found, str):
-            manager.retention.remember_gone(job_id, found)
-        elif isinstance(found, StoredJob) and job_id not in manager.jobs:
+            self._retention.remember_gone(job_id, found)
+        elif isinstance(found, StoredJob) and job_id not in self._jobs:
             self.store.adopted(found)
-            manager.jobs[job_id] = restored_job(found, manager)
+            self._jobs[job_id] = restored_job(found, self._services)
 
     async def _sync_gone(self) -> None:
         """Stop serving the jobs another server of this store deleted or evicted."""
-        retention = self._manager.retention
+        retention = self._retention
         while True:
             await asyncio.sleep(GONE_SYNC_S)
             try:
@@ -207,7 +207,7 @@ class DurableJobs:
                 continue
             for job_id, reason, gone_at in gone:
                 self._gone_synced_at = max(self._gone_synced_at, gone_at)
-                job = self._manager.jobs.get(job_id)
+                job = self._jobs.get(job_id)
                 if job is not None and job.finished:
                     await retention.gone_elsewhere(job, reason)
 

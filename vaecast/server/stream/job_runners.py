@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from vaecast.job.record import JobRecord, PreviewProgress
 from vaecast.job.transitions import JobInput
@@ -21,9 +21,7 @@ from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
 from vaecast.server.stream.local_runner import LocalRunner, PreviewSetup
-
-if TYPE_CHECKING:
-    from vaecast.server.stream.manager import JobManager
+from vaecast.server.stream.services import JobServices, JobTable
 
 
 class JobRunners(Protocol):
@@ -34,7 +32,7 @@ class JobRunners(Protocol):
 
     def new_job(
         self,
-        manager: JobManager,
+        services: JobServices,
         request: DecodeRequest | PushRequest,
         plan: DecodePlan | None,
         decoder: ChunkedDecoder,
@@ -43,14 +41,14 @@ class JobRunners(Protocol):
         """A new job of `request`, with its runner (checked, admitted: it will run);
         `preview`: its preview decoder, for a job with two renditions."""
 
-    def start(self, manager: JobManager) -> None:
+    def start(self, table: JobTable) -> None:
         """On the running loop, when the manager starts."""
 
     async def close(self) -> None:
         """After the manager's jobs ended."""
 
-    async def find(self, manager: JobManager, job_id: str) -> None:
-        """Adopt (`manager.adopt`) job `job_id` if it runs elsewhere and is not here."""
+    async def find(self, table: JobTable, job_id: str) -> None:
+        """Adopt (`table.adopt`) job `job_id` if it runs elsewhere and is not here."""
 
     async def catch_up(self, job: Job) -> None:
         """Before a read of `job`, still running here: until what this process has of it
@@ -73,7 +71,7 @@ class LocalRunners:
 
     def new_job(
         self,
-        manager: JobManager,
+        services: JobServices,
         request: DecodeRequest | PushRequest,
         plan: DecodePlan | None,
         decoder: ChunkedDecoder,
@@ -97,28 +95,28 @@ class LocalRunners:
         if preview is not None:
             # On the model's device, the final yields to it (vaecast.pipeline.preview_first).
             first = preview.device == decoder.device
-            setup = PreviewSetup(preview, manager.previews.workers(manager.workers), first)
-        runner = LocalRunner(request, manager.config, manager.workers, manager.stages, setup)
+            setup = PreviewSetup(preview, services.previews.workers(services.workers), first)
+        runner = LocalRunner(request, services.config, services.workers, services.stages, setup)
         return Job(
             record,
             decoder,
             plan,
-            manager.config,
-            manager.metrics,
+            services.config,
+            services.metrics,
             runner,
-            manager.fanout,
+            services.fanout,
             request.kind if push else None,
-            log=manager.new_log(job_id),
+            log=services.new_log(job_id),
             preview=preview,
         )
 
-    def start(self, manager: JobManager) -> None:
+    def start(self, table: JobTable) -> None:
         pass
 
     async def close(self) -> None:
         pass
 
-    async def find(self, manager: JobManager, job_id: str) -> None:
+    async def find(self, table: JobTable, job_id: str) -> None:
         pass  # every job of this process is in its manager
 
     async def catch_up(self, job: Job) -> None:

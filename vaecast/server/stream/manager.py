@@ -50,6 +50,7 @@ from vaecast.server.stream.job_runners import JobRunners, LocalRunners
 from vaecast.server.stream.previews import Previews
 from vaecast.server.stream.retention import EvictionReason, Retention
 from vaecast.server.stream.segment_log import SegmentLog
+from vaecast.server.stream.services import JobServices
 
 DEFAULT_RETRY_AFTER_S = 5.0
 
@@ -92,6 +93,17 @@ class JobManager:
         self.fanout = FanoutSender()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        # What the runners, the store's side and retention are given: not the manager.
+        self.services = JobServices(
+            config,
+            self.metrics,
+            self._workers,
+            self._stages,
+            self.fanout,
+            self.decoders,
+            self.previews,
+            self.new_log,
+        )
 
     async def open_store(self) -> None:
         """Open the store `config.store_dir` names, and serve the jobs it kept (before
@@ -100,7 +112,7 @@ class JobManager:
             return
         folder = Path(self.config.store_dir)
         try:
-            self.durable = await DurableJobs.open(self, folder)
+            self.durable = await DurableJobs.open(self.services, self.jobs, self.retention, folder)
         except OSError as error:
             raise StoreError(f"--store {folder}: {error.strerror or error}") from None
         self.retention.durable = self.durable
@@ -284,7 +296,7 @@ class JobManager:
 
     def _start_job(self, request: DecodeRequest | PushRequest) -> Job:
         plan, decoder, preview = self._checked_start(request)
-        job = self.runners.new_job(self, request, plan, decoder, preview)
+        job = self.runners.new_job(self.services, request, plan, decoder, preview)
         if self.durable is not None and job.log.durable:
             self.durable.track(job)
         self.places.hold(job)

@@ -25,7 +25,7 @@ from vaecast.server.stream.segment_log import SegmentLog
 from vaecast.store import StoredJob
 
 if TYPE_CHECKING:
-    from vaecast.server.stream.manager import JobManager
+    from vaecast.server.stream.services import JobServices
 
 
 class RestoredRunner:
@@ -53,7 +53,7 @@ class RestoredRunner:
         pass
 
 
-def restored_job(stored: StoredJob, manager: JobManager) -> Job:
+def restored_job(stored: StoredJob, services: JobServices) -> Job:
     record = from_snapshot(stored.snapshot, stored.events)
     if stored.path is not None:  # its video is kept: a whole MP4, up to where it stopped
         spans = [(segment.offset, segment.length) for segment in stored.segments]
@@ -62,15 +62,16 @@ def restored_job(stored: StoredJob, manager: JobManager) -> Job:
         error = record.error or VaecastError("the video was not kept")
         log = SegmentLog.restored(None, [], error)
     # A restored job never decodes: the decoder is only what the job's type holds.
-    decoder = manager.decoders.get(record.model) or manager.decoders[manager.config.default_model]
+    decoders, config = services.decoders, services.config
+    decoder = decoders.get(record.model) or decoders[config.default_model]
     job = Job(
         record,
         decoder,
         None,
-        manager.config,
-        manager.metrics,
+        config,
+        services.metrics,
         RestoredRunner(),
-        manager.fanout,
+        services.fanout,
         log=log,
     )
     job.fragments.restore(

@@ -20,15 +20,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, MutableMapping
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vaecast.errors import GoneError
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.job import Job
-
-if TYPE_CHECKING:
-    from vaecast.server.stream.durable_jobs import DurableJobs
 
 log = logging.getLogger("vaecast.retention")
 
@@ -55,6 +52,12 @@ class EvictionReason(Enum):
         return "deleted by request"
 
 
+class ForgetsJobs(Protocol):
+    """The durable store, as retention sees it: what an evicted job's rows become."""
+
+    def forget(self, job: Job, reason: str) -> None: ...
+
+
 class Retention:
     """Evicts finished jobs from `jobs` (the manager's table, shared by reference)."""
 
@@ -66,7 +69,7 @@ class Retention:
         self._jobs = jobs
         self._evicted: OrderedDict[str, str] = OrderedDict()
         self._side_tasks: set[asyncio.Task[None]] = set()
-        self.durable: DurableJobs | None = None  # the store, when there is one
+        self.durable: ForgetsJobs | None = None  # the store, when there is one
 
     def remember_gone(self, job_id: str, reason: str) -> None:
         """Answer 410 for `job_id`, with `reason` (an id the store says is gone)."""
