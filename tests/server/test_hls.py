@@ -11,7 +11,6 @@ import pytest
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.hls_checks import apple_rules, strict_errors
 from tests.helpers.server import Server, StartServer
-from vaecast.server.faces import hls
 from vaecast.server.faces.hls import (
     Part,
     has_complete_segment,
@@ -97,7 +96,7 @@ def test_parts_are_listed_for_the_last_three_segments_only():
 def test_an_audio_only_part_ends_the_segment_before_it():
     """A push session's last fragment holds the sound after its last frame: it joins the
     last segment, which then ends on it; no segment without a picture."""
-    parts = [*parts_of([0.0625, 0.25, 0.25], {0, 1}), Part(0.1, independent=False)]
+    parts = [*parts_of([0.0625, 0.25, 0.25], {0, 1}), Part(0.1, keyframe=False)]
     text = media_playlist(parts, ended=True, target_duration_s=2.0, part_target_s=0.25)
     playlist = m3u8.loads(text)
     assert [len(s.parts) for s in playlist.segments] == [1, 3]
@@ -212,7 +211,7 @@ async def test_the_parts_are_the_content_exactly_and_segments_their_parts(
 
     init = await get(playlist.segment_map[0].uri)
     # The playlist lists the parts of its last three segments; all of them are served.
-    all_parts = hls.parts_of(server.manager.get(job["id"]).fragments.facts)
+    all_parts = server.manager.get(job["id"]).fragments.facts
     parts = [await get(f"hls/part/{i}.m4s") for i in range(len(all_parts))]
     listed = [p.uri for s in playlist.segments for p in s.parts]
     assert listed == [f"hls/part/{i}.m4s" for i in range(len(parts) - len(listed), len(parts))]

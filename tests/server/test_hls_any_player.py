@@ -17,7 +17,7 @@ from tests.helpers.server import Server, StartServer
 from tests.server.test_playback_deadlines import PacedDecoder
 from tests.server.test_preview import tiny_and_linear, upload
 from tests.server.test_push_audio_alignment import Producer, video_frames
-from vaecast.server.faces.hls import parts_of, segments
+from vaecast.server.faces.hls import segments
 
 pytestmark = pytest.mark.skipif(
     shutil.which("ffprobe") is None or shutil.which("node") is None,
@@ -139,7 +139,7 @@ async def test_a_push_with_sound_running_and_finished(start_server: StartServer)
     await asyncio.wait_for(producer.job.wait(), 30)
     finished = m3u8.loads(await check_playlist(server.client, url))
     assert finished.is_endlist
-    parts = parts_of(producer.job.fragments.facts)
+    parts = producer.job.fragments.facts
     # Whatever the tail holds, it is no segment of its own: every segment has video.
     assert len(finished.segments) == len(segments(parts, True))
     counts = await frames_read(await start_ffprobe(url))

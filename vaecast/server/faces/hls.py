@@ -51,10 +51,9 @@ SEGMENTS_WITH_PARTS = 3
 MIN_PART_SHARE = 0.85
 
 
-@dataclass(frozen=True, slots=True)
-class Part:
-    duration_s: float
-    independent: bool  # starts with a keyframe (never an audio-only part)
+# A part is one fragment, read from the facts the encoder handed over with it: its
+# duration, and whether it starts on a keyframe (independent; never an audio-only one).
+Part = FragmentFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +67,10 @@ class Segment:
         return sum(part.duration_s for part in self.parts)
 
 
-def parts_of(facts: Sequence[FragmentFacts]) -> list[Part]:
-    """A rendition's HLS parts: one per fragment, independent where it starts on a
-    keyframe (an audio-only fragment never does: it ends the segment before it, which
-    a player can decode, instead of starting one with no picture)."""
-    return [Part(fragment.duration_s, fragment.keyframe) for fragment in facts]
-
-
-def segments(parts: list[Part], ended: bool) -> list[Segment]:
+def segments(parts: Sequence[Part], ended: bool) -> list[Segment]:
     """Parts grouped into segments, each starting at an independent part. A segment is
     complete once the next has begun, or when `ended` (no part will follow)."""
-    starts = [i for i, part in enumerate(parts) if part.independent or i == 0]
+    starts = [i for i, part in enumerate(parts) if part.keyframe or i == 0]
     grouped = []
     for number, start in enumerate(starts):
         end = starts[number + 1] if number + 1 < len(starts) else len(parts)
@@ -87,12 +79,12 @@ def segments(parts: list[Part], ended: bool) -> list[Segment]:
     return grouped
 
 
-def part_target(parts: list[Part], part_target_s: float) -> float:
+def part_target(parts: Sequence[Part], part_target_s: float) -> float:
     """PART-TARGET: the longest part the rendition makes, or has made."""
     return max([part_target_s, *(part.duration_s for part in parts)])
 
 
-def listed_parts(parts: list[Part], ended: bool, part_target_s: float) -> list[Part]:
+def listed_parts(parts: Sequence[Part], ended: bool, part_target_s: float) -> Sequence[Part]:
     """The parts a playlist lists now: all of them, but for a running rendition's last
     part while it is shorter than MIN_PART_SHARE of PART-TARGET, which waits for the
     next part (or the end). A preload hint counts as one more part of the running
@@ -103,14 +95,14 @@ def listed_parts(parts: list[Part], ended: bool, part_target_s: float) -> list[P
     return parts[:-1] if short and not ended else parts
 
 
-def has_complete_segment(parts: list[Part], ended: bool) -> bool:
+def has_complete_segment(parts: Sequence[Part], ended: bool) -> bool:
     """Whether a player that reads only whole segments can start on these parts."""
     grouped = segments(parts, ended)
     return bool(grouped) and grouped[0].complete
 
 
 def media_playlist(
-    parts: list[Part],
+    parts: Sequence[Part],
     *,
     ended: bool,
     target_duration_s: float,
@@ -149,7 +141,7 @@ def media_playlist(
         for offset, part in enumerate(segment.parts if number >= first_with_parts else ()):
             uri = f"hls/part/{segment.first_part + offset}.m4s"
             attributes = f'DURATION={part.duration_s:.5f},URI="{uri}"'
-            if part.independent:
+            if part.keyframe:
                 attributes += ",INDEPENDENT=YES"
             lines.append(f"#EXT-X-PART:{attributes}")
         if segment.complete:
@@ -201,7 +193,7 @@ def multivariant_playlist(variants: list[Variant]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def part_position(parts: list[Part], ended: bool, msn: int, part: int | None) -> int | None:
+def part_position(parts: Sequence[Part], ended: bool, msn: int, part: int | None) -> int | None:
     """How many parts must be listed for segment `msn` (and its part `part`) to be in
     the playlist; None if they already are."""
     grouped = segments(parts, ended)
@@ -214,6 +206,6 @@ def part_position(parts: list[Part], ended: bool, msn: int, part: int | None) ->
     return len(parts) + 1  # a later segment: at least one more part
 
 
-def too_far_ahead(parts: list[Part], ended: bool, msn: int) -> bool:
+def too_far_ahead(parts: Sequence[Part], ended: bool, msn: int) -> bool:
     last = len(segments(parts, ended)) - 1
     return msn > last + MAX_MSN_AHEAD

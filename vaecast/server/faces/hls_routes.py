@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 
@@ -56,7 +56,6 @@ from vaecast.server.faces.hls import (
     media_playlist,
     multivariant_playlist,
     part_position,
-    parts_of,
     segments,
     too_far_ahead,
 )
@@ -234,7 +233,7 @@ def _ended(job: Job, rendition: Rendition) -> bool:
 def _variant(job: Job, rendition: Rendition) -> Variant:
     """A rendition as the multivariant playlist lists it."""
     size = job.record.plan or job.record.geometry
-    parts = parts_of(rendition.fragments.facts)
+    parts = rendition.fragments.facts
     seconds = sum(part.duration_s for part in parts)
     measured = rendition.log.size * 8 / seconds if seconds > 0 else None
     uri = "playlist.m3u8" if rendition.variant == FINAL else f"{PREVIEW}/playlist.m3u8"
@@ -273,13 +272,13 @@ def _part_target_s(job: Job, rendition: Rendition) -> float:
     return part_target_s
 
 
-def _listed(job: Job, rendition: Rendition) -> list[Part]:
+def _listed(job: Job, rendition: Rendition) -> Sequence[Part]:
     """The parts the rendition's playlist lists now (`hls.listed_parts`): none once its
     log broke (a failed or cancelled job whose bytes are not kept: `/content` refuses
     it too), so that the playlist names no media that would not be served."""
     if rendition.log.error is not None:
         return []
-    parts = parts_of(rendition.fragments.facts)
+    parts = rendition.fragments.facts
     return listed_parts(parts, _ended(job, rendition), _part_target_s(job, rendition))
 
 
