@@ -179,7 +179,7 @@ class _Relay:
 
     async def append(self, segment: bytes) -> None:
         await self._room.acquire()
-        self._records.put_nowait(Segment(bytes(segment), facts_of(segment)))
+        self._records.put_nowait(Segment(segment, facts_of(segment)))
 
     def fragment(self, done: FragmentDone) -> None:
         self._records.put_nowait(

@@ -1,11 +1,12 @@
 """Fragmented MP4 read back, without I/O: an init segment's tracks, a fragment's runs.
 
-The counterpart of `fmp4`, which writes these boxes. The server reads with it too:
-its HLS face (`server.faces.hls`, served by `hls_routes`) takes each job's tracks
-from the init segment (`parse_init_segment`) and every fragment's durations and
-keyframes from its `moof` as the job appends it (`fragment_timing`, which reads
-only that much, on the event loop). Tests, benchmarks and tools read whole fragments
-back (`parse_fragment`) as the value objects that wrote them. It reads what `fmp4`
+The counterpart of `fmp4`, which writes these boxes. The server reads with it only
+where it needs the samples themselves: WHEP takes a job's tracks from its init segment
+(`parse_init_segment`) and each fragment apart into access units (`parse_fragment`,
+`codecs.access_units`). A fragment's duration and keyframe come with it from the
+encoder (`codecs.fragment`) and are never read back. Tests, benchmarks and tools read
+fragments back, whole or their timing only (`fragment_timing`), to check what was
+written. It reads what `fmp4`
 writes plus the common optional fields of other writers, and raises ValueError on
 anything truncated or malformed rather than guessing. The box layer below it
 (`iter_boxes`, `children`, `find_child`, `TopLevelBoxSplitter`) is `fmp4_boxes`,
