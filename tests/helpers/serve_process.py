@@ -26,15 +26,26 @@ def vaecast_serve(
 
 @contextlib.contextmanager
 def vaecast_serve_process(
-    arguments: list[str], log_path: Path, env: Mapping[str, str] | None = None
+    arguments: list[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    own_group: bool = False,
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`vaecast_serve`, yielding its process too (to signal it, or find its children)."""
+    """`vaecast_serve`, yielding its process too (to signal it, or find its children).
+    `own_group`: in a process group of its own, which a test may signal as a terminal's
+    Ctrl-C or a service manager's stop signals every process of the server."""
     command = [sys.executable, "-m", "vaecast", "serve", "--port", "0", *arguments]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with (
         log_path.open("w") as log,
         subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log, text=True, env=environment
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=environment,
+            process_group=0 if own_group else None,
         ) as process,
     ):
         try:

@@ -96,6 +96,29 @@ async def test_no_peers_process_outlives_its_server(tmp_path: Path, stop: signal
 
 
 @pytest.mark.slow
+async def test_ctrl_c_stops_the_server_and_its_peers_in_order(tmp_path: Path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it (and as a
+    service manager signals every process of a unit): the peers' process does not die
+    first under the server's viewers; the server ends their sessions and then it."""
+    arguments = ["--model", "linear", "--store", "none", "--shutdown-grace", "1"]
+    log = tmp_path / "serve.log"
+    with vaecast_serve_process(arguments, log, own_group=True) as (url, server):
+        async with aiohttp.ClientSession() as client:
+            viewer = await watch_live_push(url, client)
+            try:
+                (peers,) = children_of(server.pid)
+                os.killpg(server.pid, signal.SIGINT)
+                await asyncio.to_thread(server.wait, 30)
+                await until(lambda: not running(peers), 15)
+            finally:
+                await viewer.pc.close()
+    text = log.read_text()
+    assert server.returncode == 0, text[-2000:]
+    assert "ended: shutdown" in text, text[-2000:]
+    assert "Traceback" not in text and " ERROR " not in text, text[-2000:]
+
+
+@pytest.mark.slow
 async def test_a_dead_peers_process_ends_its_sessions_and_the_next_offer_starts_another(
     start_server: StartServer,
 ):

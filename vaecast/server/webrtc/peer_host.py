@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -334,6 +335,11 @@ def main() -> None:
     # never between two frames.
     wire_in, wire_out = os.dup(0), os.dup(1)
     os.dup2(2, 1)
+    # A terminal's Ctrl-C, and a service manager's stop, signal every process of the
+    # server: this one ends when the server closes its pipe, after it has ended its
+    # sessions, not first under their viewers (a SIGKILL of the server closes it too).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICENESS)
     asyncio.run(serve(wire_in, wire_out))
 
