@@ -41,7 +41,7 @@ from tests.helpers.cdp import Page, launch_chromium
 FIRST_FRAME_TIMEOUT_S = 120.0
 JOB_END_TIMEOUT_S = 600.0
 POLL_S = 0.1
-# The demo warm-up takes a few seconds of CPU (vaecast/server/faces/live_demo.py gives up at 120).
+# The demo warm-up takes a few seconds of CPU (vaecast/server/intake/live_demo.py gives up at 120).
 WARM_UP_WAIT_S = 150.0
 MARK_NAMES = (
     "content_requested",

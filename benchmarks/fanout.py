@@ -4,8 +4,8 @@ For each viewer count N the client creates one job (`POST /v1/videos`) and at on
 opens N concurrent `GET .../content` streams. Viewers cost the server on two threads:
 the event loop (the main thread: their requests, the init segment each is written
 alone, the end, and a few attribute updates per fragment) and the fan-out thread
-(vaecast/server/stream/fanout_sender.py: one send per caught-up viewer per fragment). What
-one more viewer costs the loop is that thread's CPU time over the job, minus that of
+(the progressive face's `fanout_sender.py`: one send per caught-up viewer per
+fragment). What one more viewer costs the loop is that thread's CPU time over the job, minus that of
 the same job with no viewer (N = 0) in the same round, divided by N. The figure the
 issue sets a goal for is the loop's CPU as a share of one core over the job
 (`loop_cpu_pct`: loop CPU s / job wall s x 100), with N viewers and, for what the
@@ -47,7 +47,7 @@ from benchmarks.client import (
     receive,
 )
 from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
-from vaecast.server.stream.fanout_sender import THREAD_NAME as FANOUT_THREAD
+from vaecast.server.faces.progressive.fanout_sender import THREAD_NAME as FANOUT_THREAD
 
 # The job's status is asked for at this pace only while no viewer stream says when it
 # ends: every request is loop work, and this measures the loop.

@@ -35,7 +35,15 @@ def imported(path: Path) -> Iterator[str]:
             yield from (f"{node.module}.{alias.name}" for alias in node.names)
 
 
-FACES = ("vaecast.server.faces", "vaecast.server.webrtc")
+# What sits above the stream core: the faces, the face contract, the producers' wing,
+# the jobs API and the app that puts them together.
+ABOVE_THE_CORE = (
+    "vaecast.server.faces",
+    "vaecast.server.face",
+    "vaecast.server.intake",
+    "vaecast.server.api",
+    "vaecast.server.app",
+)
 
 
 def _offenders(folder: Path, forbidden: tuple[str, ...]) -> set[str]:
@@ -54,9 +62,26 @@ def test_the_server_imports_nothing_from_the_cluster() -> None:
 def test_the_stream_core_and_the_api_document_import_no_face() -> None:
     """A job, its renditions, logs and fragment index know no delivery face (HLS,
     WHEP, the progressive MP4): the faces read the core, never the other way."""
-    stream = _offenders(PACKAGE / "server" / "stream", FACES)
-    contract = _offenders(PACKAGE / "server" / "contract", FACES)
+    stream = _offenders(PACKAGE / "server" / "stream", ABOVE_THE_CORE)
+    contract = _offenders(PACKAGE / "server" / "contract", ABOVE_THE_CORE)
     assert not stream | contract
+
+
+def test_a_face_is_one_folder_that_imports_no_other_face() -> None:
+    """Each face reads the core (and `faces.common`); none reaches into another, so a
+    face is added or left out whole, with one entry in the config."""
+    faces = PACKAGE / "server" / "faces"
+    folders = sorted(p.name for p in faces.iterdir() if (p / "__init__.py").is_file())
+    assert {"progressive", "hls", "whep"} <= set(folders)
+    offenders = {
+        offence
+        for folder in folders
+        for offence in _offenders(
+            faces / folder,
+            tuple(f"vaecast.server.faces.{other}" for other in folders if other != folder),
+        )
+    }
+    assert not offenders
 
 
 def test_no_function_is_over_the_line_budget() -> None:

@@ -43,7 +43,7 @@ from aiohttp import web
 import vaecast.server.app as vaecast_app
 from benchmarks.reliability import faults
 from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.faces.routes import MANAGER
+from vaecast.server.face import MANAGER
 
 ANNOUNCE = "reliability server on "
 HOST = "127.0.0.1"

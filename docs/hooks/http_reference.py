@@ -1,5 +1,5 @@
 """MkDocs hook: the HTTP reference page, rendered from the server's OpenAPI document at
-build time (`vaecast.server.contract.openapi_document()`), never a checked-in copy.
+build time (`vaecast.server.contract.openapi_document(app)`), never a checked-in copy.
 
 `render_http_reference(document)` is pure (an OpenAPI 3.1 dict in, Markdown out): every
 operation with its method, path, summary, parameters, request bodies and responses, then

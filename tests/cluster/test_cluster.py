@@ -35,7 +35,7 @@ SMALL_FRAMES = 33
 
 def test_without_ray_nothing_imports_ray():
     code = (
-        "import sys, vaecast.cli, vaecast.server.app, vaecast.server.faces.routes\n"
+        "import sys, vaecast.cli, vaecast.server.app, vaecast.server.api.routes\n"
         "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 import torch
@@ -14,7 +15,8 @@ from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.server.config import ServerConfig
 from vaecast.server.edge.parser_errors import answer_in_json
-from vaecast.server.faces.routes import MANAGER
+from vaecast.server.face import FACES, MANAGER
+from vaecast.server.faces.progressive.fanout_sender import FanoutSender
 from vaecast.server.stream.manager import JobManager
 
 TEST_CONFIG = ServerConfig(default_model="linear", encoder=replace(EncoderSettings(), crf=18))
@@ -36,6 +38,19 @@ class Server:
     @property
     def manager(self) -> JobManager:
         return self.app[MANAGER]
+
+    def app_faces(self) -> tuple[Any, ...]:
+        return self.app[FACES]
+
+    def face(self, name: str) -> Any:
+        """The running face of that name (the progressive face's sender, WHEP's sessions)."""
+        (face,) = (face for face in self.app[FACES] if face.name == name)
+        return face
+
+    @property
+    def fanout(self) -> FanoutSender:
+        """The progressive face's sender thread."""
+        return self.face("progressive").fanout
 
 
 StartServer = Callable[..., Awaitable[Server]]

@@ -37,8 +37,13 @@ from tests.helpers.server import (
     serve_on_loopback,
 )
 from vaecast.codecs.fmp4_reader import iter_boxes
-from vaecast.server.stream import broadcast
-from vaecast.server.stream.broadcast import Broadcast, can_broadcast_to, frame_chunk
+from vaecast.server.faces.progressive import broadcast
+from vaecast.server.faces.progressive.broadcast import (
+    BROADCAST,
+    Broadcast,
+    can_broadcast_to,
+    frame_chunk,
+)
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.segment_log import SegmentLog
 
@@ -86,7 +91,9 @@ def content_url(job: Job) -> str:
 
 
 def members(job: Job) -> int:
-    return job.broadcast.members
+    broadcast = job.final.attached(BROADCAST)
+    assert broadcast is not None
+    return broadcast.members
 
 
 async def watch(server: Server, job: Job) -> bytes:
@@ -197,7 +204,7 @@ async def test_many_viewers_get_the_finished_file_byte_for_byte_through_the_broa
     assert duplicated_sockets() == (VIEWERS if sends == "thread" else 0)
     decoder.gate.set()
     streams = await asyncio.gather(*viewers)
-    assert (server.manager.fanout.batches_sent > 0) == (sends == "thread")
+    assert (server.fanout.batches_sent > 0) == (sends == "thread")
     await until(lambda: duplicated_sockets() == 0)  # each given back as its member left
     sent = await bytes_sent(server)
     whole = await finished_file(server, job)
@@ -525,7 +532,7 @@ async def test_a_few_members_are_written_by_the_loop_and_many_by_the_thread(
     """(With no descriptor for the thread, the loop writes to them however many.)"""
     monkeypatch.setattr(broadcast, "THREAD_FROM_MEMBERS", 8)
     server = await start_server(decoders={"linear": GatedDecoder(hold_at=2)})
-    sender = server.manager.fanout
+    sender = server.fanout
     for viewers, thread_used in ((7, False), (8, True)):
         decoder = GatedDecoder(hold_at=2)
         server.manager.decoders["linear"] = decoder

@@ -19,13 +19,14 @@ from tests.helpers.contract import Contract, sse_events, validate
 from tests.helpers.server import TEST_CONFIG, Server, StartServer
 from tests.helpers.whep import WhepViewer
 from vaecast.models.linear import LinearDecoder
-from vaecast.server.app import create_app
+from vaecast.server.app import create_app, default_app
 from vaecast.server.config import Limits
-from vaecast.server.contract import default_app, openapi_document
+from vaecast.server.contract import openapi_document
 from vaecast.server.contract.spec import NOT_A_ROUTE, operation_of
 from vaecast.server.contract.swagger_view import swagger_ui_view
 from vaecast.server.edge.security_config import SecurityConfig
-from vaecast.server.webrtc.settings import WebRtcSettings
+from vaecast.server.faces.standard import standard_faces
+from vaecast.server.faces.whep.settings import WebRtcSettings
 from vaecast.version import VERSION
 
 LATENTS = smooth_latents(frames=6, height=6, width=8)
@@ -48,7 +49,7 @@ def documented(document: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def test_the_document_is_valid_openapi_31_of_this_version() -> None:
-    document = openapi_document()
+    document = openapi_document(default_app())
     OpenAPIV31SpecValidator(document).validate()
     assert document["openapi"] == "3.1.0"
     assert document["info"]["version"] == VERSION
@@ -301,7 +302,9 @@ async def test_the_reference_page_and_its_files_are_served_from_here(
 async def test_whep_answers_are_what_the_document_says(start_server: StartServer) -> None:
     """A live push session watched over WHEP by a real aiortc peer: the SDP answer with its
     Location, the viewer limit's 429, the session's DELETE and its second 404."""
-    server = await start_server(webrtc=replace(WebRtcSettings(), max_viewers=1))
+    server = await start_server(
+        faces=standard_faces(webrtc=replace(WebRtcSettings(), max_viewers=1))
+    )
     contract = Contract(openapi_document(server.app))
     async with server.client.post("/v1/videos", json={"input": "push"}) as response:
         session = await response.json()

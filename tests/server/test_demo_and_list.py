@@ -11,7 +11,7 @@ from vaecast.demo.scenes import render_scene
 from vaecast.models.linear import LinearDecoder
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import Limits
-from vaecast.server.faces import uploads
+from vaecast.server.intake import uploads
 
 SMALL_DEMO = {"scene": "shapes", "frames": 5, "width": 64, "height": 48, "fps": 8}
 

@@ -23,7 +23,7 @@ from vaecast.models.linear import LinearDecoder
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.app import DEMO_WARM_UP, create_app, runner_settings
 from vaecast.server.config import ServerConfig
-from vaecast.server.faces.live_demo import warm_up_demo, warm_up_state
+from vaecast.server.intake.live_demo import warm_up_demo, warm_up_state
 
 CONFIG = ServerConfig(default_model="tiny")
 WARM_UP_WAIT_S = 300.0  # seconds of CPU on an idle machine; far more on a loaded one

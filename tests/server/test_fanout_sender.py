@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vaecast.server.stream import broadcast
-from vaecast.server.stream.broadcast import thread_descriptor
-from vaecast.server.stream.fanout_sender import (
+from vaecast.server.faces.progressive import broadcast
+from vaecast.server.faces.progressive.broadcast import thread_descriptor
+from vaecast.server.faces.progressive.fanout_sender import (
     FAILED,
     SKIPPED,
     FanoutSender,
@@ -180,7 +180,7 @@ def test_the_thread_never_gets_the_socket_under_a_tls_transport(pairs):
 
 DESCRIPTOR_PROBE = """
 import json, os, resource, socket
-from vaecast.server.stream.fanout_sender import open_member_socket
+from vaecast.server.faces.progressive.fanout_sender import open_member_socket
 from vaecast.server.app import raise_open_file_limit
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))

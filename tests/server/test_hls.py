@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.hls_checks import apple_rules, strict_errors
 from tests.helpers.server import Server, StartServer
-from vaecast.server.faces.hls import (
+from vaecast.server.faces.hls.playlist import (
     Part,
     has_complete_segment,
     listed_parts,

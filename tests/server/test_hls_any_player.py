@@ -17,7 +17,7 @@ from tests.helpers.server import Server, StartServer
 from tests.server.test_playback_deadlines import PacedDecoder
 from tests.server.test_preview import tiny_and_linear, upload
 from tests.server.test_push_audio_alignment import Producer, video_frames
-from vaecast.server.faces.hls import segments
+from vaecast.server.faces.hls.playlist import segments
 
 pytestmark = pytest.mark.skipif(
     shutil.which("ffprobe") is None or shutil.which("node") is None,

@@ -24,7 +24,7 @@ from tests.helpers.server import TEST_CONFIG, serve_on_loopback
 from vaecast.errors import PayloadTooLargeError
 from vaecast.latent_files import load_latents
 from vaecast.server.edge.body_buffer import MAPPED_ROOM_BYTES
-from vaecast.server.faces.uploads import _body_chunks, _read_limited, read_upload
+from vaecast.server.intake.uploads import _body_chunks, _read_limited, read_upload
 
 MIB = 1024 * 1024
 

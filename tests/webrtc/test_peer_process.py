@@ -22,10 +22,11 @@ from tests.helpers.serve_process import vaecast_serve_process
 from tests.helpers.server import StartServer
 from tests.helpers.whep import WhepViewer
 from tests.webrtc.test_whep import _settings, metric, metrics, push_all, push_session
-from vaecast.server.faces.whep import WHEP_SESSIONS
+from vaecast.server.faces.standard import standard_faces
+from vaecast.server.faces.whep.routes import WHEP_SESSIONS
 
 RATE = 16000
-PEER_HOST = b"vaecast.server.webrtc.peer_host"
+PEER_HOST = b"vaecast.server.faces.whep.peer_host"
 
 
 def children_of(pid: int) -> list[int]:
@@ -122,7 +123,7 @@ async def test_ctrl_c_stops_the_server_and_its_peers_in_order(tmp_path: Path):
 async def test_a_dead_peers_process_ends_its_sessions_and_the_next_offer_starts_another(
     start_server: StartServer,
 ):
-    server = await start_server(webrtc=_settings())
+    server = await start_server(faces=standard_faces(webrtc=_settings()))
     sessions = server.app[WHEP_SESSIONS]
     session = await push_session(server)
     whep = f"/v1/videos/{session['id']}/whep"

@@ -31,7 +31,8 @@ from tests.server.test_playback_deadlines import PacedDecoder
 from tests.server.test_preview import upload
 from vaecast.codecs.fmp4_reader import parse_fragment
 from vaecast.codecs.h264 import EncoderSettings
-from vaecast.server.faces.whep import WHEP_SESSIONS
+from vaecast.server.faces.standard import standard_faces
+from vaecast.server.faces.whep.routes import WHEP_SESSIONS
 
 LATENTS = smooth_latents(frames=6)  # linear: 21 frames, 6 chunks
 FPS = 16
@@ -82,7 +83,7 @@ async def metrics(server: Server) -> str:
 async def test_a_push_session_plays_over_whep_as_its_own_h264_with_opus_audio(
     start_server: StartServer,
 ):
-    server = await start_server(webrtc=_settings(peer_timeout_s=1.0))
+    server = await start_server(faces=standard_faces(webrtc=_settings(peer_timeout_s=1.0)))
     session = await push_session(server)
     whep = f"/v1/videos/{session['id']}/whep"
     viewer, response, answer = await WhepViewer.connect(server.client, whep)
@@ -189,7 +190,7 @@ async def test_a_viewer_joining_a_running_job_starts_at_its_next_keyframe(
 
 
 async def test_bad_whep_requests_get_their_4xx(start_server: StartServer):
-    server = await start_server(webrtc=_settings(max_viewers=1))
+    server = await start_server(faces=standard_faces(webrtc=_settings(max_viewers=1)))
     session = await push_session(server, audio=False)
     whep = f"/v1/videos/{session['id']}/whep"
     sdp = {"Content-Type": "application/sdp"}
@@ -232,7 +233,7 @@ async def test_bad_whep_requests_get_their_4xx(start_server: StartServer):
 def _settings(**changes: object):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    from vaecast.server.webrtc.settings import WebRtcSettings
+    from vaecast.server.faces.whep.settings import WebRtcSettings
 
     return replace(WebRtcSettings(), **changes)
 
@@ -279,7 +280,7 @@ async def test_peers_that_vanish_or_never_connect_are_dropped_and_freed(
         decoders={"paced": PacedDecoder()},
         default_model="paced",
         default_fps=Fraction(FPS),
-        webrtc=_settings(connect_timeout_s=1.5, peer_timeout_s=1.5),
+        faces=standard_faces(webrtc=_settings(connect_timeout_s=1.5, peer_timeout_s=1.5)),
     )
     # 997 frames, 250 chunks: ~50 s, cancelled once seen. A job that ends while a
     # peer's timeout runs (a busy machine slows the set-up) would end that peer's
@@ -355,7 +356,9 @@ async def test_the_viewer_cap_holds_against_100_offers_at_once(start_server: Sta
     made before it (100 offers against a cap of 32 made 44 viewers)."""
     from aiortc import RTCPeerConnection
 
-    server = await start_server(webrtc=_settings(max_viewers=32, connect_timeout_s=60))
+    server = await start_server(
+        faces=standard_faces(webrtc=_settings(max_viewers=32, connect_timeout_s=60))
+    )
     # Live until the end of the test (a push session without a block): an uploaded
     # job could end before the offers arrive, and be 409 to all of them.
     job = await push_session(server)

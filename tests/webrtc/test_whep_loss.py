@@ -23,7 +23,8 @@ from tests.helpers.whep import WhepViewer
 from tests.server.test_playback_deadlines import PacedDecoder
 from tests.server.test_preview import upload
 from tests.webrtc.test_whep import FPS, PEER_PROCESS_FDS, _settings, open_fds, peers_idle
-from vaecast.server.faces.whep import WHEP_SESSIONS
+from vaecast.server.faces.standard import standard_faces
+from vaecast.server.faces.whep.routes import WHEP_SESSIONS
 
 LOSS = 0.3
 CHUNKS = 25  # 97 frames, one fragment a chunk: ~5 s of paced decode
@@ -41,7 +42,7 @@ async def test_a_lossy_peer_slows_neither_the_job_nor_the_other_viewers(
         decoders={"paced": PacedDecoder()},
         default_model="paced",
         default_fps=Fraction(FPS),
-        webrtc=_settings(connect_timeout_s=5.0, peer_timeout_s=3.0),
+        faces=standard_faces(webrtc=_settings(connect_timeout_s=5.0, peer_timeout_s=3.0)),
     )
     job = await upload(server, smooth_latents(frames=CHUNKS))
     whep = f"/v1/videos/{job['id']}/whep"

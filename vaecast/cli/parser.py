@@ -27,7 +27,7 @@ from vaecast.server.edge.security_config import (
     normalize_host_pattern,
     normalize_origin,
 )
-from vaecast.server.webrtc.settings import WebRtcSettings, parse_ice_server
+from vaecast.server.faces.whep.settings import WebRtcSettings, parse_ice_server
 from vaecast.version import VERSION
 
 MAX_DECODE_SLOTS = 256  # each a decode thread and a live encoder
@@ -324,7 +324,7 @@ def _serve_security(serve: argparse.ArgumentParser) -> None:
 
 def _serve_webrtc(serve: argparse.ArgumentParser) -> None:
     """`serve`'s WHEP viewers: ICE servers and limits."""
-    # WHEP viewers (vaecast.server.webrtc; README: WebRTC).
+    # WHEP viewers (vaecast.server.faces.whep; README: WebRTC).
     serve.add_argument(
         "--ice-server",
         action="append",

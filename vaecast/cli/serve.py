@@ -32,7 +32,8 @@ from vaecast.server.edge.security_config import (
     for_bind_address,
     is_loopback_bind,
 )
-from vaecast.server.webrtc.settings import WebRtcSettings, host_addresses_for
+from vaecast.server.faces.standard import standard_faces
+from vaecast.server.faces.whep.settings import WebRtcSettings, host_addresses_for
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -109,10 +110,12 @@ def _server_config(
         security=security,
         previews=previews,
         preview_device=args.preview_device,
-        webrtc=WebRtcSettings(
-            ice_servers=tuple(args.ice_server or ()),
-            host_addresses=host_addresses_for(args.host),
-            max_viewers=args.max_webrtc_viewers,
+        faces=standard_faces(
+            webrtc=WebRtcSettings(
+                ice_servers=tuple(args.ice_server or ()),
+                host_addresses=host_addresses_for(args.host),
+                max_viewers=args.max_webrtc_viewers,
+            )
         ),
     )
 
@@ -133,7 +136,7 @@ async def _serve(
         runner_settings,
         serve_until_signalled,
     )
-    from vaecast.server.faces.routes import MANAGER
+    from vaecast.server.face import MANAGER
     from vaecast.server.stream.manager import JobManager
 
     decoders = {

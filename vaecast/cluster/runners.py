@@ -214,7 +214,7 @@ class ClusterRunners:
             config,
             services.metrics,
             runner,
-            services.fanout,
+            services.attach,
             push_kind,
             log,
             preview=preview,

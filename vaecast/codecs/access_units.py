@@ -1,7 +1,7 @@
 """A job's fragments read back as access units, the form RTP senders packetize: no I/O.
 
 WebRTC carries each encoded frame on its own, timestamped, with no container: so a
-WHEP viewer (`vaecast.server.webrtc`) gets the job's own H.264 as the fragments hold
+WHEP viewer (`vaecast.server.faces.whep`) gets the job's own H.264 as the fragments hold
 it, taken apart here rather than encoded again. A video access unit is turned from an
 `avc1` sample (length-prefixed NAL units, parameter sets in the avcC) into Annex B
 (start codes), with the SPS and PPS in front of every keyframe: an RTP receiver has no

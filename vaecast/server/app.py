@@ -1,4 +1,5 @@
-"""The aiohttp application: routes, error edge, and the job manager's lifetime."""
+"""The aiohttp application: the edge, the jobs API, the configured faces, and the
+lifetime of the job manager and of the faces around it."""
 
 from __future__ import annotations
 
@@ -13,24 +14,25 @@ from typing import Any
 from aiohttp import web
 
 from vaecast.models.base import ChunkedDecoder
+from vaecast.models.linear import LinearDecoder
 from vaecast.pipeline.heap import retain_decode_heap
 from vaecast.pipeline.run import Stages
+from vaecast.server.api.routes import PUSH_SESSIONS, add_routes
 from vaecast.server.config import ServerConfig
 from vaecast.server.edge.http_errors import json_errors
 from vaecast.server.edge.loop_lag import watch_loop_lag
 from vaecast.server.edge.parser_errors import answer_in_json
 from vaecast.server.edge.security import SecurityGuard
-from vaecast.server.faces.live_demo import DEMO_WARM_UP, warm_up_demo
-from vaecast.server.faces.push import PushSessions
-from vaecast.server.faces.routes import MANAGER, PUSH_SESSIONS, add_routes
-from vaecast.server.faces.uploads import DEMO_MODEL
-from vaecast.server.faces.whep import WHEP_SESSIONS
+from vaecast.server.face import FACES, MANAGER, Face
+from vaecast.server.faces.standard import standard_faces
+from vaecast.server.intake.live_demo import DEMO_WARM_UP, warm_up_demo
+from vaecast.server.intake.push import PushSessions
+from vaecast.server.intake.uploads import DEMO_MODEL
 from vaecast.server.stream.manager import JobManager
-from vaecast.server.webrtc.sessions import WhepSessions
 
 log = logging.getLogger("vaecast.server")
 
-# Bodies are read by vaecast.server.faces.uploads with the configured limit; aiohttp's own
+# Bodies are read by vaecast.server.intake.uploads with the configured limit; aiohttp's own
 # cap (client_max_size) only guards request.read()/post(), which the app never calls
 # on uploads, so it is left at the configured limit as a second fence.
 
@@ -59,7 +61,7 @@ def create_app(
 
     With `warm_demo` (what `vaecast serve` asks for), when the default model is `tiny`
     (the demo's) and decodes here, a demo click's first-call work runs once in the
-    background after start (vaecast.server.faces.live_demo.warm_up_demo). Off by default:
+    background after start (vaecast.server.intake.live_demo.warm_up_demo). Off by default:
     in tests and benchmarks its decode and its start-up CPU would show in what they
     measure (a gated test decoder, a timed benchmark decoder)."""
     if config.default_model not in decoders:
@@ -76,6 +78,11 @@ def create_app(
     )
     app.on_response_prepare.append(guard.add_cors_headers)
     add_routes(app)
+    specs = config.faces if config.faces is not None else standard_faces()
+    faces: tuple[Face, ...] = tuple(spec.build() for spec in specs)
+    app[FACES] = faces
+    for face in faces:
+        face.add_routes(app)
 
     given = manager
 
@@ -83,7 +90,11 @@ def create_app(
         manager = given or JobManager(config, decoders, stages)
         app[MANAGER] = manager
         app[PUSH_SESSIONS] = sessions = PushSessions(manager)
-        app[WHEP_SESSIONS] = viewers = WhepSessions(config.webrtc, config.encoder, manager.metrics)
+        # Before the first job is made (the store's restored ones included): each face
+        # attaches what it needs to every rendition from the start.
+        for face in faces:
+            await face.start(manager)
+            manager.rendition_hooks.add(face.attach)
         # Before the port opens: the jobs the store kept are served from the first request.
         await manager.open_store()
         manager.start()
@@ -99,12 +110,22 @@ def create_app(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await viewers.close_all()
+        for face in faces:  # before the jobs are cancelled: WHEP's sessions end as shut down
+            await face.close()
         await sessions.close()
         await manager.close()
 
     app.cleanup_ctx.append(job_manager)
     return app
+
+
+def default_app() -> web.Application:
+    """The app `vaecast serve` makes with its default configuration, built, never
+    started (no model is loaded, no port opened): what its OpenAPI document is of. Its
+    decoders are stand-ins, which only the check of the default model's name looks at
+    before a start."""
+    config = ServerConfig()
+    return create_app(config, {config.default_model: LinearDecoder()})
 
 
 def _warm_up_demo(manager: JobManager, decoder: ChunkedDecoder) -> asyncio.Task[Any]:
@@ -181,7 +202,7 @@ def raise_open_file_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit; the new soft limit.
 
     Every viewer is a socket, and a broadcast member one more descriptor for the fan-out
-    thread (server/stream/fanout_sender.py): the usual soft limit of 1,024 would refuse
+    thread (server/faces/progressive/fanout_sender.py): the usual soft limit of 1,024 would refuse
     connections long before the server's CPU runs out (the hard limit, which only root
     can raise, is commonly 512 Ki or more). Go's runtime does the same at start.
     """

@@ -1,13 +1,14 @@
-"""Server settings: limits, encoder options and defaults, in one frozen value."""
+"""Server settings: limits, encoder options, defaults and the faces served, in one
+frozen value."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any, Protocol
 
 from vaecast.codecs.encoder_settings import EncoderSettings
 from vaecast.server.edge.security_config import SecurityConfig
-from vaecast.server.webrtc.settings import WebRtcSettings
 
 MIB = 1024 * 1024
 # What one request's fields may be: a form field's text, and a preview decoder's name
@@ -24,6 +25,16 @@ class Limits:
     max_upload_bytes: int = 512 * MIB
     max_frames: int = 2001
     max_pixels_per_frame: int = 1920 * 1088
+
+
+class FaceSpec(Protocol):
+    """A delivery face as the config names it, with its own settings (frozen).
+    `build()` makes the running face for one app (`vaecast.server.face.Face`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def build(self) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,5 +97,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     # API key, host names answered to, CORS origins (vaecast.server.edge.security).
     security: SecurityConfig = field(default_factory=SecurityConfig)
-    # WHEP viewers (vaecast.server.webrtc): ICE servers, host addresses, limits.
-    webrtc: WebRtcSettings = field(default_factory=WebRtcSettings)
+    # The delivery faces, in the order their routes are added; None: the standard set
+    # (`vaecast.server.faces.standard.standard_faces()`: progressive MP4, LL-HLS, WHEP). A face
+    # of your own is one more entry (`vaecast.server.face` says what it is).
+    faces: tuple[FaceSpec, ...] | None = None

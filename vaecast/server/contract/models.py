@@ -236,8 +236,9 @@ class Health(Struct, forbid_unknown_fields=True):
     queue: QueueState
     decode_slots: Count
     places: dict[str, int]
-    webrtc: WebRtcState
     warm_up: WarmUp
+    # The WHEP face's (one not configured shows none).
+    webrtc: WebRtcState | UnsetType = UNSET
     # With a store: "failing" while it cannot write (503), and why in store_error.
     store: Literal["ok", "failing"] | UnsetType = UNSET
     store_error: str | UnsetType = UNSET

@@ -28,6 +28,7 @@ from vaecast.latent_files.audio import AUDIO_RATE_KEY
 from vaecast.params import MAX_NUMBER_CHARS
 from vaecast.push_ledger import MAX_SEQ_DIGITS, SEQ_HEADER
 from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME
+from vaecast.server.contract import models as m
 from vaecast.server.contract.spec import ErrorType, Header, Param
 
 JSON = "application/json"
@@ -178,6 +179,8 @@ LATENT_BODY = {
     OCTETS: LATENT_FILE,
     MULTIPART: LATENT_FORM,
 }
+# A JSON body the upload routes take beside the latent files.
+UPLOAD_BODY = {**LATENT_BODY, JSON: {"oneOf": [m.DemoRequest, m.PushSessionRequest]}}
 # What reading and admitting an upload can refuse.
 UPLOAD_ERRORS = (
     MalformedRequestError,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from vaecast.errors import DecodeFailedError
-from vaecast.server.stream.job import Rendition
+from vaecast.server.stream.rendition import Rendition
 
 log = logging.getLogger("vaecast.jobs")
 

@@ -3,10 +3,11 @@
 A job is four things composed:
 - its `JobRecord` (`vaecast.job.record`): status, counters, timings, the API's job
   object and the progress events, changed only through `apply`;
-- its `SegmentLog`, which any number of viewers follow at their own pace
+- its renditions (`rendition.py`): the final one, and a preview where it has one.
+  Each holds a `SegmentLog`, which any number of viewers follow at their own pace
   (`async with job.viewer()` counts them, so retention never evicts a video someone
-  is reading), the `Broadcast` that sends caught-up viewers each segment, and the
-  `FragmentIndex` of the same bytes (each fragment's facts, as the encoder gave them);
+  is reading), the `FragmentIndex` of the same bytes (each fragment's facts, as the
+  encoder gave them), and what the faces attached to it;
 - `events`, the record's events as a log that SSE readers follow;
 - its runner, which makes the video and applies what happens to the record: the
   `LocalRunner` decodes here (`vaecast.server.stream.local_runner`); Ray mode's mirrors a
@@ -48,15 +49,13 @@ from vaecast.job.transitions import Variant
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
-from vaecast.server.stream.broadcast import Broadcast
-from vaecast.server.stream.fanout_sender import FanoutSender
-from vaecast.server.stream.fragment_index import FragmentIndex
 from vaecast.server.stream.job_requests import (
     BatchRequest,
     DecodeRequest,
     PushKind,
     PushRequest,
 )
+from vaecast.server.stream.rendition import Rendition, RenditionHooks
 from vaecast.server.stream.segment_log import FollowableLog, SegmentLog
 
 __all__ = [
@@ -68,6 +67,7 @@ __all__ = [
     "JobStatus",
     "PushKind",
     "PushRequest",
+    "Rendition",
     "plan_facts",
 ]
 
@@ -114,13 +114,13 @@ class Job:
         config: ServerConfig,
         metrics: Metrics,
         runner: JobRunner,
-        fanout: FanoutSender | None = None,
+        attach: RenditionHooks | None = None,
         push_kind: PushKind | None = None,
         log: SegmentLog | None = None,
         preview: ChunkedDecoder | None = None,
     ) -> None:
         """`plan` is None for a push session: its length is known at its last block.
-        `fanout`: the server's thread for its viewers' sends (None: the loop sends).
+        `attach`: what each new rendition is shown to (the faces' hooks; None: none).
         `log`: its MP4's log when it has one already (a durable store's file, or a
         restored video); by default a new one in memory, spilling to a temp file.
         `preview`: the preview decoder of a job with two renditions (its record has
@@ -134,27 +134,27 @@ class Job:
         self.metrics = metrics
         self.runner = runner
         self.push_kind = push_kind  # what a push session's blocks are
-        # The video: the final rendition, the model's own decode. Its log, broadcast
-        # and fragment index are the job's (`log`, `broadcast`, `fragments`).
-        self.final = Rendition(
-            FINAL,
-            decoder,
-            log if log is not None else SegmentLog(config.spill_threshold_bytes, config.spill_dir),
-            metrics,
-            fanout,
+        attach = attach or RenditionHooks()
+        # The video: the final rendition, the model's own decode. Its log and fragment
+        # index are the job's (`log`, `fragments`).
+        self.final = attach(
+            Rendition(
+                FINAL,
+                decoder,
+                log
+                if log is not None
+                else SegmentLog(config.spill_threshold_bytes, config.spill_dir),
+            )
         )
-        self.log, self.broadcast = self.final.log, self.final.broadcast
-        self.fragments = self.final.fragments
+        self.log, self.fragments = self.final.log, self.final.fragments
         # A job with a preview: the preview decoder's rendition of the same latents.
         self.preview = (
             None
             if preview is None
-            else Rendition(
-                PREVIEW,
-                preview,
-                SegmentLog(config.spill_threshold_bytes, config.spill_dir),
-                metrics,
-                fanout,
+            else attach(
+                Rendition(
+                    PREVIEW, preview, SegmentLog(config.spill_threshold_bytes, config.spill_dir)
+                )
             )
         )
         # The record's events (queued, started, chunk..., then done or error), for
@@ -410,28 +410,6 @@ class Job:
         self.events.finish()
         self.metrics.jobs_finished.labels(self.status.value).inc()
         log.info("job %s", self.record.summary())
-
-
-class Rendition:
-    """One rendition of a job's latents: its decoder, and its MP4 as a log that any
-    number of viewers follow at their own pace, the broadcast that sends caught-up
-    viewers each segment, and each of its fragments' facts."""
-
-    def __init__(
-        self,
-        variant: Variant,
-        decoder: ChunkedDecoder,
-        log: SegmentLog,
-        metrics: Metrics,
-        fanout: FanoutSender | None,
-    ) -> None:
-        self.variant = variant
-        self.decoder = decoder
-        self.log = log
-        # Its caught-up live viewers, sent each segment in one batch.
-        self.broadcast = Broadcast(log, metrics.bytes_sent, fanout)
-        # Each fragment's facts: HLS parts, the finished file's durations, store rows.
-        self.fragments = FragmentIndex()
 
 
 class _RenditionSink:

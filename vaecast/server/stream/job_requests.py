@@ -1,6 +1,6 @@
 """What a client asks the server to make: a whole video, a batch of them, a push session.
 
-Pure values, checked by `vaecast.server.faces.uploads` before a job is made of them.
+Pure values, checked by `vaecast.server.intake.uploads` before a job is made of them.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class LocalRunners:
             services.config,
             services.metrics,
             runner,
-            services.fanout,
+            services.attach,
             request.kind if push else None,
             log=services.new_log(job_id),
             preview=preview,

@@ -43,11 +43,11 @@ from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics, ServerState
 from vaecast.server.stream.admission import LOCAL_CLIENT, Admission, Places
 from vaecast.server.stream.durable_jobs import DurableJobs
-from vaecast.server.stream.fanout_sender import FanoutSender
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.job_requests import DecodeRequest, PushKind, PushRequest
 from vaecast.server.stream.job_runners import JobRunners, LocalRunners
 from vaecast.server.stream.previews import Previews
+from vaecast.server.stream.rendition import RenditionHooks
 from vaecast.server.stream.retention import EvictionReason, Retention
 from vaecast.server.stream.segment_log import SegmentLog
 from vaecast.server.stream.services import JobServices
@@ -89,8 +89,8 @@ class JobManager:
         self._slots = asyncio.Semaphore(config.decode_slots)
         # One encoder per running job, used by one thread at a time: one thread a slot.
         self._workers = Workers.for_slots(config.decode_slots)
-        # Every job's viewers are sent their fragments on this one thread.
-        self.fanout = FanoutSender()
+        # What the configured faces attach to each new rendition (`RenditionHooks.add`).
+        self.rendition_hooks = RenditionHooks()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         # What the runners, the store's side and retention are given: not the manager.
@@ -99,7 +99,7 @@ class JobManager:
             self.metrics,
             self._workers,
             self._stages,
-            self.fanout,
+            self.rendition_hooks,
             self.decoders,
             self.previews,
             self.new_log,
@@ -429,7 +429,6 @@ class JobManager:
         self._spares.close()  # a replenish still running closes what it opens
         await asyncio.to_thread(self._workers.shutdown)
         await asyncio.to_thread(self.previews.shutdown)
-        await asyncio.to_thread(self.fanout.close)
 
     def _state_for_metrics(self) -> ServerState:
         jobs = list(self.jobs.values())

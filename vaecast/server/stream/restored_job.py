@@ -71,7 +71,7 @@ def restored_job(stored: StoredJob, services: JobServices) -> Job:
         config,
         services.metrics,
         RestoredRunner(),
-        services.fanout,
+        services.attach,
         log=log,
     )
     job.fragments.restore(

@@ -16,9 +16,9 @@ from vaecast.models.base import ChunkedDecoder
 from vaecast.pipeline.run import Stages, Workers
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
-from vaecast.server.stream.fanout_sender import FanoutSender
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.previews import Previews
+from vaecast.server.stream.rendition import RenditionHooks
 from vaecast.server.stream.retention import Retention
 from vaecast.server.stream.segment_log import SegmentLog
 
@@ -29,7 +29,7 @@ class JobServices:
     metrics: Metrics
     workers: Workers  # the threads jobs decode and encode on
     stages: Stages  # the host conversion and the encoder factory every job uses
-    fanout: FanoutSender  # the one thread that sends every job's viewers their bytes
+    attach: RenditionHooks  # what each new rendition is shown to (the faces' hooks)
     decoders: Mapping[str, ChunkedDecoder]
     previews: Previews
     # A new job's log: in the store's file for it, or None (its own, in memory).

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from vaecast.errors import JobStateError, VaecastError
-from vaecast.job.record import FINAL, PREVIEW
+from vaecast.errors import VaecastError
+from vaecast.job.record import FINAL
 from vaecast.server.config import Limits
 from vaecast.server.edge.http_errors import error_response
 from vaecast.server.edge.http_ranges import (
@@ -30,7 +30,9 @@ from vaecast.server.edge.http_ranges import (
     growing_range,
     parse_range,
 )
-from vaecast.server.stream.job import Job, JobStatus, Rendition
+from vaecast.server.faces.common import end_response, refuse_if_broken, rendition_of, wait_for_init
+from vaecast.server.faces.progressive.broadcast import BROADCAST
+from vaecast.server.stream.job import Job, Rendition
 
 log = logging.getLogger("vaecast.http")
 
@@ -85,24 +87,6 @@ def max_video_bytes(limits: Limits) -> int:
     there can never be satisfied."""
     per_frame = limits.max_pixels_per_frame * _MAX_BYTES_PER_PIXEL + _MAX_BYTES_PER_FRAME
     return limits.max_frames * per_frame + _MAX_INIT_BYTES
-
-
-def rendition_of(request: web.Request, job: Job) -> Rendition:
-    """The rendition `?variant=` names: the final (the video) by default."""
-    return job.rendition(request.query.get("variant", FINAL))
-
-
-def refuse_if_broken(job: Job, rendition: Rendition | None = None) -> None:
-    """Refuse a request for the content of a job (or a rendition of it) that failed or
-    was cancelled (409, naming the error), or whose bytes are gone."""
-    rendition = rendition or job.final
-    status, error = job.status_of(rendition), job.error_of(rendition)
-    if status in (JobStatus.FAILED, JobStatus.CANCELLED):
-        assert error is not None
-        what = f"video {job.id}" if rendition.variant == FINAL else f"the preview of {job.id}"
-        raise JobStateError(f"{what} has no content: {status.value}: {error.message}")
-    if rendition.log.error is not None:  # its bytes are gone (evicted, shut down)
-        raise rendition.log.error.detached()
 
 
 async def _send_committed(
@@ -186,7 +170,9 @@ async def send_stream(
     response.enable_chunked_encoding()
     writer = await response.prepare(request)
     if request.method != "HEAD":
-        broadcast, log = rendition.broadcast, rendition.log
+        broadcast, log = rendition.attached(BROADCAST), rendition.log
+        if broadcast is None:
+            raise RuntimeError("a rendition made before the progressive face started")
         timeout_s = job.config.reader_write_timeout_s
         await _serve_viewer(
             request,
@@ -195,20 +181,6 @@ async def send_stream(
             lambda: broadcast.follow(log, response, writer, timeout_s),
         )
     return response
-
-
-async def wait_for_init(job: Job, rendition: Rendition | None = None) -> None:
-    """Until the job's init segment exists. A job that fails without one is refused as
-    any request for a failed job's content (409 naming its error), not with its error's
-    own status: a push session's producer that timed out (408) is no fault of its
-    viewer. A cancelled job's error stays as it is (503 for a shutdown: try elsewhere)."""
-    rendition = rendition or job.final
-    try:
-        await rendition.log.wait_for_init()
-    except VaecastError:
-        if job.status is JobStatus.FAILED or rendition.variant == PREVIEW:
-            refuse_if_broken(job, rendition)
-        raise
 
 
 async def _write_parts(
@@ -254,12 +226,6 @@ async def _serve_viewer(
         _cut(request)
     except ConnectionError:  # reset, or lost while waiting for the socket to drain
         log.info("viewer of %s left", job.id)
-
-
-async def end_response(response: web.StreamResponse) -> None:
-    """Write the end of a response whose client may already have gone (and that is fine)."""
-    with contextlib.suppress(ConnectionError):
-        await response.write_eof()
 
 
 def _cut(request: web.Request) -> None:

@@ -53,7 +53,7 @@ from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME, ServerConfi
 from vaecast.server.edge.body_buffer import BodyBuffer
 from vaecast.server.edge.body_rate import BodyPace
 from vaecast.server.edge.multipart import boundary_of, parse_form
-from vaecast.server.faces.live_demo import LiveDemoRequest
+from vaecast.server.intake.live_demo import LiveDemoRequest
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, PushKind, PushRequest
 
 FILE_FIELDS = ("file", "latents")
@@ -328,7 +328,7 @@ async def _demo_request(
         raise InvalidRequestError(f"live must be true or false, got {live!r}")
     preview = preview_name(_text_field(body, "preview"))
     check_names(model, preview)  # an unknown one is 404 now, not after seconds of render
-    if live:  # produced block by block inside a push session (vaecast.server.faces.live_demo)
+    if live:  # produced block by block inside a push session (vaecast.server.intake.live_demo)
         return LiveDemoRequest(spec, model, fps, sound, config.device, preview)
     # Rendering and encoding take seconds of CPU: never on the loop.
     latents = await asyncio.to_thread(scene_latents, spec, config.device)

@@ -1,4 +1,6 @@
-"""HTTP routes: the /v1/videos API (the shape of OpenAI's, which vLLM-Omni serves too)."""
+"""The jobs API: /v1/videos (the shape of OpenAI's, which vLLM-Omni serves too), its
+events, push blocks, /healthz, /metrics and the page. A job's media are the faces'
+(`vaecast.server.faces`), which add their own routes."""
 
 from __future__ import annotations
 
@@ -15,21 +17,9 @@ from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
 from vaecast.job.record import PREVIEW
 from vaecast.job.transitions import Variant
 from vaecast.params import leading_int, parse_int
-from vaecast.server.contract.routes import add_contract_routes
-from vaecast.server.contract.spec import not_a_route
-from vaecast.server.faces.content import end_response, send_content, send_stream
-from vaecast.server.faces.hls_routes import add_hls_routes
-from vaecast.server.faces.live_demo import (
-    DEMO_WARM_UP,
-    LiveDemoRequest,
-    start_producer,
-    warm_up_raised,
-    warm_up_state,
-)
-from vaecast.server.faces.operations import (
+from vaecast.server.api.operations import (
     CREATE_VIDEO,
     DELETE_VIDEO,
-    GET_CONTENT,
     GET_EVENTS,
     GET_VIDEO,
     HEALTHZ,
@@ -39,20 +29,22 @@ from vaecast.server.faces.operations import (
     LIST_VIDEOS,
     METRICS,
     STATIC_ASSET,
-    STREAM_VIDEO,
 )
-from vaecast.server.faces.push import PUSH_LATENTS, PushSessions, push_json, push_latents
-from vaecast.server.faces.push_batch import open_batch
-from vaecast.server.faces.uploads import MAX_DEMO_FRAME_PIXELS, read_decode_request
-from vaecast.server.faces.whep import WHEP_SESSIONS, add_whep_routes
+from vaecast.server.contract.routes import add_contract_routes
+from vaecast.server.face import FACES, MANAGER
+from vaecast.server.faces.common import end_response
+from vaecast.server.intake.live_demo import DEMO_WARM_UP, warm_up_raised, warm_up_state
+from vaecast.server.intake.push import PUSH_LATENTS, PushSessions, push_json, push_latents
+from vaecast.server.intake.push_batch import open_batch
+from vaecast.server.intake.submit import client_of, read_request, submit
+from vaecast.server.intake.uploads import MAX_DEMO_FRAME_PIXELS
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from vaecast.server.stream.job import BatchRequest, DecodeRequest, Job, PushRequest
-from vaecast.server.stream.manager import Admission, JobManager
+from vaecast.server.stream.job import BatchRequest, Job, PushRequest
+from vaecast.server.stream.manager import JobManager
 from vaecast.version import VERSION
 
 log = logging.getLogger("vaecast.http")
 
-MANAGER = web.AppKey("manager", JobManager)
 PUSH_SESSIONS = web.AppKey("push_sessions", PushSessions)
 
 
@@ -70,17 +62,10 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/static/{name}", static_asset)
     app.router.add_post("/v1/videos", create_video)
     app.router.add_get("/v1/videos", list_videos)
-    stream = app.router.add_resource("/v1/videos/stream")
-    stream.add_route("POST", stream_video)
-    # Not the video with id "stream": any other method is 405, `Allow: POST`, as JSON.
-    stream.add_route("*", post_only)
     app.router.add_get("/v1/videos/{video_id}", get_video)
     app.router.add_delete("/v1/videos/{video_id}", delete_video)
-    app.router.add_get("/v1/videos/{video_id}/content", get_content)
     app.router.add_get("/v1/videos/{video_id}/events", get_events)
     app.router.add_post("/v1/videos/{video_id}/latents", post_latents)
-    add_hls_routes(app, MANAGER)
-    add_whep_routes(app, MANAGER)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     add_contract_routes(app)
@@ -123,13 +108,7 @@ async def list_videos(request: web.Request) -> web.Response:
 async def create_video(request: web.Request) -> web.Response:
     manager = request.app[MANAGER]
     with manager.admit(client_of(request)) as admission:  # before reading an upload for nothing
-        decode_request = await read_decode_request(
-            request,
-            manager.config,
-            manager.check_latent_shape,
-            manager.layout_for,
-            manager.check_names,
-        )
+        decode_request = await read_request(request, manager)
         if isinstance(decode_request, BatchRequest):  # a job per video, in order
             jobs = admission.submit_batch(decode_request.videos)
             data = [job_json(job, manager) for job in jobs]
@@ -140,29 +119,11 @@ async def create_video(request: web.Request) -> web.Response:
             data = [job_json(job, manager) for job in jobs]
             body = {"object": "list", "data": data, "push": push_json(batch)}
             return web.json_response(body, status=201)
-        job = _submit(admission, decode_request)
+        job = submit(admission, decode_request)
     body = job_json(job, manager)
     if isinstance(decode_request, PushRequest):  # where to push, and the secret to do it
         body["push"] = push_json(request.app[PUSH_SESSIONS].open(job))
     return web.json_response(body, status=201, headers={"Location": job_urls(job.id)["self"]})
-
-
-def client_of(request: web.Request) -> str:
-    """Who a request's places count against (fair admission): its peer's address."""
-    return request.remote or "unknown"
-
-
-def _submit(admission: Admission, request: DecodeRequest | PushRequest | LiveDemoRequest) -> Job:
-    if isinstance(request, LiveDemoRequest):
-        job = admission.submit(request.session())
-        start_producer(job, request)
-        return job
-    return admission.submit(request)
-
-
-@not_a_route
-async def post_only(request: web.Request) -> web.Response:
-    raise web.HTTPMethodNotAllowed(request.method, ["POST"])
 
 
 @PUSH_LATENTS
@@ -239,43 +200,6 @@ async def _stop_variant(job: Job, variant: Variant, manager: JobManager) -> web.
         while not (job.finished or rendition.log.closed):
             await job.events.wait_for(len(job.events.items()) + 1)
     return web.json_response(job_json(job, manager))
-
-
-@GET_CONTENT
-async def get_content(request: web.Request) -> web.StreamResponse:
-    """The MP4, growing or finished (vaecast.server.faces.content has the rules)."""
-    job = request.app[MANAGER].get(request.match_info["video_id"])
-    return await send_content(request, job)
-
-
-@STREAM_VIDEO
-async def stream_video(request: web.Request) -> web.StreamResponse:
-    """Upload latents; the response body is the progressive MP4 of their decode."""
-    manager = request.app[MANAGER]
-    with manager.admit(client_of(request)) as admission:  # before reading an upload for nothing
-        decode_request = await read_decode_request(
-            request,
-            manager.config,
-            manager.check_latent_shape,
-            manager.layout_for,
-            manager.check_names,
-        )
-        if isinstance(decode_request, PushRequest):
-            raise InvalidRequestError(
-                "a push session is created with POST /v1/videos; its viewers use /content"
-            )
-        if isinstance(decode_request, BatchRequest):
-            raise InvalidRequestError(
-                f"one response streams one video; these latents hold "
-                f"{len(decode_request.videos)}: POST them to /v1/videos for a job each"
-            )
-        job = _submit(admission, decode_request)
-    try:
-        return await send_stream(request, job, extra_headers={"X-Video-Id": job.id})
-    finally:
-        # This job has no other audience: if its one client left, stop decoding.
-        if not job.finished:
-            job.cancel("the client disconnected")
 
 
 @GET_EVENTS
@@ -384,14 +308,13 @@ async def healthz(request: web.Request) -> web.Response:
             "max_pending": manager.config.max_pending,
             "max_pending_per_client": manager.config.max_pending_per_client,
         },
-        # WHEP viewers, by what their video is, against --max-webrtc-viewers.
-        "webrtc": {
-            "viewers": request.app[WHEP_SESSIONS].counts(),
-            "max": manager.config.webrtc.max_viewers,
-        },
         # The first demo click is as fast as later ones once this is `done`.
         "warm_up": warm_up_state(warm_up),
     }
+    for face in request.app[FACES]:  # what each face says of itself (WHEP: its viewers)
+        face_health = face.health()
+        if face_health is not None:
+            body[face.name] = face_health
     if manager.durable is not None:  # --store: whether it can write, and if not why
         body["store"] = "ok" if store_failing is None else "failing"
         if store_failing is not None:

@@ -25,7 +25,8 @@ reported back to the loop in that order (`call_soon_threadsafe` keeps it).
 
 The queue is bounded: a loop that finds it full does not wait, and the broadcast's
 members catch up alone instead. The thread starts with the first batch and is joined by
-`close` (the job manager's).
+`close` (the progressive face's, at shutdown: a broadcast whose sender closed
+lets its members catch up alone, on the loop).
 """
 
 from __future__ import annotations

@@ -29,12 +29,12 @@ from vaecast.job.transitions import FINAL_STATUSES
 from vaecast.server.contract.models import DeletedWhepSession
 from vaecast.server.contract.shared import CONTENT_ERRORS, JSON, LOCATION, SDP, VARIANT, VIDEO_ID
 from vaecast.server.contract.spec import Header, Param, Reply, operation
-from vaecast.server.faces.content import refuse_if_broken, rendition_of
-from vaecast.server.faces.uploads import read_small_body
-from vaecast.server.stream.manager import JobManager
-from vaecast.server.webrtc.offer import MAX_OFFER_BYTES, MEDIA_TYPE, VideoCodec, read_offer
-from vaecast.server.webrtc.sessions import WhepSessions
-from vaecast.server.webrtc.settings import IceServer
+from vaecast.server.face import MANAGER
+from vaecast.server.faces.common import refuse_if_broken, rendition_of
+from vaecast.server.faces.whep.offer import MAX_OFFER_BYTES, MEDIA_TYPE, VideoCodec, read_offer
+from vaecast.server.faces.whep.sessions import WhepSessions
+from vaecast.server.faces.whep.settings import IceServer
+from vaecast.server.intake.uploads import read_small_body
 
 WHEP_SESSIONS = web.AppKey("whep_sessions", WhepSessions)
 SDP_TEXT = {"type": "string", "maxLength": MAX_OFFER_BYTES}
@@ -77,10 +77,10 @@ DELETE_WHEP = operation(
 )
 
 
-def add_whep_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
+def add_whep_routes(app: web.Application) -> None:
     @POST_WHEP
     async def post_whep(request: web.Request) -> web.Response:
-        manager = request.app[manager_key]
+        manager = request.app[MANAGER]
         job = manager.get(request.match_info["video_id"])
         rendition = rendition_of(request, job)
         refuse_if_broken(job, rendition)

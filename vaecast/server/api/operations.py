@@ -1,4 +1,4 @@
-"""What each route of `vaecast.server.faces.routes` promises: the records its handlers
+"""What each route of `vaecast.server.api.routes` promises: the records its handlers
 carry (`@operation`, vaecast.server.contract.spec), which /openapi.json is made of.
 
 Kept beside the routes rather than above each handler so that routes.py stays one
@@ -9,35 +9,23 @@ calls) really raises, by their vaecast.errors class, and the headers it really s
 from __future__ import annotations
 
 from vaecast.errors import (
-    CancelledByShutdown,
-    DecodeCancelled,
     InvalidRequestError,
     JobStateError,
     NotFoundError,
 )
 from vaecast.server.contract import models as m
 from vaecast.server.contract.shared import (
-    ACCEPT_RANGES,
     CACHE_CONTROL,
-    CONTENT_ERRORS,
-    CONTENT_RANGE,
-    ETAG,
-    IF_NONE_MATCH,
     JOB_LOOKUP_ERRORS,
     JSON,
     LAST_EVENT_ID,
-    LATENT_BODY,
     LOCATION,
-    MP4,
-    MP4_BODY,
-    RANGE,
-    RANGE_NOT_SATISFIABLE,
     SSE,
+    UPLOAD_BODY,
     UPLOAD_ERRORS,
     UPLOAD_PARAMS,
     VARIANT,
     VIDEO_ID,
-    VIDEO_ID_HEADER,
 )
 from vaecast.server.contract.spec import Header, Param, Reply, operation
 from vaecast.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -71,8 +59,6 @@ EVENT_STREAM = {
         },
     ],
 }
-# A JSON body the upload routes take beside the latent files.
-UPLOAD_BODY = {**LATENT_BODY, JSON: {"oneOf": [m.DemoRequest, m.PushSessionRequest]}}
 
 INDEX = operation(
     "The preview page", tag="server", replies=(Reply(200, "the page", {"text/html": TEXT}),)
@@ -116,25 +102,6 @@ CREATE_VIDEO = operation(
     ),
     errors=UPLOAD_ERRORS,
 )
-STREAM_VIDEO = operation(
-    "Decode latents; the answer is their MP4, as it is encoded",
-    tag="content",
-    description="One video per request, its job gone with its client: the body is the "
-    "fragmented MP4, chunked, each fragment sent as it is encoded. A failure after the "
-    "headers cuts the connection (a truncated transfer). Push sessions and batches are "
-    "POSTed to /v1/videos instead (422).",
-    params=UPLOAD_PARAMS,
-    body=UPLOAD_BODY,
-    replies=(
-        Reply(
-            200,
-            "the MP4, chunked",
-            {MP4: MP4_BODY},
-            {"X-Video-Id": VIDEO_ID_HEADER, "Cache-Control": CACHE_CONTROL},
-        ),
-    ),
-    errors=(*UPLOAD_ERRORS, JobStateError, DecodeCancelled, CancelledByShutdown),
-)
 GET_VIDEO = operation(
     "A job",
     tag="videos",
@@ -150,30 +117,6 @@ DELETE_VIDEO = operation(
         Reply(200, "the job, or its deletion", {JSON: {"anyOf": [m.JobObject, m.DeletedVideo]}}),
     ),
     errors=(*JOB_LOOKUP_ERRORS, InvalidRequestError, JobStateError),
-)
-GET_CONTENT = operation(
-    "A job's MP4: progressive while it decodes, then a file (Range, ETag)",
-    tag="content",
-    description="While the job runs: 200 and the MP4 as it grows (chunked), or 206 for "
-    "committed bytes (`Content-Range: bytes a-b/*`); a range past them waits for them. "
-    "Once complete: a plain file with a length, an ETag, ranges and 304.",
-    params=(VIDEO_ID, VARIANT, RANGE, IF_NONE_MATCH),
-    replies=(
-        Reply(
-            200,
-            "the whole MP4 (growing, or finished)",
-            {MP4: MP4_BODY},
-            {"ETag": ETAG, "Accept-Ranges": ACCEPT_RANGES, "Cache-Control": CACHE_CONTROL},
-        ),
-        Reply(
-            206,
-            "the bytes of the range",
-            {MP4: MP4_BODY},
-            {"Content-Range": CONTENT_RANGE, "ETag": ETAG, "Accept-Ranges": ACCEPT_RANGES},
-        ),
-        Reply(304, "the ETag matches", {}, {"ETag": ETAG}),
-    ),
-    errors=(*CONTENT_ERRORS, RANGE_NOT_SATISFIABLE),
 )
 GET_EVENTS = operation(
     "A job's server-sent events",

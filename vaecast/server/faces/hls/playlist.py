@@ -11,7 +11,7 @@ Players that read whole segments only (FFmpeg's HLS demuxer, VLC, AVPlayer-style
 clients) need a complete segment in the first playlist they load. The encoder starts
 a stream's second chunk with an IDR (vaecast.codecs.h264), so segment 0 is the first
 fragment alone and is complete as soon as the second exists; a plain playlist request
-waits, bounded, for that (vaecast.server.faces.hls_routes). An audio-only fragment (the
+waits, bounded, for that (vaecast.server.faces.hls.routes). An audio-only fragment (the
 sound after a push session's last frame) is never independent: it ends the segment it
 follows rather than making one with no picture.
 

@@ -30,7 +30,7 @@ from vaecast.errors import InvalidRequestError, JobStateError, PayloadTooLargeEr
 from vaecast.latent_files import LatentFile
 from vaecast.pipeline.run import TimedAudio
 from vaecast.push_ledger import PushLedger
-from vaecast.server.faces.push import PushSession, PushSessions
+from vaecast.server.intake.push import PushSession, PushSessions
 from vaecast.server.stream.job import Job, JobStatus
 
 

@@ -1,6 +1,6 @@
 """The server's end of its WebRTC peers' process (`peer_host`).
 
-`PeerProcess.start` runs `python -m vaecast.server.webrtc.peer_host` with a pipe each
+`PeerProcess.start` runs `python -m vaecast.server.faces.whep.peer_host` with a pipe each
 way (`peer_wire`); its log lines come back over the pipe and are logged here, so they
 read like the server's own. `open` hands an offer over and awaits the answer;
 `forward` sends a unit log's units as they are appended, once per stream whatever the
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vaecast.errors import MalformedRequestError, ServerBusyError, VaecastError
-from vaecast.server.webrtc.media import UnitLog
-from vaecast.server.webrtc.peer_wire import Message, PeerPlan, frame, read_message
-from vaecast.server.webrtc.settings import WebRtcSettings
+from vaecast.server.faces.whep.media import UnitLog
+from vaecast.server.faces.whep.peer_wire import Message, PeerPlan, frame, read_message
+from vaecast.server.faces.whep.settings import WebRtcSettings
 
 log = logging.getLogger("vaecast.webrtc")
 
@@ -73,7 +73,7 @@ class PeerProcess:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "vaecast.server.webrtc.peer_host",
+            "vaecast.server.faces.whep.peer_host",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,

@@ -13,7 +13,7 @@ and the units of each stream its sessions send, as they are appended. Here each
 session's tracks pace those units (`tracks`), and a watch per session says when the
 server should end it (`WhepSessions`' list of outcomes).
 
-    python -m vaecast.server.webrtc.peer_host   (the server starts it; not for users)
+    python -m vaecast.server.faces.whep.peer_host   (the server starts it; not for users)
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from aiortc import (
 )
 
 from vaecast.errors import DecodeFailedError
-from vaecast.server.webrtc.ice_addresses import use_host_addresses
-from vaecast.server.webrtc.media import UnitLog
-from vaecast.server.webrtc.peer_wire import Message, PeerPlan, frame, read_message
-from vaecast.server.webrtc.settings import WebRtcSettings
-from vaecast.server.webrtc.tracks import PacedTrack, ViewerClock
+from vaecast.server.faces.whep.ice_addresses import use_host_addresses
+from vaecast.server.faces.whep.media import UnitLog
+from vaecast.server.faces.whep.peer_wire import Message, PeerPlan, frame, read_message
+from vaecast.server.faces.whep.settings import WebRtcSettings
+from vaecast.server.faces.whep.tracks import PacedTrack, ViewerClock
 
 log = logging.getLogger("vaecast.webrtc")
 

@@ -28,7 +28,7 @@ import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from vaecast.codecs.access_units import AccessUnit
-from vaecast.server.webrtc.media import UnitLog, index_at
+from vaecast.server.faces.whep.media import UnitLog, index_at
 
 # A unit sent this much after it was due counts as a stall (a scheduler's wake-up is late
 # by a millisecond or two; a frame interval at 60 fps is 17 ms).

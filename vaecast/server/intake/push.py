@@ -63,7 +63,7 @@ from vaecast.server.contract.shared import (
     VIDEO_ID,
 )
 from vaecast.server.contract.spec import Param, Reply, operation
-from vaecast.server.faces.uploads import read_upload
+from vaecast.server.intake.uploads import read_upload
 from vaecast.server.stream.job import Job, PushKind
 from vaecast.server.stream.manager import JobManager
 

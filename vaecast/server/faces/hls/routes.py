@@ -1,7 +1,7 @@
 """HLS routes: a job's playlist and its media, served from the job's segment log.
 
-- `GET /v1/videos/{id}/playlist.m3u8`: the LL-HLS media playlist (vaecast.server.faces.hls),
-  for running and finished jobs alike. `_HLS_msn`/`_HLS_part` make it a blocking
+- `GET /v1/videos/{id}/playlist.m3u8`: the LL-HLS media playlist (`playlist.py`), for
+  running and finished jobs alike. `_HLS_msn`/`_HLS_part` make it a blocking
   reload: answered once that part is in the playlist (or the job ended), 400 when the
   segment asked for is too far ahead. A plain request (no `_HLS_msn`) for a rendition
   with no complete segment yet waits, bounded, until it has one: a player that reads
@@ -46,8 +46,9 @@ from vaecast.server.contract.shared import (
     VIDEO_ID,
 )
 from vaecast.server.contract.spec import Param, Reply, operation
-from vaecast.server.faces.content import end_response, refuse_if_broken, wait_for_init
-from vaecast.server.faces.hls import (
+from vaecast.server.face import MANAGER
+from vaecast.server.faces.common import end_response, refuse_if_broken, wait_for_init
+from vaecast.server.faces.hls.playlist import (
     MEDIA_TYPE,
     Part,
     Variant,
@@ -60,7 +61,6 @@ from vaecast.server.faces.hls import (
     too_far_ahead,
 )
 from vaecast.server.stream.job import Job, Rendition
-from vaecast.server.stream.manager import JobManager
 
 MEDIA_NUMBER_TEXT = re.compile(r"[0-9]{1,9}")
 # A blocking request waits at most this many target durations, then gets what exists
@@ -116,14 +116,14 @@ SEGMENT = operation(
 )
 
 
-def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) -> None:
+def add_hls_routes(app: web.Application) -> None:
     base = "/v1/videos/{video_id}"
-    _add_rendition_routes(app, manager_key, FINAL, base)
-    _add_rendition_routes(app, manager_key, PREVIEW, f"{base}/{PREVIEW}")
+    _add_rendition_routes(app, FINAL, base)
+    _add_rendition_routes(app, PREVIEW, f"{base}/{PREVIEW}")
 
     @MASTER
     async def master(request: web.Request) -> web.Response:
-        job = request.app[manager_key].get(request.match_info["video_id"])
+        job = request.app[MANAGER].get(request.match_info["video_id"])
         async with _blocking(job):  # CODECS come from the init segment
             await job.final.log.wait_for_init()
         playing = [rendition for rendition in reversed(job.renditions) if _plays(job, rendition)]
@@ -139,13 +139,11 @@ def add_hls_routes(app: web.Application, manager_key: web.AppKey[JobManager]) ->
     app.router.add_get(f"{base}/master.m3u8", master)
 
 
-def _add_rendition_routes(
-    app: web.Application, manager_key: web.AppKey[JobManager], variant: JobVariant, prefix: str
-) -> None:
+def _add_rendition_routes(app: web.Application, variant: JobVariant, prefix: str) -> None:
     """One rendition's playlist, init segment, parts and segments under `prefix`."""
 
     def found(request: web.Request) -> tuple[Job, Rendition]:
-        job = request.app[manager_key].get(request.match_info["video_id"])
+        job = request.app[MANAGER].get(request.match_info["video_id"])
         return job, job.rendition(variant)
 
     @PLAYLIST

@@ -37,13 +37,13 @@ from fractions import Fraction
 from vaecast.codecs.h264 import EncoderSettings, H264Encoder
 from vaecast.errors import NotFoundError, ServerBusyError, VaecastError
 from vaecast.job.transitions import Variant
+from vaecast.server.faces.whep.media import JobMedia, UnitLog
+from vaecast.server.faces.whep.offer import Offer, VideoCodec, is_constrained_baseline
+from vaecast.server.faces.whep.peer_process import PeerProcess
+from vaecast.server.faces.whep.peer_wire import PeerPlan
+from vaecast.server.faces.whep.settings import WebRtcSettings
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.segment_log import SegmentLog
-from vaecast.server.webrtc.media import JobMedia, UnitLog
-from vaecast.server.webrtc.offer import Offer, VideoCodec, is_constrained_baseline
-from vaecast.server.webrtc.peer_process import PeerProcess
-from vaecast.server.webrtc.peer_wire import PeerPlan
-from vaecast.server.webrtc.settings import WebRtcSettings
 
 log = logging.getLogger("vaecast.webrtc")
 

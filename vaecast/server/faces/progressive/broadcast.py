@@ -53,13 +53,14 @@ from typing import Protocol, cast
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
-from vaecast.server.stream.fanout_sender import (
+from vaecast.server.faces.progressive.fanout_sender import (
     FAILED,
     SKIPPED,
     FanoutSender,
     SendBatch,
     open_member_socket,
 )
+from vaecast.server.stream.rendition import Attachment
 from vaecast.server.stream.segment_log import SegmentLog
 
 CRLF = b"\r\n"
@@ -324,3 +325,7 @@ class Broadcast:
             self._members.pop(member, None)
             self._settle(member)
         return why, member.written
+
+
+# Each rendition's broadcast, attached by the progressive face as the rendition is made.
+BROADCAST = Attachment("progressive.broadcast", Broadcast)
