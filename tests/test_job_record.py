@@ -45,8 +45,8 @@ from vaecast.job.record import (
     SegmentAdded,
     Started,
     VariantEnded,
-    job_timings,
 )
+from vaecast.job.views import job_object, job_timings, summary_line, timings_of, with_job
 
 CREATED = 100.0  # the moment, on every record's clock, at which the test jobs are created
 CREATED_AT_WALL = 1_700_000_000.75  # the wall-clock creation time the API shows
@@ -147,8 +147,8 @@ def snapshot(record: JobRecord) -> dict[str, Any]:
     }
     state["events"] = [dict(event) for event in record.events]
     state["transitions"] = list(record.transitions)
-    state["to_json"] = record.to_json()
-    state["summary"] = record.summary()
+    state["to_json"] = job_object(record)
+    state["summary"] = summary_line(record)
     return state
 
 
@@ -342,9 +342,11 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
     assert record.status is JobStatus.COMPLETED
     assert record.is_final
     assert record.finished == 104.0
-    assert done == {"event": "done", "status": "completed", "job": record.to_json()}
+    # The record says it is done; the view puts the job object in the event it is shown as.
+    assert done == {"event": "done", "status": "completed"}
+    assert with_job(record, done) == {**done, "job": job_object(record)}
 
-    assert record.to_json() == {
+    assert job_object(record) == {
         "id": "job-latents",
         "object": "video",
         "input": "latents",
@@ -375,7 +377,7 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
         "replica": None,
         "not_stored": None,
     }
-    assert record.summary() == (
+    assert summary_line(record) == (
         "id=job-latents model=tiny-vae status=completed frames=48/48 chunks=3/3 "
         "bytes=4164 ttff_s=2.25 total_s=4.0 encode_s=1.125 error=''"
     )
@@ -408,7 +410,7 @@ def test_push_session_lifecycle_geometry_then_length_known() -> None:
     record = make_push_record()
     assert record.progress is None  # the length is unknown
     assert record.apply(Geometry(320, 180)) is None  # the first block, before its start
-    json = record.to_json()
+    json = job_object(record)
     assert (json["width"], json["height"], json["frames"], json["seconds"]) == (
         320,
         180,
@@ -432,15 +434,15 @@ def test_push_session_lifecycle_geometry_then_length_known() -> None:
     length = record.apply(LengthKnown(PlanFacts(frames=40, chunks=3, width=320, height=180)))
     assert length == {"event": "length", "status": "in_progress", "frames": 40, "chunks": 3}
     assert record.progress == 67
-    assert record.to_json()["chunks"] == {"done": 2, "total": 3}
-    assert record.to_json()["seconds"] == round(40 / 24, 3)
+    assert job_object(record)["chunks"] == {"done": 2, "total": 3}
+    assert job_object(record)["seconds"] == round(40 / 24, 3)
 
     record.apply(SegmentAdded(200))
     record.apply(chunk(2, at=102.0, total=3, frames=8))
     record.apply(Completed(at=102.5))
     assert record.status is JobStatus.COMPLETED
-    assert record.to_json()["frames_done"] == 40
-    assert record.summary() == (
+    assert job_object(record)["frames_done"] == 40
+    assert summary_line(record) == (
         "id=job-push model=tiny-vae status=completed frames=40/40 chunks=3/3 "
         "bytes=1000 ttff_s=1.0 total_s=2.5 encode_s=1.5 error=''"
     )
@@ -458,7 +460,7 @@ def test_plan_width_wins_over_geometry_in_json() -> None:
     record = make_push_record()
     record.apply(Geometry(320, 180))
     record.apply(LengthKnown(PlanFacts(frames=16, chunks=1, width=640, height=360)))
-    assert (record.to_json()["width"], record.to_json()["height"]) == (640, 360)
+    assert (job_object(record)["width"], job_object(record)["height"]) == (640, 360)
 
 
 def test_queued_job_cancelled() -> None:
@@ -473,7 +475,7 @@ def test_queued_job_cancelled() -> None:
     assert record.status is JobStatus.CANCELLED
     assert record.is_final
     assert record.error is error
-    assert record.timings() == {
+    assert timings_of(record) == {
         "queued_s": None,
         "time_to_first_fragment_s": None,
         "total_s": 0.75,
@@ -482,11 +484,11 @@ def test_queued_job_cancelled() -> None:
     }
     assert record.run_seconds is None
     assert record.realtime_factor is None
-    json = record.to_json()
+    json = job_object(record)
     assert json["status"] == "cancelled"
     assert json["error"] == {"type": "cancelled", "message": "the client cancelled it"}
     assert json["progress"] == 0
-    assert record.summary() == (
+    assert summary_line(record) == (
         "id=job-latents model=tiny-vae status=cancelled frames=0/48 chunks=0/3 "
         "bytes=0 ttff_s=None total_s=0.75 encode_s=0.0 error='the client cancelled it'"
     )
@@ -496,7 +498,7 @@ def test_queued_job_failed() -> None:
     record = make_push_record()
     record.apply(Ended(JobStatus.FAILED, DecodeFailed("bad first block"), at=100.25))
     assert record.status is JobStatus.FAILED
-    assert record.to_json()["error"] == {"type": "decode_failed", "message": "bad first block"}
+    assert job_object(record)["error"] == {"type": "decode_failed", "message": "bad first block"}
 
 
 def test_running_job_failed_with_error_and_decoded_chunks() -> None:
@@ -518,12 +520,12 @@ def test_running_job_failed_with_error_and_decoded_chunks() -> None:
     assert record.is_final
     assert record.run_seconds == 2.0
     assert record.realtime_factor == round((16 / 24) / 2.0, 3)
-    json = record.to_json()
+    json = job_object(record)
     assert json["replica"] == "replica-7"
     assert json["progress"] == 33
     assert json["timings"]["total_s"] == 3.0
     assert json["error"] == {"type": "decode_failed", "message": "CUDA out of memory"}
-    assert record.summary().endswith("error='CUDA out of memory'")
+    assert summary_line(record).endswith("error='CUDA out of memory'")
 
 
 def test_running_job_cancelled() -> None:
@@ -542,7 +544,7 @@ def test_started_with_replica_puts_it_in_the_event() -> None:
     event = record.apply(Started(replica=replica, at=101.0))
     assert event == {"event": "started", "status": "in_progress", "replica": replica}
     assert record.replica == replica
-    assert record.to_json()["replica"] == "replica-1"
+    assert job_object(record)["replica"] == "replica-1"
 
 
 # Refusals inside an allowed transition type: still a refusal, still nothing changed.
@@ -704,10 +706,10 @@ def test_mirror_replaying_the_transitions_reads_the_same() -> None:
     mirror = make_latents_record(clock=forbidden_clock)  # created at the host's moment
     for transition in host.transitions:
         mirror.apply(transition)
-    assert mirror.to_json() == host.to_json()
+    assert job_object(mirror) == job_object(host)
     assert mirror.events == host.events
-    assert mirror.summary() == host.summary()
-    assert mirror.timings() == host.timings()
+    assert summary_line(mirror) == summary_line(host)
+    assert timings_of(mirror) == timings_of(host)
     assert mirror.transitions == host.transitions
 
 
@@ -778,8 +780,8 @@ def test_realtime_factor_uses_a_fractional_frame_rate() -> None:
     record.apply(chunk(0, at=0.5, total=1, frames=30))
     record.apply(Completed(at=1.0))
     assert record.realtime_factor == round(30 * 1001 / 30000, 3)
-    assert record.to_json()["fps"] == pytest.approx(29.97, abs=1e-3)
-    assert record.to_json()["seconds"] == round(30 * 1001 / 30000, 3)
+    assert job_object(record)["fps"] == pytest.approx(29.97, abs=1e-3)
+    assert job_object(record)["seconds"] == round(30 * 1001 / 30000, 3)
 
 
 def test_job_timings_rounds_and_leaves_missing_moments_none() -> None:
@@ -801,14 +803,14 @@ def test_job_timings_rounds_and_leaves_missing_moments_none() -> None:
 
 def test_summary_of_a_queued_push_session() -> None:
     record = make_push_record()
-    assert record.summary() == (
+    assert summary_line(record) == (
         "id=job-push model=tiny-vae status=queued frames=0/None chunks=0/None "
         "bytes=0 ttff_s=None total_s=None encode_s=0.0 error=''"
     )
 
 
 def test_to_json_of_a_fresh_push_session() -> None:
-    assert make_push_record().to_json() == {
+    assert job_object(make_push_record()) == {
         "id": "job-push",
         "object": "video",
         "input": "push",
@@ -844,7 +846,7 @@ def test_to_json_of_a_fresh_push_session() -> None:
 def test_to_json_copies_the_audio_mapping() -> None:
     audio = {"sample_rate": 44100, "channels": 1}
     record = make_latents_record(audio=audio)
-    shown = record.to_json()["audio"]
+    shown = job_object(record)["audio"]
     assert shown == audio
     assert shown is not audio
 

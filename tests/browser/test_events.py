@@ -133,5 +133,5 @@ async def test_a_late_subscriber_gets_the_state_so_far_first(server: Server) -> 
 
 async def _chunks_done(server: Server, job_id: str, count: int) -> None:
     job = server.job(job_id)
-    while job.chunks_done < count:  # noqa: ASYNC110 - the job offers nothing to wait on
+    while job.record.chunks_done < count:  # noqa: ASYNC110 - the job offers nothing to wait on
         await asyncio.sleep(0.005)

@@ -139,7 +139,7 @@ async def held_job(server: Server, body: dict[str, Any], hold_at: int) -> Job:
 
 
 async def finished(job: Job) -> None:
-    await until(lambda: job.finished, f"{job.id} finishing")
+    await until(lambda: job.record.is_final, f"{job.id} finishing")
 
 
 def stepped(server: Server) -> SteppedTinyDecoder:
@@ -214,7 +214,7 @@ async def test_chromium_plays_a_running_job_natively(server: Server, page: Page)
     )
     if held["error"] is not None:
         pytest.fail(f"Chromium refused the running job's playlist: {await media.reason()}")
-    assert not job.finished
+    assert not job.record.is_final
     server.decoder.release()
     ended = await page.wait_for(f"(f => (f.ended || f.error) && f)({VIDEO_FACTS})", WAIT_S)
     if ended["error"] is not None:
@@ -236,7 +236,7 @@ async def test_hls_js_plays_a_running_job_part_by_part_to_its_end(
 
     # It plays while the decode is held: a frame shown, from the first parts.
     held = await open_hls_js_while_held(server, page, job)
-    assert (job.finished, len(job.fragments.facts)) == (False, LONG_HOLD_AT)
+    assert (job.record.is_final, len(job.fragments.facts)) == (False, LONG_HOLD_AT)
     assert held["buffered"][0][0] == 0
     assert held["videoWidth"] == LONG["width"]
     # LL-HLS proper: parts rather than segments (segment 0, the first chunk alone, may
@@ -267,7 +267,7 @@ async def test_hls_js_plays_a_running_job_part_by_part_to_its_end(
         pytest.fail(f"the <video> failed: {await media.reason()}")
     assert ended["totalVideoFrames"] == LONG["frames"]
     assert ended["duration"] == pytest.approx(LONG["frames"] / LONG["fps"], abs=0.02)
-    assert job.finished and media.errors == []
+    assert job.record.is_final and media.errors == []
     assert_stayed_on_loopback(page, server)
 
 

@@ -101,7 +101,7 @@ async def test_the_preview_plays_first_then_the_final_takes_over_in_place(
     assert state["renditions"]["final"]["loading"] is False
     assert (await page.evaluate(BADGE)).startswith("preview")
     job = server.job(state["jobId"])
-    assert job.status.value == "in_progress"
+    assert job.record.status.value == "in_progress"
 
     released_at = await page.evaluate("performance.now()")
     server.decoder.release()

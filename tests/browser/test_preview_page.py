@@ -111,7 +111,7 @@ async def test_the_page_plays_a_decode_while_it_is_held_then_to_the_end(
     job = server.job(state["jobId"])
     # Still held: everything below was played from the first chunks alone.
     assert not server.decoder.gate.is_set()
-    assert (job.status.value, job.chunks_done) == ("in_progress", HOLD_AT)
+    assert (job.record.status.value, job.record.chunks_done) == ("in_progress", HOLD_AT)
     # The demo is live: its AAC track ends at the last whole AAC frame inside the video
     # so far (a packet never crosses the end), and MSE buffers where both tracks are.
     ((start, end),) = held["buffered"]
@@ -173,7 +173,7 @@ async def test_cancel_stops_the_decode_without_an_error(server: Server, page: Pa
     # The decoder thread notices the cancel when it publishes its next chunk.
     server.decoder.release()
     state = await page.wait_for(f"(s => s.status === 'cancelled' && s)({STATE})")
-    assert server.job(state["jobId"]).status.value == "cancelled"
+    assert server.job(state["jobId"]).record.status.value == "cancelled"
     assert state["errors"] == []
     assert await page.evaluate("document.getElementById('error').hidden")
     assert await page.evaluate("document.getElementById('cancel').disabled")

@@ -22,7 +22,7 @@ async def test_one_slot_one_queue_place_then_429(start_server: StartServer):
     second = await post()
     third = await post()
     assert first[0] == 201
-    assert server.manager.get(first[2]["id"]).status == "in_progress"
+    assert server.manager.get(first[2]["id"]).record.status == "in_progress"
     assert (second[0], second[2]["status"], second[2]["queue_position"]) == (201, "queued", 1)
     assert third[0] == 429
     assert third[2]["error"] == {
@@ -36,7 +36,7 @@ async def test_one_slot_one_queue_place_then_429(start_server: StartServer):
     decoder.gate.set()
     for job in (first[2], second[2]):
         await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
-        assert server.manager.get(job["id"]).status == "completed"
+        assert server.manager.get(job["id"]).record.status == "completed"
     async with server.client.get(f"/v1/videos/{second[2]['id']}") as response:
         assert (await response.json())["queue_position"] is None
     async with server.client.get("/metrics") as response:

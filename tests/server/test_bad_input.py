@@ -244,7 +244,7 @@ async def test_each_bad_upload_gets_its_status_and_reason(start_server: StartSer
         assert response.status == 200
         assert len(decode_mp4(await response.read())) == 5
     # No bad request left a job behind.
-    assert [job.status for job in server.manager.jobs.values()] == ["completed"]
+    assert [job.record.status for job in server.manager.jobs.values()] == ["completed"]
 
 
 async def test_upload_over_the_size_limit_is_413_without_reading_it_all(start_server):

@@ -401,7 +401,7 @@ async def test_a_failed_job_truncates_every_member(start_server: StartServer):
             await response.read()
         response.close()
     await asyncio.wait_for(job.wait(), 30)
-    assert job.status == "failed"
+    assert job.record.status == "failed"
     await until(lambda: job.viewers == 0)
 
 

@@ -59,7 +59,7 @@ async def test_client_leaving_the_stream_cancels_its_decode(
     decoder.finished.clear()
     decoder.gate.set()
     await asyncio.wait_for(job.wait(), 30)
-    assert (job.status, job.error.message) == ("cancelled", "the client disconnected")
+    assert (job.record.status, job.error.message) == ("cancelled", "the client disconnected")
     assert decoder.finished.is_set()
     assert isinstance(decoder.ended_with, DecodeCancelled)
     if handler_cancellation:
@@ -150,6 +150,6 @@ async def test_shutdown_with_a_running_job_leaves_no_threads(start_server: Start
     await until(lambda: job.error is not None)
     decoder.gate.set()
     await closing
-    assert job.status == "cancelled"
+    assert job.record.status == "cancelled"
     assert job.error.message == "server shutting down"
     assert_threads_end(threads_before)

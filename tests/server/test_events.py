@@ -17,7 +17,7 @@ async def test_an_idle_event_stream_gets_keep_alive_comments(start_server: Start
         job_id = (await response.json())["id"]
     await asyncio.to_thread(decoder.holding.wait, 30)
     # Chunk 0's fragment is encoded while chunk 1 is held: its event is past too.
-    await until(lambda: server.manager.jobs[job_id].chunks_done == 1)
+    await until(lambda: server.manager.jobs[job_id].record.chunks_done == 1)
     async with server.client.get(f"/v1/videos/{job_id}/events") as events:
         assert events.headers["Content-Type"] == "text/event-stream"
         lines: list[str] = []
@@ -39,7 +39,7 @@ async def test_a_head_of_the_events_is_their_headers_alone(start_server: StartSe
     body = safetensors_bytes(latents=smooth_latents(frames=3))
     async with server.client.post("/v1/videos", data=body) as response:
         job = await response.json()
-    await until(lambda: server.manager.get(job["id"]).finished)
+    await until(lambda: server.manager.get(job["id"]).record.is_final)
     host, port = server.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     for tail in ("/events", "/content"):

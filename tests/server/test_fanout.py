@@ -78,7 +78,7 @@ async def test_a_stalled_viewer_delays_neither_the_decode_nor_the_others(
         async with server.client.get(job["urls"]["content"]) as response:
             stream = await response.read()
         running = server.manager.get(job["id"])
-        assert running.status == "completed"
+        assert running.record.status == "completed"
         assert running.log.size > 8 * 1024 * 1024
         assert len(stream) == running.log.size
         assert running.viewers == 1  # the stalled viewer, still attached, socket full
@@ -91,7 +91,7 @@ async def test_a_stalled_viewer_is_dropped_after_the_write_timeout(start_server:
     job = await create_job(server, noisy_latents(**BIG_VIDEO))
     stalled = stalled_reader(server, job["urls"]["content"])
     try:
-        await until(lambda: server.manager.get(job["id"]).finished)
+        await until(lambda: server.manager.get(job["id"]).record.is_final)
         await until(lambda: server.manager.get(job["id"]).viewers == 0)
         async with server.client.get("/metrics") as response:
             assert "vaecast_readers_dropped_total 1.0" in await response.text()

@@ -19,6 +19,7 @@ import torch
 
 from tests.helpers import GatedDecoder, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import StartServer
+from vaecast.job.views import job_object
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.config import Limits
 
@@ -162,7 +163,7 @@ async def test_a_demo_is_decoded_with_tiny_whatever_the_default_model(
         job = await response.json()
     assert (response.status, job["model"]) == (201, "tiny")
     await asyncio.wait_for(server.manager.get(job["id"]).wait(), 60)
-    assert server.manager.get(job["id"]).status == "completed"
+    assert server.manager.get(job["id"]).record.status == "completed"
 
 
 async def test_a_demo_without_tiny_served_says_why(start_server: StartServer):
@@ -371,7 +372,7 @@ async def test_a_finished_job_lets_go_of_its_latents(start_server: StartServer):
     await asyncio.wait_for(job.wait(), 30)
     gc.collect()
     assert latents() is None
-    assert job.to_json()["status"] == "completed"  # the job itself is still served
+    assert job_object(job.record)["status"] == "completed"  # the job itself is still served
 
 
 async def test_the_retention_sweep_survives_an_error(start_server: StartServer):
@@ -502,7 +503,7 @@ async def test_a_failed_job_keeps_its_error_without_the_frames_it_was_raised_thr
     async with server.client.post("/v1/videos", data=BODY) as response:
         job = server.manager.get((await response.json())["id"])
     await asyncio.wait_for(job.wait(), 30)
-    assert job.status == "failed"
+    assert job.record.status == "failed"
     error = job.error
     assert error is not None and error.message.startswith("the decoder failed")
     assert (error.__traceback__, error.__cause__, error.__context__) == (None, None, None)

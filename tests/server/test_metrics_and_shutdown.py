@@ -94,7 +94,7 @@ async def test_draining_refuses_new_jobs_and_lets_running_streams_finish(
     rest = await stream.read()  # the running stream completes normally
     await asyncio.wait_for(draining, 30)
     job = server.manager.get(stream.headers["X-Video-Id"])
-    assert job.status == "completed"
+    assert job.record.status == "completed"
     assert len(b"".join(boxes) + rest) == job.log.size
     stream.close()
 
@@ -115,7 +115,7 @@ async def test_past_the_grace_period_running_jobs_are_cancelled_and_nothing_is_l
     await until(lambda: job.error is not None)  # the grace period ran out
     decoder.gate.set()  # the decoder finishes the chunk it was computing, then stops
     await asyncio.wait_for(draining, 30)
-    assert (job.status, job.error.message) == ("cancelled", "server shutting down")
+    assert (job.record.status, job.error.message) == ("cancelled", "server shutting down")
     with pytest.raises(aiohttp.ClientPayloadError):
         await stream.read()
     stream.close()

@@ -18,6 +18,7 @@ from tests.helpers import (
     until,
 )
 from tests.helpers.server import Server, StartServer
+from vaecast.job.views import job_object
 from vaecast.server.config import Limits
 
 LATENTS = smooth_latents(frames=6)  # linear: 1 + 4 * 5 = 21 frames, 6 chunks
@@ -62,8 +63,8 @@ async def test_a_session_streams_from_its_first_block_and_ends_a_whole_mp4(
     first = await asyncio.wait_for(viewer.content.read(1), 30)
     assert first
     job = server.manager.get(session["id"])
-    await until(lambda: job.chunks_done == 2)
-    assert job.to_json()["status"] == "in_progress"
+    await until(lambda: job.record.chunks_done == 2)
+    assert job_object(job.record)["status"] == "in_progress"
     late = await server.client.get(session["urls"]["content"])  # a late joiner
     for start in (2, 4):
         status, _ = await push(server, session, LATENTS[:, :, start : start + 2], final=start == 4)
@@ -72,7 +73,7 @@ async def test_a_session_streams_from_its_first_block_and_ends_a_whole_mp4(
     joined = await asyncio.wait_for(late.read(), 30)
     assert streamed == joined
     await asyncio.wait_for(job.wait(), 30)
-    assert job.to_json()["frames"] == 21 and job.to_json()["chunks"]["total"] == 6
+    assert job_object(job.record)["frames"] == 21 and job_object(job.record)["chunks"]["total"] == 6
     # The same pixels as one upload of the whole tensor.
     async with server.client.post(
         "/v1/videos/stream", data=safetensors_bytes(latents=LATENTS), params={"fps": "8"}
@@ -96,7 +97,7 @@ async def test_chunk_events_carry_the_block_to_fragment_latency(start_server: St
     await asyncio.wait_for(job.wait(), 30)
     chunks = [e for e in job.events.items() if e["event"] == "chunk"]
     assert len(chunks) == 3 and all(0 <= e["latency_s"] < 30 for e in chunks)
-    assert job.to_json()["realtime_factor"] > 0
+    assert job_object(job.record)["realtime_factor"] > 0
     async with server.client.get("/metrics") as response:
         text = await response.text()
     assert "vaecast_push_block_to_fragment_seconds_count 3.0" in text
@@ -132,7 +133,7 @@ async def test_bad_pushes_get_their_error_and_disturb_nothing(start_server: Star
     assert (status, answer["error"]["type"]) == (409, "conflict")
     job = server.manager.get(session["id"])
     await asyncio.wait_for(job.wait(), 30)
-    assert job.to_json()["status"] == "completed" and job.to_json()["frames"] == 9
+    assert job_object(job.record)["status"] == "completed" and job_object(job.record)["frames"] == 9
 
 
 async def test_an_idle_session_fails_and_its_viewers_are_cut(start_server: StartServer):
@@ -144,8 +145,8 @@ async def test_an_idle_session_fails_and_its_viewers_are_cut(start_server: Start
             await asyncio.wait_for(viewer.read(), 30)
     job = server.manager.get(session["id"])
     await asyncio.wait_for(job.wait(), 30)
-    assert job.to_json()["status"] == "failed"
-    assert job.to_json()["error"] == {
+    assert job_object(job.record)["status"] == "failed"
+    assert job_object(job.record)["error"] == {
         "type": "push_timeout",
         "message": "the push session received nothing for 0.3 s",
     }
@@ -246,7 +247,7 @@ async def test_audio_pushed_with_the_blocks_is_muxed_to_the_videos_length(
             assert response.status == 202, await response.text()
     job = server.manager.get(session["id"])
     await asyncio.wait_for(job.wait(), 30)
-    assert job.to_json()["status"] == "completed", job.to_json()["error"]
+    assert job_object(job.record)["status"] == "completed", job_object(job.record)["error"]
     async with server.client.get(session["urls"]["content"]) as response:
         data = await response.read()
     assert response.headers["Content-Type"].endswith(', mp4a.40.2"')

@@ -20,6 +20,7 @@ from tests.helpers.server import Server, StartServer
 from vaecast.cli.push_file import push_file
 from vaecast.client import PushSession
 from vaecast.codecs.aac import AAC_FRAME_SAMPLES, samples_for_duration
+from vaecast.job.views import job_object
 from vaecast.server.stream.job import Job
 
 QUIET_S = 0.3  # how long a fragment that must wait is watched not coming
@@ -76,13 +77,15 @@ class Producer:
 
     async def content(self) -> bytes:
         await asyncio.wait_for(self.job.wait(), 60)
-        assert self.job.to_json()["status"] == "completed", self.job.to_json()["error"]
+        assert job_object(self.job.record)["status"] == "completed", job_object(self.job.record)[
+            "error"
+        ]
         async with self.server.client.get(self.session["urls"]["content"]) as response:
             return await response.read()
 
     async def quiet(self, chunks: int) -> None:
         await asyncio.sleep(QUIET_S)
-        assert self.job.chunks_done == chunks
+        assert self.job.record.chunks_done == chunks
 
 
 def tone(samples: int, rate: int) -> np.ndarray:
@@ -181,7 +184,7 @@ async def test_without_audio_a_fragment_does_not_wait_for_the_next_block(
 
 
 async def _until_chunks(job: Job, chunks: int) -> None:
-    while job.chunks_done < chunks:  # noqa: ASYNC110 - the job offers no event for it
+    while job.record.chunks_done < chunks:  # noqa: ASYNC110 - the job offers no event for it
         await asyncio.sleep(0.005)
 
 
@@ -198,7 +201,7 @@ async def test_a_session_that_ends_while_a_fragment_waits_for_audio_ends_at_once
             assert response.status == 200
     await asyncio.wait_for(producer.job.wait(), 10)
     expected = "failed" if how == "idle timeout" else "cancelled"
-    assert producer.job.to_json()["status"] == expected
+    assert job_object(producer.job.record)["status"] == expected
 
 
 @pytest.mark.parametrize("soundtrack_frames", [21, 11])  # the whole video; half of it
@@ -224,7 +227,7 @@ async def test_vaecast_push_of_a_file_with_a_soundtrack_is_aligned(
     assert match is not None, out.getvalue()
     job = server.manager.get(match.group(1))
     await asyncio.wait_for(job.wait(), 60)
-    assert job.to_json()["status"] == "completed", job.to_json()["error"]
+    assert job_object(job.record)["status"] == "completed", job_object(job.record)["error"]
     async with server.client.get(f"/v1/videos/{job.id}/content") as response:
         data = await response.read()
     line = assert_aligned(data)
@@ -266,12 +269,12 @@ async def test_each_fragment_of_a_frames_push_carries_its_own_audio(
     await asyncio.to_thread(session.close)
     job = server.manager.get(session.id)
     await asyncio.wait_for(job.wait(), 60)
-    assert job.to_json()["status"] == "completed", job.to_json()["error"]
+    assert job_object(job.record)["status"] == "completed", job_object(job.record)["error"]
     async with server.client.get(session.content_url.removeprefix(server.url)) as response:
         data = await response.read()
     end = samples_for_duration(Fraction(frames, fps), rate)
     line = assert_aligned(data)
-    assert_whole(line, job.chunks_done, end)  # the frames decoder's chunks: a frame each
+    assert_whole(line, job.record.chunks_done, end)  # the frames decoder's chunks: a frame each
     assert sum(span.video_frames for span in line.spans) == frames
     assert line.spans[0].audio is not None and line.spans[0].audio[0] == 0
     audio, _ = heard(data)

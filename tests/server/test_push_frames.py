@@ -20,6 +20,7 @@ from tests.helpers.server import TEST_CONFIG, Server, StartServer
 from vaecast.client import AsyncPushSession, PushError, PushSession
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.quantize import yuv420_on_device
+from vaecast.job.views import job_object
 
 LOSSLESS = replace(EncoderSettings(), crf=0)
 # Float noise may move a value across a rounding boundary; nothing else differs.
@@ -55,8 +56,8 @@ async def test_a_producer_pushes_frames_and_a_viewer_plays_before_the_last_block
         await asyncio.to_thread(session.push, frames[8:], final=True)
         streamed = first + await viewer.read()
     await asyncio.to_thread(session.close)
-    assert job.to_json()["status"] == "completed"
-    assert job.to_json()["chunks"] == {"done": 3, "total": 3}
+    assert job_object(job.record)["status"] == "completed"
+    assert job_object(job.record)["chunks"] == {"done": 3, "total": 3}
     assert_same_pixels(streamed, frames)
     path = tmp_path / "frames.mp4"
     path.write_bytes(streamed)
@@ -99,7 +100,7 @@ async def test_float_frames_in_a_declared_range_and_blocks_of_other_sizes(
         job_id = session.id
     async with server.client.get(f"/v1/videos/{job_id}/content") as response:
         data = await response.read()
-    assert server.manager.get(job_id).to_json()["chunks"] == {"done": 3, "total": 3}
+    assert job_object(server.manager.get(job_id).record)["chunks"] == {"done": 3, "total": 3}
     assert_same_pixels(data, frames)
 
 
@@ -250,6 +251,6 @@ async def test_the_smallest_even_frames_play(start_server: StartServer) -> None:
         assert response.status == 202, await response.text()
     job = server.manager.get(url.split("/")[3])
     await asyncio.wait_for(job.wait(), 30)
-    assert job.to_json()["status"] == "completed"
+    assert job_object(job.record)["status"] == "completed"
     async with server.client.get(f"/v1/videos/{job.id}/content") as response:
         assert len(decode_mp4(await response.read())) == 3

@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers import decode_mp4, safetensors_bytes, smooth_latents
 from tests.helpers.server import StartServer
+from vaecast.job.views import job_object
 
 pytestmark = pytest.mark.slow
 
@@ -54,4 +55,4 @@ async def test_viewers_play_before_the_producer_pushes_its_last_block(
             await producer.wait()
     assert streamed == late
     assert len(decode_mp4(streamed)) == 21
-    assert job.to_json()["status"] == "completed"
+    assert job_object(job.record)["status"] == "completed"

@@ -207,7 +207,7 @@ async def pushed_video(server: Server, url: str, sync: bool) -> tuple[bytes, dic
             job_id = session.id
     # The finished file (which states its duration): fetched while the job still ran,
     # one of the two videos compared would be the live one.
-    await until(lambda: server.manager.get(job_id).finished)
+    await until(lambda: server.manager.get(job_id).record.is_final)
     async with server.client.get(f"/v1/videos/{job_id}/content") as response:
         data = await response.read()
     async with server.client.get(f"/v1/videos/{job_id}") as response:

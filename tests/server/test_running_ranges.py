@@ -66,7 +66,7 @@ async def test_a_committed_range_is_answered_while_the_decode_is_held(
             last = committed - 1 if last is None else last  # open: to the current end
             assert response.headers["Content-Range"] == f"bytes {first}-{last}/*"
             assert response.headers["Content-Length"] == str(last - first + 1)
-            assert response.headers["Content-Type"] == job.content_type
+            assert response.headers["Content-Type"] == job.record.content_type
             assert "ETag" not in response.headers  # the representation is not final
             answers.append((first, last, await response.read()))
     async with server.client.head(url, headers={"Range": "bytes=5-104"}) as response:
@@ -76,7 +76,7 @@ async def test_a_committed_range_is_answered_while_the_decode_is_held(
     async with server.client.get(url, headers={"Range": "bytes=0-1,5-6"}) as response:
         assert response.status == 200
         assert response.headers["Transfer-Encoding"] == "chunked"
-    assert not job.finished and not decoder.gate.is_set()
+    assert not job.record.is_final and not decoder.gate.is_set()
     decoder.gate.set()
     data = await whole_file(server, job, url)
     live = as_streamed(data)  # the init segment as it was then: no duration stated yet
@@ -171,7 +171,7 @@ async def test_a_range_no_video_could_satisfy_gets_416_at_once_while_the_decode_
                 "message": "the range selects no bytes",
             }
             assert "Content-Range" not in response.headers  # the complete length is unknown
-    assert not job.finished  # answered while it runs, not at its end
+    assert not job.record.is_final  # answered while it runs, not at its end
     decoder.gate.set()
     await asyncio.wait_for(job.wait(), 30)
 
@@ -200,7 +200,7 @@ async def test_waiting_ranges_of_a_job_that_breaks_get_its_error(
         async with await deleting as response:
             assert response.status == 200
     await asyncio.wait_for(job.wait(), 30)
-    assert job.status == ending
+    assert job.record.status == ending
     assert job.error is not None
     expected = {
         "type": "conflict",

@@ -99,7 +99,7 @@ async def test_without_the_key_every_v1_route_answers_401_and_nothing_happens(
             if method != "HEAD":
                 assert await response.json() == error("unauthorized", NO_KEY), (method, path)
     assert list(server.manager.jobs) == [job["id"]]
-    assert server.manager.get(job["id"]).status.value == "completed"
+    assert server.manager.get(job["id"]).record.status.value == "completed"
 
 
 async def test_the_key_works_from_the_header_and_from_the_pages_cookie(
@@ -314,7 +314,7 @@ async def test_a_cross_origin_simple_post_is_refused_and_creates_nothing(
     )
     assert status == 403
     assert list(server.manager.jobs) == [job["id"]]
-    assert server.manager.get(job["id"]).status.value != "cancelled"
+    assert server.manager.get(job["id"]).record.status.value != "cancelled"
     # Reading is not refused (no side effect), but gets no CORS headers: the
     # browser then keeps the answer from the page.
     status, headers, _ = await answer(

@@ -302,7 +302,7 @@ async def test_a_job_with_a_preview_keeps_its_final_across_a_restart(tmp_path: P
         async with server.client.post("/v1/videos?preview=linear", data=body) as response:
             assert response.status == 201, await response.text()
             job = await response.json()
-        await until(lambda: server.manager.jobs[job["id"]].finished)
+        await until(lambda: server.manager.jobs[job["id"]].record.is_final)
         final, etag = await whole(server, job)
         assert list((tmp_path / "videos").iterdir()) == [tmp_path / "videos" / f"{job['id']}.mp4"]
     async with stored_server(tmp_path) as server:

@@ -322,7 +322,7 @@ async def test_peers_that_vanish_or_never_connect_are_dropped_and_freed(
         assert metric(text, 'vaecast_webrtc_sessions_total{outcome="peer_timeout"}') == 1
         # The one left kept receiving meanwhile, and the job went on.
         assert len(watcher.frames) > frames_before
-        record = server.manager.get(job["id"])
+        record = server.manager.get(job["id"]).record
         assert record.status.value == "in_progress"  # neither held nor failed
         await mute.close()
     finally:

@@ -22,8 +22,16 @@ from typing import Any
 
 import ray
 
-from vaecast.cluster.records import Block, DecodeCall, JobRef, JobSpec, PushState, Update
-from vaecast.cluster.shared_job import JobSettings, SharedJob, plan_facts
+from vaecast.cluster.records import (
+    Block,
+    DecodeCall,
+    JobRef,
+    JobSpec,
+    PushState,
+    Update,
+    plan_facts,
+)
+from vaecast.cluster.shared_job import JobSettings, SharedJob
 from vaecast.errors import JobStateError, VaecastError
 from vaecast.job.transitions import Variant
 

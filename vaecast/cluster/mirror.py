@@ -167,7 +167,7 @@ class MirrorRunner:
                 self.synced.set()
                 if update.final:
                     break
-            if job.status is JobStatus.COMPLETED:
+            if job.record.status is JobStatus.COMPLETED:
                 _close(job.log, None)
             for rendition in job.renditions:  # what its own end did not close
                 _close(rendition.log, job.error or DecodeCancelled("cancelled"))
@@ -262,7 +262,7 @@ class MirrorRunner:
 
     def _lose(self, job: Job, error: VaecastError) -> None:
         """This mirror ends without the job's end (shutdown here, the job lost)."""
-        if not job.finished:
+        if not job.record.is_final:
             failed = not isinstance(error, CancelledByShutdown)
             job.end(JobStatus.FAILED if failed else JobStatus.CANCELLED, error)
         elif not job.log.closed:

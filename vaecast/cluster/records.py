@@ -16,7 +16,7 @@ import numpy as np
 
 from vaecast.codecs.fragment import FragmentFacts
 from vaecast.errors import VaecastError
-from vaecast.job.transitions import JobInput, Variant
+from vaecast.job.transitions import JobInput, PlanFacts, Variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +127,11 @@ class JobSpec:
     preview: str | None = None  # the preview decoder of a job with two renditions
     preview_chunks: int | None = None  # its chunk count (a push session's: at its end)
 
+    @property
+    def plan_facts(self) -> PlanFacts | None:
+        """What the job's record shows of its plan (None until a push session's end)."""
+        return plan_facts(self.plan)
+
 
 @dataclass(frozen=True, slots=True)
 class PushState:
@@ -223,3 +228,11 @@ class JobRef:
 # Why a job's shared state is gone: the values of vaecast.server.stream.retention.EvictionReason.
 GONE_AGE = "age"
 GONE_DELETED = "deleted"
+
+
+def plan_facts(plan: dict[str, Any] | None) -> PlanFacts | None:
+    """A DecodePlan's fields (as they cross the cluster) as the record shows them."""
+    if plan is None:
+        return None
+    frames = plan["chunk_frames"]
+    return PlanFacts(sum(frames), len(frames), plan["width"], plan["height"])

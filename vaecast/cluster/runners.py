@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 
-from vaecast.cluster.job_host import JobHost, JobSettings, plan_facts
+from vaecast.cluster.job_host import JobHost, JobSettings
 from vaecast.cluster.mirror import MirrorRunner
 from vaecast.cluster.records import (
     JOB_HOST_NAMES,
@@ -35,7 +35,7 @@ from vaecast.cluster.records import (
     host_name,
 )
 from vaecast.cluster.replica import replica_states
-from vaecast.job.record import PREVIEW, JobRecord, PreviewProgress
+from vaecast.job.record import PREVIEW, JobRecord
 from vaecast.job.transitions import JobInput
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
@@ -189,20 +189,7 @@ class ClusterRunners:
 
         runner = MirrorRunner(spec, shared, decoder, created, on_gone=gone)
         # The host's record, rebuilt here: the same facts, its moments on the wall clock.
-        record = JobRecord(
-            spec.job_id,
-            spec.input,
-            spec.model,
-            spec.fps,
-            spec.audio,
-            plan_facts(spec.plan),
-            created_at=spec.created_at,
-            clock=time.time,
-            created=spec.created_at,
-            preview=(
-                None if spec.preview is None else PreviewProgress(spec.preview, spec.preview_chunks)
-            ),
-        )
+        record = JobRecord.from_spec(spec)
         plan = None if spec.plan is None else DecodePlan(**spec.plan)
         config = services.config
         if spec.preview is not None and preview is None:  # a job found here: planning only

@@ -46,6 +46,7 @@ from vaecast.cluster.records import (
     PushState,
     Snapshot,
     Update,
+    plan_facts,
 )
 from vaecast.cluster.replica_calls import ReplicaCalls
 from vaecast.errors import (
@@ -62,8 +63,6 @@ from vaecast.job.record import (
     JobRecord,
     JobStatus,
     LengthKnown,
-    PlanFacts,
-    PreviewProgress,
     SegmentAdded,
     VariantEnded,
 )
@@ -103,20 +102,7 @@ class SharedJob:
         self._settings = settings
         # Moments on the wall clock, from the job's creation at its front end: a
         # mirror on another machine reads the same timings.
-        self.record = JobRecord(
-            spec.job_id,
-            spec.input,
-            spec.model,
-            spec.fps,
-            spec.audio,
-            plan_facts(spec.plan),
-            created_at=spec.created_at,
-            clock=time.time,
-            created=spec.created_at,
-            preview=(
-                None if spec.preview is None else PreviewProgress(spec.preview, spec.preview_chunks)
-            ),
-        )
+        self.record = JobRecord.from_spec(spec)
         self.fragments: list[Any] = []  # ObjectRefs, in order
         calls = {FINAL: call, **({} if preview_call is None else {PREVIEW: preview_call})}
         self._replicas = ReplicaCalls(
@@ -414,11 +400,3 @@ class SharedJob:
         task = asyncio.ensure_future(coroutine)
         self._side.add(task)
         task.add_done_callback(self._side.discard)
-
-
-def plan_facts(plan: dict[str, Any] | None) -> PlanFacts | None:
-    """A DecodePlan's fields (as they cross the cluster) as the record shows them."""
-    if plan is None:
-        return None
-    frames = plan["chunk_frames"]
-    return PlanFacts(sum(frames), len(frames), plan["width"], plan["height"])

@@ -6,8 +6,9 @@ frozen transitions (`Started`, `Encoding`, `SegmentAdded`, `ChunkEncoded`,
 record checks that the transition is legal in the job's state (`IllegalTransition`
 otherwise: a runner's bug, never a client's error), updates its counters and
 moments, and returns the progress event the transition makes, if any. Out come the
-status, the counters, the timings, the event list (`events`), the API's job object
-(`to_json`) and the log line (`summary`).
+status, the counters, the moments and the event list (`events`). What the record
+shows (the API's job object, its timings, the log line) is rendered from it by
+`vaecast.job.views`, which reads it and is never read by it.
 
 Every copy of a job reads the same because every copy is this record:
 - the server's `Job` keeps one, fed by the pipeline that decodes it here;
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 from vaecast.errors import VaecastError
 from vaecast.job.transitions import (
@@ -53,7 +54,6 @@ from vaecast.job.transitions import (
     Transition,
     VariantEnded,
 )
-from vaecast.job.views import job_timings, variants_json
 from vaecast.playback_deadlines import Commit, stall_free_start_s
 
 __all__ = [
@@ -77,7 +77,6 @@ __all__ = [
     "Started",
     "Transition",
     "VariantEnded",
-    "job_timings",
 ]
 
 
@@ -99,6 +98,22 @@ class PreviewProgress:
     @property
     def is_final(self) -> bool:
         return self.status in FINAL_STATUSES
+
+
+class SharedSpec(Protocol):
+    """What a job is, as it crosses machines (Ray mode's `vaecast.cluster.records.JobSpec`)."""
+
+    job_id: str
+    input: JobInput
+    model: str
+    fps: Fraction
+    audio: Mapping[str, int] | None
+    created_at: float
+    preview: str | None
+    preview_chunks: int | None
+
+    @property
+    def plan_facts(self) -> PlanFacts | None: ...
 
 
 @dataclass(slots=True)
@@ -145,6 +160,25 @@ class JobRecord:
         if self.created is None:
             self.created = self.clock()
         self._emit("queued")
+
+    @classmethod
+    def from_spec(cls, spec: SharedSpec) -> JobRecord:
+        """The record of a job made elsewhere, from what it is (Ray mode: its host's, and
+        each front end's mirror of it). Its moments are on the wall clock, from the
+        job's creation at its front end, so every copy reads the same timings."""
+        preview = spec.preview
+        return cls(
+            spec.job_id,
+            spec.input,
+            spec.model,
+            spec.fps,
+            spec.audio,
+            spec.plan_facts,
+            created_at=spec.created_at,
+            clock=time.time,
+            created=spec.created_at,
+            preview=None if preview is None else PreviewProgress(preview, spec.preview_chunks),
+        )
 
     # The door.
 
@@ -204,7 +238,8 @@ class JobRecord:
             if self.final_ended is not None and self.final_ended.status is not JobStatus.COMPLETED:
                 raise IllegalTransition(f"job {self.id}: completed after its final ended")
             self.status, self.finished = JobStatus.COMPLETED, t.at
-            return self._emit("done", job=self.to_json())
+            # Its job object comes with it where the job is shown (`views.with_job`).
+            return self._emit("done")
         return self._end(t)
 
     def _preview(self) -> PreviewProgress:
@@ -365,56 +400,6 @@ class JobRecord:
             return None
         return self.finished - self.started
 
-    def timings(self) -> dict[str, float | None]:
-        assert self.created is not None
-        return job_timings(
-            self.created,
-            self.started,
-            self.first_fragment,
-            self.finished,
-            self.decode_wait_s,
-            self.encode_s,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The job as the API shows it, less what the routes add (URLs, queue place)."""
-        plan = self.plan
-        size = plan or self.geometry
-        return {
-            "id": self.id,
-            "object": "video",
-            "input": self.input,
-            "model": self.model,
-            "status": self.status.value,
-            "progress": self.progress,
-            "created_at": int(self.created_at),
-            "frames": None if plan is None else plan.frames,
-            "width": None if size is None else size.width,
-            "height": None if size is None else size.height,
-            "fps": float(self.fps),
-            "audio": None if self.audio is None else dict(self.audio),
-            "seconds": None if plan is None else round(float(plan.frames / self.fps), 3),
-            "chunks": {"done": self.chunks_done, "total": None if plan is None else plan.chunks},
-            "frames_done": self.frames_done,
-            "bytes": self.bytes,
-            "content_type": self.content_type,
-            "timings": self.timings(),
-            "realtime_factor": self.realtime_factor,
-            "stall_free_start_s": self.stall_free_start_s,
-            "error": (
-                {"type": self.error.type, "message": self.error.message}
-                if self.error is not None and self.status is not JobStatus.COMPLETED
-                else None
-            ),
-            "replica": None if self.replica is None else self.replica.get("id"),
-            "not_stored": self.not_stored,
-            **(
-                {}
-                if self.preview is None
-                else {"variants": self.variants_json(), "plays": self.plays()}
-            ),
-        }
-
     def final_status(self) -> JobStatus:
         """The final rendition's status: the job's, unless it ended while the job went on."""
         if self.final_ended is not None and not self.is_final:
@@ -430,21 +415,3 @@ class JobRecord:
         if self.preview is not None and self.preview.status not in stopped:
             playing.insert(0, PREVIEW)
         return playing
-
-    def variants_json(self) -> dict[str, Any]:
-        """Each rendition of a job with a preview, as the job object shows it."""
-        return variants_json(self)
-
-    def summary(self) -> str:
-        """The job's log line, key=value."""
-        timings = self.timings()
-        error = self.error.message if self.error and self.status is not JobStatus.COMPLETED else ""
-        plan = self.plan
-        return (
-            f"id={self.id} model={self.model} status={self.status.value} "
-            f"frames={self.frames_done}/{None if plan is None else plan.frames} "
-            f"chunks={self.chunks_done}/{None if plan is None else plan.chunks} "
-            f"bytes={self.bytes} "
-            f"ttff_s={timings['time_to_first_fragment_s']} total_s={timings['total_s']} "
-            f"encode_s={timings['encode_s']} error={error!r}"
-        )

@@ -1,17 +1,18 @@
-"""What a job record shows of itself: its timings and, for a job with a preview, each
-rendition. Pure functions of a `JobRecord` (`vaecast.job.record`), apart from it so
-that the record reads as its state and its transitions. Standard library only.
+"""What a job shows: the API's job object, its timings, each rendition of a job with a
+preview, the log line, and the `done` event with the job object in it.
+
+Pure functions of a `JobRecord` (`vaecast.job.record`): the record keeps the job's
+state and its transitions; these render it, and it never calls them. Standard
+library only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vaecast.errors import VaecastError
+from vaecast.job.record import JobRecord
 from vaecast.job.transitions import FINAL, PREVIEW, JobStatus
-
-if TYPE_CHECKING:
-    from vaecast.job.record import JobRecord
 
 
 def job_timings(
@@ -34,6 +35,83 @@ def job_timings(
         "decode_wait_s": round(decode_wait_s, 4),
         "encode_s": round(encode_s, 4),
     }
+
+
+def timings_of(record: JobRecord) -> dict[str, float | None]:
+    assert record.created is not None
+    return job_timings(
+        record.created,
+        record.started,
+        record.first_fragment,
+        record.finished,
+        record.decode_wait_s,
+        record.encode_s,
+    )
+
+
+def job_object(record: JobRecord) -> dict[str, Any]:
+    """The job as the API shows it, less what the routes add (URLs, queue place)."""
+    plan = record.plan
+    size = plan or record.geometry
+    error = record.error
+    return {
+        "id": record.id,
+        "object": "video",
+        "input": record.input,
+        "model": record.model,
+        "status": record.status.value,
+        "progress": record.progress,
+        "created_at": int(record.created_at),
+        "frames": None if plan is None else plan.frames,
+        "width": None if size is None else size.width,
+        "height": None if size is None else size.height,
+        "fps": float(record.fps),
+        "audio": None if record.audio is None else dict(record.audio),
+        "seconds": None if plan is None else round(float(plan.frames / record.fps), 3),
+        "chunks": {"done": record.chunks_done, "total": None if plan is None else plan.chunks},
+        "frames_done": record.frames_done,
+        "bytes": record.bytes,
+        "content_type": record.content_type,
+        "timings": timings_of(record),
+        "realtime_factor": record.realtime_factor,
+        "stall_free_start_s": record.stall_free_start_s,
+        "error": (
+            {"type": error.type, "message": error.message}
+            if error is not None and record.status is not JobStatus.COMPLETED
+            else None
+        ),
+        "replica": None if record.replica is None else record.replica.get("id"),
+        "not_stored": record.not_stored,
+        **(
+            {}
+            if record.preview is None
+            else {"variants": variants_json(record), "plays": record.plays()}
+        ),
+    }
+
+
+def with_job(record: JobRecord, event: dict[str, Any]) -> dict[str, Any]:
+    """`event` as the job's event log keeps it: the `done` event carries the job object
+    as it is at that moment (what an events reader gets with the news)."""
+    if event["event"] == "done" and "job" not in event:
+        return {**event, "job": job_object(record)}
+    return event
+
+
+def summary_line(record: JobRecord) -> str:
+    """The job's log line, key=value."""
+    timings = timings_of(record)
+    error = record.error
+    message = error.message if error and record.status is not JobStatus.COMPLETED else ""
+    plan = record.plan
+    return (
+        f"id={record.id} model={record.model} status={record.status.value} "
+        f"frames={record.frames_done}/{None if plan is None else plan.frames} "
+        f"chunks={record.chunks_done}/{None if plan is None else plan.chunks} "
+        f"bytes={record.bytes} "
+        f"ttff_s={timings['time_to_first_fragment_s']} total_s={timings['total_s']} "
+        f"encode_s={timings['encode_s']} error={message!r}"
+    )
 
 
 def variants_json(record: JobRecord) -> dict[str, Any]:

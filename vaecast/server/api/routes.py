@@ -16,6 +16,7 @@ from aiohttp import web
 from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
 from vaecast.job.record import PREVIEW
 from vaecast.job.transitions import Variant
+from vaecast.job.views import job_object
 from vaecast.params import leading_int, parse_int
 from vaecast.server.api.operations import (
     CREATE_VIDEO,
@@ -149,7 +150,7 @@ def job_urls(job_id: str) -> dict[str, str]:
 
 def job_json(job: Job, manager: JobManager) -> dict[str, Any]:
     """The job object of the API: the job's own state, its queue place and its URLs."""
-    return with_links(job.to_json(), manager.queue_position(job))
+    return with_links(job_object(job.record), manager.queue_position(job))
 
 
 def with_links(job_object: dict[str, Any], queue_position: int | None = None) -> dict[str, Any]:
@@ -178,7 +179,7 @@ async def delete_video(request: web.Request) -> web.Response:
     variant = request.query.get("variant")
     if variant is not None:
         return await _stop_variant(job, variant, manager)
-    if not job.finished:
+    if not job.record.is_final:
         job.cancel("cancelled by request")
         await job.wait()
         return web.json_response(job_json(job, manager))
@@ -192,12 +193,12 @@ async def _stop_variant(job: Job, variant: Variant, manager: JobManager) -> web.
         raise InvalidRequestError(
             f"video {job.id} has one rendition: DELETE it without ?variant to cancel it"
         )
-    if job.finished:
-        raise JobStateError(f"video {job.id} has ended: {job.status.value}")
+    if job.record.is_final:
+        raise JobStateError(f"video {job.id} has ended: {job.record.status.value}")
     job.cancel_variant(variant, f"the {variant} rendition was stopped by request")
     # Answered once it has stopped (at its next chunk), as a DELETE of the job is.
     async with asyncio.timeout(STOP_WAIT_S):
-        while not (job.finished or rendition.log.closed):
+        while not (job.record.is_final or rendition.log.closed):
             await job.events.wait_for(len(job.events.items()) + 1)
     return web.json_response(job_json(job, manager))
 
@@ -247,7 +248,9 @@ async def get_events(request: web.Request) -> web.StreamResponse:
             except StopAsyncIteration:
                 break
             next_event = None
-            if job.finished:  # no end is told before it is committed (an answer is a promise)
+            if (
+                job.record.is_final
+            ):  # no end is told before it is committed (an answer is a promise)
                 await manager.settle()
             if "job" in event:  # the job object as the API shows it, links included
                 event = {**event, "job": with_links(event["job"])}

@@ -1,6 +1,6 @@
 """The JSON the API sends and takes, as msgspec Structs: their JSON Schema is the document's.
 
-The job object is built by the job record (`vaecast.job.record.JobRecord.to_json`) and
+The job object is rendered from the job record (`vaecast.job.views.job_object`) and
 the routes (`with_links`); these types say what it is, field by field, and the tests
 validate real answers against the schemas made from them (unknown fields are refused,
 so a field added on one side and not the other fails). msgspec makes JSON Schema 2020-12,

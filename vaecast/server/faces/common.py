@@ -40,7 +40,7 @@ async def wait_for_init(job: Job, rendition: Rendition | None = None) -> None:
     try:
         await rendition.log.wait_for_init()
     except VaecastError:
-        if job.status is JobStatus.FAILED or rendition.variant == PREVIEW:
+        if job.record.status is JobStatus.FAILED or rendition.variant == PREVIEW:
             refuse_if_broken(job, rendition)
         raise
 

@@ -178,7 +178,7 @@ class PushSession:
             if final:
                 await self._end()
             self._last_push = time.perf_counter()
-            return {**answer, "frames_done": self.job.frames_done}
+            return {**answer, "frames_done": self.job.record.frames_done}
 
     async def take(
         self, latents: torch.Tensor, audio: TimedAudio | None, *, wait_for_room: bool = True
@@ -193,7 +193,7 @@ class PushSession:
     async def end(self) -> None:
         """The final mark for a session whose blocks another owner pushes."""
         async with self._pushing:
-            if not (self.feed.ended or self.job.finished):
+            if not (self.feed.ended or self.job.record.is_final):
                 await self._end()
 
     async def close(self) -> None:
@@ -213,8 +213,8 @@ class PushSession:
     def check_open(self) -> None:
         if self.feed.ended:
             raise JobStateError(f"video {self.job.id} has had its final block")
-        if self.job.finished:
-            raise JobStateError(f"video {self.job.id} has ended: {self.job.status.value}")
+        if self.job.record.is_final:
+            raise JobStateError(f"video {self.job.id} has ended: {self.job.record.status.value}")
 
     async def _end(self) -> None:
         if self._block_shape is None:
@@ -283,7 +283,7 @@ class PushSession:
         return "frames" if self.job.push_kind is PushKind.FRAMES else "latents"
 
     def _check_audio(self, audio: torch.Tensor, rate_text: str | None) -> np.ndarray:
-        expected = self.job.audio
+        expected = self.job.record.audio
         if expected is None:
             raise InvalidRequestError(
                 "this session was created without audio: give audio_sample_rate and "
@@ -303,8 +303,8 @@ class PushSession:
         start, count = self.feed.latent_frames, shape[2]
         first_frame = self._frames_of(start, shape)
         block_frames = self._frames_of(start + count, shape) - first_frame
-        rate = int(self.job.audio["sample_rate"]) if self.job.audio else 0
-        allowed = math.ceil(block_frames * rate / self.job.fps) + AAC_FRAME_SAMPLES
+        rate = int(self.job.record.audio["sample_rate"]) if self.job.record.audio else 0
+        allowed = math.ceil(block_frames * rate / self.job.record.fps) + AAC_FRAME_SAMPLES
         if waveform.shape[1] > allowed:
             raise InvalidRequestError(
                 f"this block's audio has {waveform.shape[1]} samples; its {block_frames} "
@@ -323,7 +323,7 @@ class PushSession:
         idle_s = self._config.push_idle_timeout_s
         first_s = self._config.push_first_block_timeout_s
         opened = self._last_push
-        while not self.job.finished and not self.feed.ended:
+        while not self.job.record.is_final and not self.feed.ended:
             has_block, pushing = self._block_shape is not None, self._pushing.locked()
             wait_s, error = session_timeout(
                 time.perf_counter(), opened, self._last_push, pushing, has_block, idle_s, first_s

@@ -63,7 +63,7 @@ class BatchPushSession:
             raise JobStateError(f"every video of this batch ({ids}) has ended")
 
     def _open(self) -> list[PushSession]:
-        return [s for s in self.sessions if not (s.feed.ended or s.job.finished)]
+        return [s for s in self.sessions if not (s.feed.ended or s.job.record.is_final)]
 
     async def push(
         self, data: bytes, final: bool, params: dict[str, str], seq: int | None = None
@@ -90,7 +90,7 @@ class BatchPushSession:
             if data:
                 entries = await asyncio.to_thread(self._split, data, params)
                 final = final or any(entry[2] for entry in entries)
-                waiting = {s for s in self._open() if s.job.status is JobStatus.QUEUED}
+                waiting = {s for s in self._open() if s.job.record.status is JobStatus.QUEUED}
                 self._check_held(waiting, entries)
                 for session, (latents, audio, _) in zip(self.sessions, entries, strict=True):
                     if session in self._open():  # one the user cancelled is skipped

@@ -59,7 +59,7 @@ PENDING_KINDS = frozenset({PlaceKind.RECEIVING, PlaceKind.PUSH_WAITING})
 
 def kind_of(job: Job) -> PlaceKind:
     """The place an unfinished job holds, from its own state."""
-    if job.status is not JobStatus.QUEUED:
+    if job.record.status is not JobStatus.QUEUED:
         return PlaceKind.DECODING  # or just ended: its slot is freed when its task ends
     if job.feed is not None and job.plan is None and job.stream_plan is None:
         return PlaceKind.PUSH_WAITING

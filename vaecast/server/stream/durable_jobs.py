@@ -208,7 +208,7 @@ class DurableJobs:
             for job_id, reason, gone_at in gone:
                 self._gone_synced_at = max(self._gone_synced_at, gone_at)
                 job = self._jobs.get(job_id)
-                if job is not None and job.finished:
+                if job is not None and job.record.is_final:
                     await retention.gone_elsewhere(job, reason)
 
     async def close(self) -> None:

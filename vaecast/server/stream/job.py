@@ -24,7 +24,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from fractions import Fraction
 from typing import Any, Protocol
 
 from vaecast.errors import (
@@ -46,6 +45,7 @@ from vaecast.job.record import (
     Transition,
 )
 from vaecast.job.transitions import Variant
+from vaecast.job.views import summary_line, with_job
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
@@ -126,6 +126,7 @@ class Job:
         `preview`: the preview decoder of a job with two renditions (its record has
         a `preview`); its MP4 is kept in memory and a temp file, not in the store."""
         self.record = record
+        self.id = record.id
         self.decoder = decoder
         self.plan = plan
         # The frame size, before the length is known (a push session's first block).
@@ -161,7 +162,7 @@ class Job:
         # GET /v1/videos/{id}/events; closed when the job ends.
         self.events: FollowableLog[dict[str, Any]] = FollowableLog()
         for event in record.events:
-            self.events.append(event)
+            self.events.append(with_job(record, event))
         self.finished_at: float | None = None  # monotonic here, for retention
         # Told of every transition applied, after its event (the store's journal).
         self._observers: list[Callable[[Transition, dict[str, Any] | None], None]] = []
@@ -174,6 +175,7 @@ class Job:
         """Record `transition`; its event, if any, goes to the event readers."""
         event = self.record.apply(transition)
         if event is not None:
+            event = with_job(self.record, event)
             self.events.append(event)
         for observer in self._observers:
             observer(transition, event)
@@ -184,71 +186,14 @@ class Job:
         self._observers.append(observer)
 
     @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def model(self) -> str:
-        return self.record.model
-
-    @property
-    def fps(self) -> Fraction:
-        return self.record.fps
-
-    @property
-    def audio(self) -> dict[str, int] | None:
-        audio = self.record.audio
-        return None if audio is None else dict(audio)
-
-    @property
-    def created_at(self) -> float:
-        return self.record.created_at
-
-    @property
-    def status(self) -> JobStatus:
-        return self.record.status
-
-    @property
     def error(self) -> VaecastError | None:
         """Why the job ended, or why it is being stopped (a cancel or abort on its way)."""
         return self.record.error or getattr(self.runner, "stop_error", None)
 
     @property
-    def content_type(self) -> str:
-        return self.record.content_type
-
-    @property
-    def chunks_done(self) -> int:
-        return self.record.chunks_done
-
-    @property
-    def frames_done(self) -> int:
-        return self.record.frames_done
-
-    @property
-    def finished(self) -> bool:
-        return self.record.is_final
-
-    @property
-    def progress(self) -> int | None:
-        return self.record.progress
-
-    @property
-    def realtime_factor(self) -> float | None:
-        return self.record.realtime_factor
-
-    @property
-    def run_seconds(self) -> float | None:
-        return self.record.run_seconds
-
-    @property
     def feed(self) -> Any:
         """A push session's block feed (None for an upload)."""
         return self.runner.feed
-
-    def to_json(self) -> dict[str, Any]:
-        """The job as the API shows it, less what the routes add (URLs, queue place)."""
-        return self.record.to_json()
 
     # Viewers.
 
@@ -291,12 +236,12 @@ class Job:
         A job stopped by shutdown records CancelledByShutdown (503: try again
         elsewhere), any other cancel DecodeCancelled (409).
         """
-        if not self.finished:
+        if not self.record.is_final:
             self.runner.cancel(self, reason, by_shutdown)
 
     def abort(self, error: VaecastError) -> None:
         """End the job as failed with `error` (a push session gone idle, say)."""
-        if not self.finished:
+        if not self.record.is_final:
             self.runner.abort(self, error)
 
     def length_known(self, plan: DecodePlan, latent_shape: tuple[int, ...]) -> None:
@@ -309,7 +254,7 @@ class Job:
         """Stop one rendition of a job with a preview; the other goes on (stopping the
         last one still running stops the job)."""
         self.rendition(variant)  # raises for one the job does not have
-        if self.preview is not None and not self.finished:
+        if self.preview is not None and not self.record.is_final:
             self.runner.cancel_variant(self, variant, DecodeCancelled(reason))
 
     def on_end(self, callback: Callable[[], None]) -> None:
@@ -398,7 +343,7 @@ class Job:
     def _after_task(self, task: asyncio.Task[None]) -> None:
         # A task cancelled before its first step never enters `run`, so nothing
         # there closed the logs: do it here, or readers would wait forever.
-        if not self.finished:
+        if not self.record.is_final:
             self.runner.interrupted(self)
         self.close_out()
 
@@ -408,8 +353,8 @@ class Job:
             return
         self.finished_at = time.perf_counter()
         self.events.finish()
-        self.metrics.jobs_finished.labels(self.status.value).inc()
-        log.info("job %s", self.record.summary())
+        self.metrics.jobs_finished.labels(self.record.status.value).inc()
+        log.info("job %s", summary_line(self.record))
 
 
 class _RenditionSink:

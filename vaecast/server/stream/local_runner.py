@@ -165,7 +165,7 @@ class LocalRunner:
                     await state_duration(job.final)
                     job.apply(Completed())
                     job.log.finish()
-            if not job.finished:  # a job with a preview ends as its final did
+            if not job.record.is_final:  # a job with a preview ends as its final did
                 final = job.record.final_ended
                 if final is not None and final.error is not None:
                     job.end(final.status, final.error)
@@ -319,7 +319,7 @@ class LocalRunner:
         metrics = job.metrics
         metrics.chunk_encode_seconds.observe(done.encode_s)
         now = time.perf_counter()
-        if job.chunks_done == 0:
+        if job.record.chunks_done == 0:
             assert job.record.created is not None
             metrics.time_to_first_fragment.observe(now - job.record.created)
             if job.preview is not None:

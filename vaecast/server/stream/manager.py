@@ -327,7 +327,7 @@ class JobManager:
         (`JobRunners.catch_up`)."""
         job = self.jobs.get(job_id)
         if job is not None:
-            if reading and not job.finished:
+            if reading and not job.record.is_final:
                 await self.runners.catch_up(job)
             return
         if self.retention.gone(job_id) is not None or self.draining:
@@ -372,7 +372,7 @@ class JobManager:
         recent = [
             seconds
             for job in list(self.jobs.values())[-20:]
-            if (seconds := job.run_seconds) is not None
+            if (seconds := job.record.run_seconds) is not None
         ]
         per_job_s = sum(recent) / len(recent) if recent else DEFAULT_RETRY_AFTER_S
         return max(1, math.ceil(per_job_s / self.config.decode_slots))
@@ -393,8 +393,8 @@ class JobManager:
 
         Viewers still reading it are cut, as a deleted file's readers would be.
         """
-        if not job.finished:
-            raise JobStateError(f"video {job.id} is {job.status.value}: cancel it first")
+        if not job.record.is_final:
+            raise JobStateError(f"video {job.id} is {job.record.status.value}: cancel it first")
         await self.runners.delete(job)
         await self.retention.evict(job, EvictionReason.DELETED)
 
@@ -433,7 +433,7 @@ class JobManager:
     def _state_for_metrics(self) -> ServerState:
         jobs = list(self.jobs.values())
         return ServerState(
-            statuses=[j.status.value for j in jobs],
+            statuses=[j.record.status.value for j in jobs],
             queue_depth=len(self._waiting),
             readers=sum(j.viewers for j in jobs),
             places={kind.value: count for kind, count in self.places.counts().items()},

@@ -114,7 +114,7 @@ class Retention:
 
     def evict_over_budget(self) -> None:
         budget = self._config.retention_memory_bytes
-        held = sum(j.memory_bytes for j in self._jobs.values() if j.finished)
+        held = sum(j.memory_bytes for j in self._jobs.values() if j.record.is_final)
         for job in self._evictable():
             if held <= budget:
                 break

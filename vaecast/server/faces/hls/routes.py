@@ -225,7 +225,7 @@ def _plays(job: Job, rendition: Rendition) -> bool:
 
 def _ended(job: Job, rendition: Rendition) -> bool:
     """The rendition will have no more parts (the job may go on: its other one)."""
-    return job.status_of(rendition) in FINAL_STATUSES or job.finished
+    return job.status_of(rendition) in FINAL_STATUSES or job.record.is_final
 
 
 def _variant(job: Job, rendition: Rendition) -> Variant:
@@ -238,10 +238,10 @@ def _variant(job: Job, rendition: Rendition) -> Variant:
     return Variant(
         uri=uri,
         name=rendition.variant,
-        codecs=_codecs(job.content_type),
+        codecs=_codecs(job.record.content_type),
         width=None if size is None else size.width,
         height=None if size is None else size.height,
-        fps=float(job.fps),
+        fps=float(job.record.fps),
         bits_per_second=measured,
         score=2.0 if rendition.variant == FINAL else 1.0,
     )
@@ -260,9 +260,9 @@ def _part_target_s(job: Job, rendition: Rendition) -> float:
         longest_chunk = max(job.plan.chunk_frames)
     elif job.stream_plan is not None:  # a push session: its length is not known yet
         longest_chunk = max(job.stream_plan.first_chunk_frames, job.stream_plan.chunk_frames)
-    part_target_s = float(longest_chunk / job.fps)
+    part_target_s = float(longest_chunk / job.record.fps)
     if rendition.variant == PREVIEW or (
-        job.plan is None and job.stream_plan is None and job.finished
+        job.plan is None and job.stream_plan is None and job.record.is_final
     ):
         # A preview's chunks are its own decoder's; a job restored from the store
         # knows its chunks only by its parts. The longest so far bounds them.

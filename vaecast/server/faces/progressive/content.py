@@ -96,7 +96,7 @@ async def _send_committed(
     response = web.StreamResponse(
         status=206,
         headers={
-            "Content-Type": job.content_type,
+            "Content-Type": job.record.content_type,
             "Accept-Ranges": "bytes",
             "Cache-Control": "no-store",  # the representation is still growing
             "Content-Range": byte_range.content_range(None),
@@ -117,7 +117,7 @@ async def _send_file(request: web.Request, job: Job, rendition: Rendition) -> we
     variant = "" if rendition.variant == FINAL else f"-{rendition.variant}"
     etag = f'"{job.id}{variant}-{size}"'
     headers = {
-        "Content-Type": job.content_type,
+        "Content-Type": job.record.content_type,
         "Accept-Ranges": "bytes",
         "ETag": etag,
         "Cache-Control": "private, max-age=3600",
@@ -162,7 +162,7 @@ async def send_stream(
     await wait_for_init(job, rendition)  # the Content-Type names the codec: known from then on
     response = web.StreamResponse(
         headers={
-            "Content-Type": job.content_type,
+            "Content-Type": job.record.content_type,
             "Cache-Control": "no-store",
             **(extra_headers or {}),
         }

@@ -119,7 +119,7 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
         return await send_stream(request, job, extra_headers={"X-Video-Id": job.id})
     finally:
         # This job has no other audience: if its one client left, stop decoding.
-        if not job.finished:
+        if not job.record.is_final:
             job.cancel("the client disconnected")
 
 
