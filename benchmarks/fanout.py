@@ -47,7 +47,7 @@ from benchmarks.client import (
     receive,
 )
 from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
-from vaecast.server.faces.progressive.fanout_sender import THREAD_NAME as FANOUT_THREAD
+from vaecast.embed import FANOUT_THREAD_NAME as FANOUT_THREAD
 
 # The job's status is asked for at this pace only while no viewer stream says when it
 # ends: every request is loop work, and this measures the loop.

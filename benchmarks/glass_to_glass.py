@@ -69,9 +69,8 @@ from tests.helpers import smooth_latents
 from tests.helpers.cdp import Browser, Page, launch_chromium
 from tests.helpers.hls_players import HLS_JS, HLS_JS_PAGE, add_player_pages
 from tests.helpers.server import serve_on_loopback
+from vaecast.embed import ServerConfig, create_app, runner_settings
 from vaecast.models.linear import LinearDecoder
-from vaecast.server.app import create_app, runner_settings
-from vaecast.server.config import ServerConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 PATHS = ("whep", "mse", "hls")

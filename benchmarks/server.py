@@ -39,13 +39,19 @@ from aiohttp import web
 from benchmarks import pipelines
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.codecs.stream import VideoStreamEncoder
+from vaecast.embed import (
+    MIB,
+    Limits,
+    ServerConfig,
+    Stages,
+    create_app,
+    runner_settings,
+    serve_until_signalled,
+)
 from vaecast.latent_files import load_latents
 from vaecast.models.base import ChunkCallback, ChunkedDecoder, DecodedChunk, DecodePlan, StreamPlan
 from vaecast.models.registry import get_decoder
 from vaecast.params import parse_fps
-from vaecast.pipeline.run import Stages
-from vaecast.server.app import create_app, runner_settings, serve_until_signalled
-from vaecast.server.config import MIB, Limits, ServerConfig
 
 TRACE = pipelines.Trace()
 VAECAST_ARM = "vaecast"

@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 import torch
 
-from benchmarks.reliability.process import REPO
+from chaos.process import REPO
 from tests.helpers import safetensors_bytes, smooth_latents
 from tests.helpers.serve_process import vaecast_serve
 from tests.helpers.whep import WhepViewer

@@ -84,6 +84,14 @@ def test_a_face_is_one_folder_that_imports_no_other_face() -> None:
     assert not offenders
 
 
+def test_benchmarks_and_the_chaos_suite_use_the_public_surface() -> None:
+    """They run vaecast as users do (the CLI, HTTP, `vaecast.client`, `vaecast.embed`),
+    so a change inside `vaecast.server` cannot break them."""
+    offenders = _offenders(ROOT / "benchmarks", ("vaecast.server",))
+    offenders |= _offenders(ROOT / "chaos", ("vaecast.server",))
+    assert not offenders
+
+
 def test_no_import_cycle_in_the_package() -> None:
     """Modules as units, imports inside functions and under TYPE_CHECKING included:
     the graph is acyclic, so its layers are well defined and every import runs down

@@ -1,6 +1,6 @@
 """The reliability suite at CI scale: the server survives hostile and unlucky input.
 
-One run of `python -m benchmarks.reliability --scale ci` (a real server subprocess:
+One run of `python -m chaos --scale ci` (a real server subprocess:
 generated malformed requests, generated valid files, abrupt disconnects, injected
 faults; then `vaecast serve` SIGKILLed and restarted on a store, started on a
 damaged store, and held by slow clients), then one test per pass criterion, so a
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.reliability import blocks, lockout, report, restarts, suite
-from benchmarks.reliability.results import Category
+from chaos import blocks, lockout, report, restarts, suite
+from chaos.results import Category
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

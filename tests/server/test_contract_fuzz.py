@@ -1,7 +1,7 @@
 """Schemathesis against a real `vaecast serve`, from its own /openapi.json, at CI scale:
 every operation, a fixed seed and a bounded number of examples; no server error, no
 answer whose status the document does not declare or whose body its schema refuses,
-none slower than the bound (benchmarks.reliability.schema_fuzz has the run)."""
+none slower than the bound (chaos.schema_fuzz has the run)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.reliability import schema_fuzz
+from chaos import schema_fuzz
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

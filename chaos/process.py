@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from benchmarks.reliability.server import ANNOUNCE
+from chaos.server import ANNOUNCE
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 
@@ -119,7 +119,7 @@ def _status_kib(proc: Path, key: str) -> int:
 
 @contextlib.contextmanager
 def running_server(work_dir: Path, retention_s: float) -> Iterator[ServerUnderTest]:
-    """Start `python -m benchmarks.reliability.server`; SIGTERM it at the end and record
+    """Start `python -m chaos.server`; SIGTERM it at the end and record
     how it exited (`server.exit`)."""
     spill_dir = work_dir / "spill"
     spill_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +132,7 @@ def running_server(work_dir: Path, retention_s: float) -> Iterator[ServerUnderTe
     command = [
         sys.executable,
         "-m",
-        "benchmarks.reliability.server",
+        "chaos.server",
         "--spill-dir",
         str(spill_dir),
         "--retention-s",

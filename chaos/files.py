@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.reliability import faults
+from chaos import faults
 
 LATENT_CHANNELS = 16
 TEMPORAL_SCALE = 4

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.reliability.files import small_latents
-from benchmarks.reliability.process import REPO
-from benchmarks.reliability.vaecast_serve import HOST, final_job, session, vaecast_serve
+from chaos.files import small_latents
+from chaos.process import REPO
+from chaos.vaecast_serve import HOST, final_job, session, vaecast_serve
 
 CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance")
 DELETE_JOB = "delete_delete_video"  # its operationId
-HOOKS = "benchmarks.reliability.schema_fuzz_hooks"
+HOOKS = "chaos.schema_fuzz_hooks"
 # Small limits: a generated request that is accepted decodes in well under a second.
 SERVE_OPTIONS = (
     "--model", "linear", "--model", "tiny",
@@ -319,8 +319,8 @@ def _schemathesis(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m benchmarks.reliability.schema_fuzz [--scale full|ci] [--seed N] [--json PATH]`"""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability.schema_fuzz")
+    """`python -m chaos.schema_fuzz [--scale full|ci] [--seed N] [--json PATH]`"""
+    parser = argparse.ArgumentParser(prog="python -m chaos.schema_fuzz")
     parser.add_argument("--scale", choices=sorted(SCALES), default="full")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from benchmarks.reliability import faults, files, wire
-from benchmarks.reliability.client import Client
-from benchmarks.reliability.results import Category, Finding
+from chaos import faults, files, wire
+from chaos.client import Client
+from chaos.results import Category, Finding
 
 JOB_TIMEOUT_S = 30.0
 

@@ -2,7 +2,7 @@
 need the real command line: kill and restart on a durable store, a damaged store at
 startup, and slow clients against fair admission (`restarts`, `lockout`).
 
-The main run's server (`benchmarks.reliability.server`) is an in-process app with
+The main run's server (`chaos.server`) is an in-process app with
 test decoders; these categories judge what `vaecast serve` itself promises across
 process deaths and under its own flags, so they start the command a user runs. It
 always gets `--store` (a folder under the suite's work dir) and a private
@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.reliability.process import REPO
+from chaos.process import REPO
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import hypothesis
 from hypothesis import strategies as st
 
-from benchmarks.reliability import files
-from benchmarks.reliability.blocks import (
+from chaos import files
+from chaos.blocks import (
     BAD_HEADS,
     BAD_NUMBER_TEXTS,
     HEADER_UNSAFE,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.reliability import lockout, restarts
-from benchmarks.reliability.results import Category
-from benchmarks.reliability.suite import Report
+from chaos import lockout, restarts
+from chaos.results import Category
+from chaos.suite import Report
 
 FOUND_IN_TABLE = 4
 

@@ -6,11 +6,11 @@ import asyncio
 import time
 from collections import Counter
 
-from benchmarks.reliability import files, wire
-from benchmarks.reliability.blocks import Case, Targets
-from benchmarks.reliability.client import Client, Health
-from benchmarks.reliability.faults import SLOW_MODEL
-from benchmarks.reliability.results import Category, Finding
+from chaos import files, wire
+from chaos.blocks import Case, Targets
+from chaos.client import Client, Health
+from chaos.faults import SLOW_MODEL
+from chaos.results import Category, Finding
 
 # A hostile request must be answered within this; the slowest legitimate one here
 # (a Range on a running job waits for the job) takes about a second.

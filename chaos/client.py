@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.reliability.process import ServerUnderTest
+from chaos.process import ServerUnderTest
 
 HEALTH_TIMEOUT_S = 5.0
 FINAL = frozenset({"completed", "failed", "cancelled"})

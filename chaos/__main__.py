@@ -1,4 +1,4 @@
-"""`python -m benchmarks.reliability [--scale full|ci] [--json PATH] [--seed N]`
+"""`python -m chaos [--scale full|ci] [--json PATH] [--seed N]`
 
 Runs the reliability suite against fresh server subprocesses, prints the Markdown
 table (category | tried | passed | found), every finding and the figures of the
@@ -14,13 +14,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.reliability import report, suite
+from chaos import report, suite
 
-DEFAULT_JSON = Path(__file__).resolve().parents[1] / "results" / "reliability.json"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "reliability.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability")
+    parser = argparse.ArgumentParser(prog="python -m chaos")
     parser.add_argument("--scale", choices=sorted(suite.SCALES), default="full")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     parser.add_argument("--seed", type=int, default=suite.DEFAULT_SEED)

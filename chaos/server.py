@@ -1,7 +1,7 @@
 """The server under test: vaecast's app with the test decoders, small limits, a tiny
 spill threshold, and files capped in size so that a spill can fail like a full disk.
 
-    python -m benchmarks.reliability.server --spill-dir DIR [--port 0] [--retention-s 5]
+    python -m chaos.server --spill-dir DIR [--port 0] [--retention-s 5]
 
 Prints `reliability server on http://HOST:PORT encoder_faults=MODE` once it listens
 (MODE: how the faulty encoder went in, `stages` or `factory`, or `absent`: no
@@ -40,10 +40,9 @@ import numpy as np
 import torch
 from aiohttp import web
 
-import vaecast.server.app as vaecast_app
-from benchmarks.reliability import faults
-from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.face import MANAGER
+import vaecast.embed as vaecast_app
+from chaos import faults
+from vaecast.embed import MIB, Limits, ServerConfig
 
 ANNOUNCE = "reliability server on "
 HOST = "127.0.0.1"
@@ -238,10 +237,10 @@ async def serve(args: argparse.Namespace) -> None:
     def announce(host: str, port: int) -> None:
         print(f"{ANNOUNCE}http://{host}:{port} encoder_faults={mode}", flush=True)
 
-    async def drain() -> None:
-        await app[MANAGER].drain(config.shutdown_grace_s)
+    async def on_signal() -> None:
+        await vaecast_app.drain(app, config.shutdown_grace_s)
 
-    await vaecast_app.serve_until_signalled(app, HOST, args.port, announce, drain, **options)
+    await vaecast_app.serve_until_signalled(app, HOST, args.port, announce, on_signal, **options)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,8 +14,8 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from benchmarks.reliability import files
-from benchmarks.reliability.wire import request_head
+from chaos import files
+from chaos.wire import request_head
 
 MAX_PARTS = 20_000
 

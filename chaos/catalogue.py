@@ -14,7 +14,7 @@ import struct
 import zlib
 from collections.abc import Callable
 
-from benchmarks.reliability.blocks import (
+from chaos.blocks import (
     BAD_HEADS,
     BAD_NUMBER_TEXTS,
     DEMO_FIELDS,

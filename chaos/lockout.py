@@ -31,9 +31,9 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks.reliability import files
-from benchmarks.reliability.results import Category, Finding
-from benchmarks.reliability.vaecast_serve import (
+from chaos import files
+from chaos.results import Category, Finding
+from chaos.vaecast_serve import (
     DidNotStart,
     Serve,
     figures_of,

@@ -11,10 +11,10 @@ from collections import Counter
 import aiohttp
 import av
 
-from benchmarks.reliability import files
-from benchmarks.reliability.client import Client
-from benchmarks.reliability.files import LatentFile
-from benchmarks.reliability.results import Category, Finding
+from chaos import files
+from chaos.client import Client
+from chaos.files import LatentFile
+from chaos.results import Category, Finding
 
 ROUTES = ("stream, raw body", "create, raw body", "create, multipart")
 BUSY_RETRIES = 100

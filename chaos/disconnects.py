@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from benchmarks.reliability import files, wire
-from benchmarks.reliability.client import FINAL, Client
-from benchmarks.reliability.faults import SLOW_MODEL
-from benchmarks.reliability.results import Category, Finding
+from chaos import files, wire
+from chaos.client import FINAL, Client
+from chaos.faults import SLOW_MODEL
+from chaos.results import Category, Finding
 
 READ_TIMEOUT_S = 10.0
 VIEWER_TIMEOUT_S = 20.0

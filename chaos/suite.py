@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.reliability import (
+from chaos import (
     catalogue,
     disconnects,
     files,
@@ -27,10 +27,10 @@ from benchmarks.reliability import (
     restarts,
     valid,
 )
-from benchmarks.reliability.blocks import Case
-from benchmarks.reliability.client import Client, client_session
-from benchmarks.reliability.process import ProcessStats, ServerUnderTest, running_server
-from benchmarks.reliability.results import Category, Finding
+from chaos.blocks import Case
+from chaos.client import Client, client_session
+from chaos.process import ProcessStats, ServerUnderTest, running_server
+from chaos.results import Category, Finding
 
 DEFAULT_SEED = 20261201
 LAG_BOUND_S = 0.1
