@@ -1,12 +1,15 @@
 """Latent blocks that arrive over time: pushed on the event loop, pulled by the decoder.
 
 A push session's blocks come in over HTTP while a generator produces them. The
-event loop `put`s each block into a *bounded* queue (the put waits while it is full:
-that is the backpressure a producer wants), and the decode thread iterates over the
-blocks, blocking until the next one exists, inside `decoder.decode_stream`. So the
-pipeline runs unchanged: this is just a latent source that blocks.
+event loop `put`s each block into a thread-safe queue that the feed keeps *bounded*
+(the put waits while it is full: that is the backpressure a producer wants), and the
+decode thread takes them straight from it, blocking until the next one exists,
+inside `decoder.decode_stream`: no hop through the loop per block, so a busy loop
+does not delay a block that is already there. Each take is told to the loop after
+the fact (it frees room for a held-back put). So the pipeline runs unchanged: this
+is just a latent source that blocks.
 
-The thread side never hangs: while it waits it looks at the cancel flag and at the
+The thread side never hangs: while it waits it looks at the cancel flags and at the
 loop every `GET_POLL_S`, as the bridge does for its puts.
 
 A block's audio (`TimedAudio`, from the block's first video frame on) is handed to
@@ -37,8 +40,8 @@ cancelling or failing the feed stops every reader.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -91,9 +94,11 @@ class LatentFeed:
         self._taken = asyncio.Event()  # pulsed each time a decoder takes a block
         self._cancelled = threading.Event()
         self._error: VaecastError | None = None
+        # What every reader of this feed is told and looks at (`FeedLink`).
+        self._link = FeedLink(loop, self._cancelled, self._stop_error, self._block_taken)
         self._first: asyncio.Future[tuple[int, ...]] = loop.create_future()
         self._ended = False
-        self._main: _Reader | None = _Reader(self)  # the decoder's, unless split
+        self._main: _Reader | None = _Reader(self._link)  # the decoder's, unless split
         self._taps: list[FeedTap] = []
         self.latent_frames = 0
         self._puts_held = 0  # puts waiting for room in the queue
@@ -186,7 +191,10 @@ class LatentFeed:
         if self.latent_frames:
             raise RuntimeError("a feed is split before its first block")
         self._main = None
-        self._taps = [FeedTap(self) for _ in range(count)]
+        self._taps = [
+            FeedTap(self._link, self._reader_gone, self.feed_state, self.feed_changed)
+            for _ in range(count)
+        ]
         if lagging is not None:
             self._taps[lagging].reader.holds_back = False
         return list(self._taps)
@@ -200,7 +208,7 @@ class LatentFeed:
             return
         self._ended = True
         for reader in self._readers():
-            reader.queue.put_nowait(_End())  # a mark, not a block: the bound is for blocks
+            reader.end()
         self._changed_now()
         if not self._first.done():
             self._set_first_error(DecodeCancelled("the session ended before any block"))
@@ -242,9 +250,19 @@ class LatentFeed:
 
     def _reader_gone(self) -> None:
         """On the loop: a tap stopped. A put held back for room in its queue may go."""
+        self._block_taken()
+        self._changed_now()
+
+    def _block_taken(self) -> None:
+        """On the loop: a reader took a block; the held-back puts check the room again."""
         self._taken.set()
         self._taken.clear()
-        self._changed_now()
+
+    def _stop_error(self) -> VaecastError:
+        """What a reader raises when the feed stops it: the failure, or a cancel."""
+        if self._error is not None:
+            return self._error.detached()
+        return DecodeCancelled("decode cancelled")
 
     def _changed_now(self) -> None:
         """On the loop: a new `feed_state`; wake whoever waits for one."""
@@ -293,14 +311,40 @@ class LatentFeed:
             self._first.exception()  # nobody may be waiting: do not warn that none looked
 
 
-class FeedTap:
-    """Another decoder's reader of a feed's blocks (`LatentFeed.tap`): a latent source
-    whose cancel stops only this reader. Its `waiting` hook, if set, is told on the
-    decode thread when the reader starts (True) and stops (False) waiting for a block."""
+@dataclass(frozen=True, slots=True)
+class FeedLink:
+    """What a feed's readers share with it: its loop (where each take is told, and
+    whose stop stops them), its cancel flag, the error it stops them with, and what a
+    take is told to (on the loop)."""
 
-    def __init__(self, feed: LatentFeed) -> None:
-        self._feed = feed
-        self.reader = _Reader(feed)
+    loop: asyncio.AbstractEventLoop
+    cancelled: threading.Event
+    stop_error: Callable[[], VaecastError]
+    block_taken: Callable[[], None]
+
+    def tell(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the loop, from any thread; nothing if the loop closed."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(callback)
+
+
+class FeedTap:
+    """Another decoder's reader of a feed's blocks (`LatentFeed.split`): a latent
+    source whose cancel stops only this reader. Its `waiting` hook, if set, is told on
+    the decode thread when the reader starts (True) and stops (False) waiting for a
+    block."""
+
+    def __init__(
+        self,
+        link: FeedLink,
+        reader_gone: Callable[[], None],
+        feed_state: Callable[[], FeedState],
+        feed_changed: Callable[[int], Awaitable[None]],
+    ) -> None:
+        """`reader_gone`, `feed_state` and `feed_changed`: the feed's, for this tap."""
+        self._link, self._reader_gone = link, reader_gone
+        self._feed_state, self._feed_changed = feed_state, feed_changed
+        self.reader = _Reader(link)
         self.waiting: Callable[[bool], None] | None = None
 
     def decode(self, decoder: ChunkedDecoder, on_chunk: ChunkCallback) -> None:
@@ -310,32 +354,32 @@ class FeedTap:
     def cancel(self) -> None:
         """Callable from any thread: this reader stops; the feed and its decoder go on."""
         self.reader.stop()
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            self._feed._loop.call_soon_threadsafe(self._feed._reader_gone)
+        self._link.tell(self._reader_gone)
 
     def take_audio(self) -> list[TimedAudio]:
         return self.reader.take_audio()
 
     def feed_state(self) -> FeedState:
-        state = self._feed.feed_state()
+        state = self._feed_state()
         return replace(state, stopped=state.stopped or self.reader.stopped)
 
     async def feed_changed(self, version: int) -> None:
-        await self._feed.feed_changed(version)
+        await self._feed_changed(version)
 
 
 class _Reader:
-    """One decoder's side of a feed: its queue of the blocks, the audio not yet handed
-    to its encoder, and where its chunks' latency starts. Its thread never hangs:
-    while it waits it looks at the cancel flags (its own and the feed's) and at the
-    loop every `GET_POLL_S`."""
+    """One decoder's side of a feed: its queue of the blocks (thread-safe: the loop
+    puts, the decode thread takes), the audio not yet handed to its encoder, and where
+    its chunks' latency starts. Its thread never hangs: while it waits it looks at the
+    cancel flags (its own and the feed's) and at the loop every `GET_POLL_S`."""
 
-    def __init__(self, feed: LatentFeed) -> None:
-        self._feed = feed
+    def __init__(self, link: FeedLink) -> None:
+        self._link = link
         self.holds_back = True  # a put waits for room in its queue (`LatentFeed.split`)
         # Unbounded as a queue; the feed's `put` keeps it at `max_blocks` unless told not to.
-        self.queue: asyncio.Queue[_Block | _End] = asyncio.Queue()
-        self.held_bytes = 0  # of the blocks queued and not yet taken
+        self.queue: queue.SimpleQueue[_Block | _End] = queue.SimpleQueue()
+        self._held_bytes = 0  # of the blocks queued and not yet taken
+        self._bytes_lock = threading.Lock()
         self.audio: list[TimedAudio] = []  # arrived, not yet handed to the encoder
         self._stopped = threading.Event()
         self._taken_arrival: float | None = None
@@ -346,13 +390,22 @@ class _Reader:
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
     def stop(self) -> None:
         self._stopped.set()
 
     def offer(self, block: _Block) -> None:
         """On the loop: the next block, for this reader."""
-        self.queue.put_nowait(block)
-        self.held_bytes += _nbytes(block.latents)
+        with self._bytes_lock:
+            self._held_bytes += _nbytes(block.latents)
+        self.queue.put(block)
+
+    def end(self) -> None:
+        """On the loop: no block after those offered (a mark: the bound is for blocks)."""
+        self.queue.put(_End())
 
     def take_audio(self) -> list[TimedAudio]:
         audio, self.audio = self.audio, []
@@ -374,32 +427,27 @@ class _Reader:
             self._taken_arrival = item.arrived
             yield item.latents
 
-    async def _next(self) -> _Block | _End:
-        """On the loop: the next block, making room for a held-back put."""
-        item = await self.queue.get()
-        if isinstance(item, _Block):
-            self.held_bytes -= _nbytes(item.latents)
-        self._feed._taken.set()  # wakes the held-back puts; each checks the room again
-        self._feed._taken.clear()
-        return item
-
     def _get(self) -> _Block | _End:
-        feed = self._feed
+        """On the decode thread: the next block, or the end; raises if the feed or
+        this reader was stopped, or the loop is gone."""
+        link = self._link
         if self.waiting is not None:
             self.waiting(True)
-        future = asyncio.run_coroutine_threadsafe(self._next(), feed._loop)
         try:
             while True:
+                if link.cancelled.is_set() or self.stopped:
+                    raise link.stop_error()
+                if not link.loop.is_running():
+                    raise DecodeCancelled("event loop stopped")
                 try:
-                    return future.result(timeout=GET_POLL_S)
-                except concurrent.futures.TimeoutError:
-                    if feed._cancelled.is_set() or self.stopped or not feed._loop.is_running():
-                        future.cancel()
-                        if feed._error is not None:
-                            raise feed._error.detached() from None
-                        raise DecodeCancelled("decode cancelled") from None
-                except concurrent.futures.CancelledError:
-                    raise DecodeCancelled("event loop stopped") from None
+                    item = self.queue.get(timeout=GET_POLL_S)
+                except queue.Empty:
+                    continue
+                if isinstance(item, _Block):
+                    with self._bytes_lock:
+                        self._held_bytes -= _nbytes(item.latents)
+                link.tell(link.block_taken)  # room for a held-back put
+                return item
         finally:
             if self.waiting is not None:
                 self.waiting(False)
