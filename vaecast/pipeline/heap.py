@@ -4,9 +4,8 @@ A chunked decode allocates and frees the same few hundred MB of tensors every ch
 With glibc's defaults, a decode thread's arena gives that memory back to the kernel
 when a chunk's tensors are freed (a heap of the arena is unmapped, or an allocation
 past the mmap threshold was its own mapping), so the next chunk takes a page fault,
-and the kernel zeroes a page, for every 4 KiB it touches again (measured with
-`strace -f`: 460 `munmap`s per 81-frame decode with the defaults, 17 with the
-settings below).
+and the kernel zeroes a page, for every 4 KiB it touches again (how often, with and
+without the settings below: benchmarks/results/design_notes.md, "The decode heap").
 
 - `M_MMAP_THRESHOLD` 32 MiB, the largest glibc accepts: tensors up to that size come
   from the arenas, whose memory is reused, not mapped and unmapped each time.
@@ -18,8 +17,8 @@ settings below).
   several threads (`tiny` on a CPU: the decode thread and two pool threads, plus the
   encoder's), and with an arena each, each kept the peak of its own share mapped;
   with the threads sharing two, what one thread frees another's next allocation
-  reuses (measured: 1281-frame peak RSS ~840 -> ~735 MB, speed unchanged; the
-  current peaks are in benchmarks/results/benchmarks.md, "Server memory").
+  reuses (a lower peak at the same speed; the current peaks are in
+  benchmarks/results/benchmarks.md, "Server memory").
 
 Setting either threshold turns off glibc's own adaptive thresholds, which is why both
 are set. The cost: a process keeps the peak of its decode working set mapped. That is

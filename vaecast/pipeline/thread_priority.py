@@ -16,15 +16,11 @@ waits goes to a normal-priority thread (`vaecast.pipeline.run.run_pipeline`).
 Why not Linux's idle class (`SCHED_IDLE`, which this module used first): an idle
 thread gets next to nothing (a weight of 3) whenever other processes keep the cores
 busy, and every chunk handed to it while the encoder had caught up then waited
-seconds for it. Measured with two busy loops beside the test suite's catch-up tests
-(both with the rule above): 86 s at `SCHED_IDLE`, 6.5 s at nice 10. On an idle
-machine the two are alike: 24 alternating requests to two bench servers (81 frames
-at 832x480, `tiny`, 2 cores), nice 10 against `SCHED_IDLE`: last byte 1.007x (IQR
-0.985-1.045), nice 19 1.011x. Against a normal-priority encoder (30 alternating
-runs, `SCHED_IDLE` then): 0.955x (IQR 0.89-1.00); with every chunk lowered the first
-fragment came 1.11x later (its encode waited for a gap in the second chunk's
-decode), so the first chunk is encoded at normal priority
-(`vaecast.pipeline.run.Workers.encode`).
+seconds for it; on an idle machine the two are alike. With every chunk lowered, the
+first fragment's encode waits for a gap in the second chunk's decode, so the first
+chunk is encoded at normal priority (`vaecast.pipeline.run.Workers.encode`). The
+measurements are in benchmarks/results/design_notes.md ("The encoder's thread
+priority").
 
 Linux only: nice is per thread there. Where it is refused (a seccomp filter, say)
 the thread keeps its priority. Elsewhere nothing is changed: `setpriority` would

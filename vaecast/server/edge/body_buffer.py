@@ -4,8 +4,8 @@
 threshold (32 MiB with `vaecast.pipeline.heap`'s settings) the buffer lives in the malloc
 arena, where a growth that cannot extend in place copies the body and leaves its
 old block behind as a hole; and since the server keeps freed memory mapped for the
-next decode (`vaecast/pipeline/heap.py`), the holes stay in its RSS (measured: a 128 MB
-upload peaked ~46 MB above the body with `+=`).
+next decode (`vaecast/pipeline/heap.py`), the holes stay in its RSS
+(benchmarks/results/design_notes.md, "Request bodies", has what it cost).
 
 So a body that passes `SMALL_BODY_BYTES` moves once into a buffer whose room is
 above that threshold: it is then its own mapping, its untouched pages cost no
@@ -20,9 +20,8 @@ through ctypes. Bytes past the body are never read and are cut off by `take`.
 
 The room is advised for transparent huge pages (`madvise(MADV_HUGEPAGE)`, where the
 kernel offers them only on request, as on Debian's default): the body's first write to
-each page of a fresh mapping is a page fault, ~2,100 of them for an 8 MiB upload, all
-on the event loop before the decode can start; with 2 MiB pages there are a handful
-(measured: the loop's time to take in an 8.4 MB body ~4 -> ~1 ms). The advice costs at
+each page of a fresh mapping is a page fault, on the event loop before the decode can
+start, and with 2 MiB pages there are 512 times fewer. The advice costs at
 most one huge page beyond the body; where the kernel has no huge pages it changes
 nothing. (A kernel that defragments for advised regions, `defrag` = `madvise`, the
 default, may compact memory at such a fault when free memory is fragmented: glibc's
