@@ -1,11 +1,12 @@
 """One stream encoder opened ahead of the job that will use it.
 
-Opening a stream encoder (x264 and the init segment) costs a few ms of CPU. The pipeline already opens it on the encode thread while the first chunk
-decodes, so it does not wait for it; but on a machine whose cores the decode fills,
-that CPU still comes out of the first chunk's decode. `SpareEncoders` is an
-`EncoderFactory` that keeps one encoder open for the stream it was last asked for and
-opens the next one between jobs (`replenish`, which the job manager runs on an encode
-thread after each job), so a job like the previous one starts with its encoder ready (what it saves:
+Opening a stream encoder (x264 and the init segment) costs a few ms of CPU. The pipeline
+already opens it on the encode thread while the first chunk decodes, so it does not wait
+for it; but on a machine whose cores the decode fills, that CPU still comes out of the
+first chunk's decode. `SpareEncoders` is an `EncoderFactory` that keeps one encoder open
+for the stream it was last asked for and opens the next one between jobs (`replenish`,
+which the job manager runs on an encode thread after each job), so a job like the
+previous one starts with its encoder ready (what it saves:
 benchmarks/results/design_notes.md, "Encoders opened ahead").
 
 A spare is only ever a fresh encoder, never a used one: an encoder cannot be reset
