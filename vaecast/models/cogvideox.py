@@ -55,7 +55,6 @@ is loaded, so `import vaecast` never needs it.
 from __future__ import annotations
 
 import contextvars
-import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +69,7 @@ from vaecast.models.base import (
     StreamPlan,
     check_latent_shape,
 )
+from vaecast.models.diffusers_family import DiffusersFamily
 from vaecast.models.frame_batches import (
     BatchStream,
     CachedBatches,
@@ -78,35 +78,39 @@ from vaecast.models.frame_batches import (
 )
 from vaecast.models.layouts import BTCHW, MAX_GEOMETRY_VALUE, BoundLayout, Params
 from vaecast.models.streaming import StreamingDecoder
-from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+from vaecast.models.weights_io import WeightsError
 from vaecast.params import parse_int
 
-# What we use of diffusers beyond its public API; checked at load so that an upgrade
-# that renames them fails loudly instead of decoding wrongly.
-REQUIRED_ATTRIBUTES = (
-    "decoder",
-    "post_quant_conv",
-    "num_latent_frames_batch_size",
-    "use_tiling",
-    "tile_latent_min_height",
-    "tile_latent_min_width",
-    "tile_sample_min_height",
-    "tile_sample_min_width",
-    "tile_overlap_factor_height",
-    "tile_overlap_factor_width",
-    "blend_v",
-    "blend_h",
+# What vaecast drives of the model beyond diffusers' public API, on the versions whose
+# `AutoencoderKLCogVideoX._decode` and `tiled_decode` loops and pipeline decode step
+# are the ones we drive (0.35.0 and 0.42.1 are identical there).
+FAMILY = DiffusersFamily(
+    "cogvideox",
+    "AutoencoderKLCogVideoX",
+    "diffusers>=0.35,<0.43",
+    attributes=(
+        "decoder",
+        "post_quant_conv",
+        "num_latent_frames_batch_size",
+        "use_tiling",
+        "tile_latent_min_height",
+        "tile_latent_min_width",
+        "tile_sample_min_height",
+        "tile_sample_min_width",
+        "tile_overlap_factor_height",
+        "tile_overlap_factor_width",
+        "blend_v",
+        "blend_h",
+    ),
+    config_keys=(
+        "latent_channels",
+        "block_out_channels",
+        "temporal_compression_ratio",
+        "scaling_factor",
+    ),
+    signatures={"decoder.forward": ("sample", "temb", "conv_cache")},
+    weights_of="a CogVideoX model",
 )
-DECODER_PARAMETERS = ("sample", "temb", "conv_cache")
-CONFIG_KEYS = (
-    "latent_channels",
-    "block_out_channels",
-    "temporal_compression_ratio",
-    "scaling_factor",
-)
-# Versions whose `AutoencoderKLCogVideoX._decode` and `tiled_decode` loops and pipeline
-# decode step are the ones we drive (0.35.0 and 0.42.1 are identical there).
-DIFFUSERS_REQUIREMENT = "diffusers>=0.35,<0.43"
 # The batch the VAE decodes at a time; its own comment warns that the model was
 # trained for no other, and the stream's rule (odd lengths) is this one's.
 BATCH_LATENT_FRAMES = 2
@@ -163,26 +167,9 @@ class _Unpadded:
 
 
 def check_internals(vae: Any) -> None:
-    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
-    if "decoder" not in absent:
-        decoder = vae.decoder
-        if _parameters(decoder) != list(DECODER_PARAMETERS):
-            absent.append(f"decoder.forward({', '.join(DECODER_PARAMETERS)})")
-        blocks = getattr(decoder, "up_blocks", None)
-        if blocks is None or not all(hasattr(block, "upsamplers") for block in blocks):
-            absent.append("decoder.up_blocks[i].upsamplers")
-        elif not all(hasattr(up, "compress_time") for up in _upsamplers(decoder)):
-            absent.append("decoder.up_blocks[i].upsamplers[j].compress_time")
-    absent += [f"config.{key}" for key in CONFIG_KEYS if key not in vae.config]
-    if absent:
-        import diffusers
-
-        raise WeightsError(
-            f"diffusers {diffusers.__version__}'s AutoencoderKLCogVideoX no longer has "
-            f"{', '.join(absent)}, which vaecast's cogvideox decoder relies on; "
-            f"install {DIFFUSERS_REQUIREMENT}"
-        )
+    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives,
+    or decodes in batches other than the one the stream's rule is made for."""
+    FAMILY.check(vae, _missing_upsamplers)
     if vae.num_latent_frames_batch_size != BATCH_LATENT_FRAMES:
         raise WeightsError(
             f"unsupported CogVideoX decode: num_latent_frames_batch_size "
@@ -190,27 +177,26 @@ def check_internals(vae: Any) -> None:
         )
 
 
-def _parameters(module: Any) -> list[str] | None:
-    forward = getattr(module, "forward", None)
-    return None if forward is None else list(inspect.signature(forward).parameters)
+def _missing_upsamplers(vae: Any) -> list[str]:
+    """The decoder's temporal upsamplers, whose `compress_time` the stream reads."""
+    decoder = getattr(vae, "decoder", None)
+    if decoder is None:
+        return []
+    blocks = getattr(decoder, "up_blocks", None)
+    if blocks is None or not all(hasattr(block, "upsamplers") for block in blocks):
+        return ["decoder.up_blocks[i].upsamplers"]
+    if not all(hasattr(up, "compress_time") for up in _upsamplers(decoder)):
+        return ["decoder.up_blocks[i].upsamplers[j].compress_time"]
+    return []
 
 
 def _upsamplers(decoder: Any) -> list[Any]:
     return [up for block in decoder.up_blocks for up in (block.upsamplers or ())]
 
 
-def load_vae(weights: str | Path) -> Any:
+def load_vae(weights: str | Path | None) -> Any:
     """`AutoencoderKLCogVideoX` from a local diffusers folder (the model's or its `vae/`)."""
-    autoencoder_class = diffusers_class(
-        "cogvideox", "AutoencoderKLCogVideoX", DIFFUSERS_REQUIREMENT
-    )
-    path = Path(weights)
-    if not path.is_dir():
-        raise WeightsError(
-            f"cogvideox weights must be a local diffusers folder (with config.json, or a vae/ "
-            f"subfolder holding one); {str(path)!r} is not a folder"
-        )
-    return load_diffusers_folder(autoencoder_class, path)
+    return FAMILY.load(weights)
 
 
 class CogVideoXDecoder(StreamingDecoder):
@@ -242,11 +228,6 @@ class CogVideoXDecoder(StreamingDecoder):
         cls, weights: str | Path | None, device: str | torch.device = "cpu"
     ) -> CogVideoXDecoder:
         """Load the VAE from a local diffusers folder with `load_vae`."""
-        if weights is None:
-            raise WeightsError(
-                "the cogvideox decoder needs --weights: a local diffusers folder of a CogVideoX "
-                "model (or its vae/ subfolder)"
-            )
         return cls(load_vae(weights), device)
 
     def batch_frames(self, latent_frames: int) -> int:

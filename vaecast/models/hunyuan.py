@@ -8,7 +8,7 @@ but keeps no cache between calls, and its `use_framewise_decoding` is on by defa
 so `vae.decode` of more than 4 latent frames is its `_temporal_tiled_decode`: tiles
 of 5 latents every 3, each decoded on its own (its first frame dropped after tile 0),
 blended over 4 frames with the tile before by `blend_t`, 12 frames kept per tile (13
-for the first). `TileStream` (`vaecast/models/temporal_tiles.py`) runs that scheme
+for the first). `CausalTileStream` (`vaecast/models/causal_tiles.py`) runs that scheme
 tile by tile and publishes each tile's frames as soon as it is decoded: latent
 T = 13 gives chunks of 13, 12, 12, 12 frames (49 in all), and a stream decodes tile
 i once latents up to 3i + 5 have arrived. Each tile goes through the VAE's own
@@ -38,34 +38,38 @@ from typing import Any
 
 import torch
 
-from vaecast.models.temporal_tiles import TemporalTileDecoder, TemporalTiles, missing_internals
-from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+from vaecast.models.causal_tiles import CausalTileDecoder, CausalTiles, missing_scheme_lines
+from vaecast.models.diffusers_family import DiffusersFamily
 
-# Versions whose `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1).
-DIFFUSERS_REQUIREMENT = "diffusers>=0.42,<0.43"
-# What we use of the model beyond its public API; checked at load so that a
-# diffusers upgrade that renames them fails loudly instead of decoding wrongly.
-REQUIRED_ATTRIBUTES = (
-    "_temporal_tiled_decode",
-    "tiled_decode",
-    "blend_t",
-    "post_quant_conv",
-    "decoder",
-    "use_tiling",
-    "use_framewise_decoding",
-    "tile_sample_min_height",
-    "tile_sample_min_width",
-    "tile_sample_min_num_frames",
-    "tile_sample_stride_num_frames",
-    "spatial_compression_ratio",
-    "temporal_compression_ratio",
+# What vaecast drives of the model beyond diffusers' public API, on the versions whose
+# `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1).
+FAMILY = DiffusersFamily(
+    "hunyuan-video",
+    "AutoencoderKLHunyuanVideo",
+    "diffusers>=0.42,<0.43",
+    attributes=(
+        "_temporal_tiled_decode",
+        "tiled_decode",
+        "blend_t",
+        "post_quant_conv",
+        "decoder",
+        "use_tiling",
+        "use_framewise_decoding",
+        "tile_sample_min_height",
+        "tile_sample_min_width",
+        "tile_sample_min_num_frames",
+        "tile_sample_stride_num_frames",
+        "spatial_compression_ratio",
+        "temporal_compression_ratio",
+    ),
+    config_keys=("latent_channels", "scaling_factor"),
+    signatures={
+        "tiled_decode": ("z", "return_dict"),
+        "blend_t": ("a", "b", "blend_extent"),
+        "decoder.forward": ("hidden_states",),
+    },
+    weights_of="HunyuanVideo",
 )
-CONFIG_KEYS = ("latent_channels", "scaling_factor")
-SIGNATURES = {
-    "tiled_decode": ("z", "return_dict"),
-    "blend_t": ("a", "b", "blend_extent"),
-    "decoder.forward": ("hidden_states",),
-}
 # The lines of `_temporal_tiled_decode` that fix the scheme: which frame a later tile
 # drops, and that it is blended with the previous tile as diffusers stores it.
 SCHEME_LINES = (
@@ -76,32 +80,15 @@ SCHEME_LINES = (
 
 def check_internals(vae: Any) -> None:
     """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    absent = missing_internals(vae, REQUIRED_ATTRIBUTES, CONFIG_KEYS, SIGNATURES, SCHEME_LINES)
-    if absent:
-        import diffusers
-
-        raise WeightsError(
-            f"diffusers {diffusers.__version__}'s AutoencoderKLHunyuanVideo no longer has "
-            f"{', '.join(absent)}, which vaecast's hunyuan-video decoder relies on; "
-            f"install {DIFFUSERS_REQUIREMENT}"
-        )
+    FAMILY.check(vae, lambda vae: missing_scheme_lines(vae, SCHEME_LINES))
 
 
-def load_vae(weights: str | Path) -> Any:
+def load_vae(weights: str | Path | None) -> Any:
     """`AutoencoderKLHunyuanVideo` from a local diffusers folder (the model's or its `vae/`)."""
-    autoencoder_class = diffusers_class(
-        "hunyuan-video", "AutoencoderKLHunyuanVideo", DIFFUSERS_REQUIREMENT
-    )
-    path = Path(weights)
-    if not path.is_dir():
-        raise WeightsError(
-            f"hunyuan-video weights must be a local diffusers folder (with config.json, or a "
-            f"vae/ subfolder holding one); {str(path)!r} is not a folder"
-        )
-    return load_diffusers_folder(autoencoder_class, path)
+    return FAMILY.load(weights)
 
 
-class HunyuanVideoDecoder(TemporalTileDecoder):
+class HunyuanVideoDecoder(CausalTileDecoder):
     """HunyuanVideo's VAE decoder under the chunk contract: a chunk per temporal tile."""
 
     name = "hunyuan-video"
@@ -112,7 +99,7 @@ class HunyuanVideoDecoder(TemporalTileDecoder):
         self.device = torch.device(device)
         self.vae = vae.to(self.device).eval().requires_grad_(False)
         vae.use_framewise_decoding = True
-        self.tiles = TemporalTiles.of(vae, drop="first", model=self.name)
+        self.tiles = CausalTiles.of(vae, drop="first", model=self.name)
         self.latent_channels = int(vae.config.latent_channels)
         self.spatial_scale = int(vae.spatial_compression_ratio)
         self._scaling_factor = vae.config.scaling_factor
@@ -122,11 +109,6 @@ class HunyuanVideoDecoder(TemporalTileDecoder):
         cls, weights: str | Path | None, device: str | torch.device = "cpu"
     ) -> HunyuanVideoDecoder:
         """Load the VAE from a local diffusers folder with `load_vae`."""
-        if weights is None:
-            raise WeightsError(
-                "the hunyuan-video decoder needs --weights: a local diffusers folder of "
-                "HunyuanVideo (or its vae/ subfolder)"
-            )
         return cls(load_vae(weights), device)
 
     def prepare(self, latents: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,6 @@ it.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -62,75 +61,48 @@ from typing import Any, TypeVar
 import torch
 
 from vaecast.models.base import DecodePlan, StreamPlan, causal_plan, causal_stream_plan
+from vaecast.models.diffusers_family import DiffusersFamily, vae_lock
 from vaecast.models.hunyuan15_stream import DecoderState, check_decoder, decode_step
 from vaecast.models.streaming import CausalStream, StreamingDecoder
-from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+from vaecast.models.weights_io import WeightsError
 
-# The class arrived in diffusers 0.36; the stream pass repeats its 0.42.1 forwards, and
-# `check_internals` checks the structure they rely on.
-DIFFUSERS_REQUIREMENT = "diffusers>=0.36,<0.43"
-# What we use of the model beyond its public API; checked at load so that a diffusers
-# upgrade that renames them fails loudly instead of decoding wrongly.
-REQUIRED_ATTRIBUTES = (
-    "decoder",
-    "use_tiling",
-    "tile_latent_min_height",
-    "tile_latent_min_width",
-    "tile_sample_min_height",
-    "tile_sample_min_width",
-    "tile_overlap_factor",
-    "blend_v",
-    "blend_h",
-    "tiled_decode",
-    "enable_tiling",
-    "spatial_compression_ratio",
-    "temporal_compression_ratio",
+# What vaecast drives of the model beyond diffusers' public API. The class arrived in
+# diffusers 0.36; the stream pass repeats its 0.42.1 forwards, and `check_internals`
+# checks the structure they rely on.
+FAMILY = DiffusersFamily(
+    "hunyuan-video-1.5",
+    "AutoencoderKLHunyuanVideo15",
+    "diffusers>=0.36,<0.43",
+    attributes=(
+        "decoder",
+        "use_tiling",
+        "tile_latent_min_height",
+        "tile_latent_min_width",
+        "tile_sample_min_height",
+        "tile_sample_min_width",
+        "tile_overlap_factor",
+        "blend_v",
+        "blend_h",
+        "tiled_decode",
+        "enable_tiling",
+        "spatial_compression_ratio",
+        "temporal_compression_ratio",
+    ),
+    config_keys=("latent_channels", "scaling_factor"),
+    weights_of="a HunyuanVideo 1.5 model",
 )
-CONFIG_KEYS = ("latent_channels", "scaling_factor")
 
 _Plan = TypeVar("_Plan", DecodePlan, StreamPlan)
-
-# One lock per VAE module, shared by every decoder wrapping it.
-_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-
-
-def _lock_for(vae: Any) -> threading.Lock:
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(vae)
-        if lock is None:
-            lock = _LOCKS[vae] = threading.Lock()
-        return lock
 
 
 def check_internals(vae: Any) -> None:
     """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
-    absent += [f"config.{key}" for key in CONFIG_KEYS if key not in vae.config]
-    if hasattr(vae, "decoder"):
-        absent += check_decoder(vae.decoder)
-    if absent:
-        import diffusers
-
-        raise WeightsError(
-            f"diffusers {diffusers.__version__}'s AutoencoderKLHunyuanVideo15 no longer has "
-            f"{', '.join(absent)}, which vaecast's hunyuan-video-1.5 decoder relies on; "
-            f"install {DIFFUSERS_REQUIREMENT}"
-        )
+    FAMILY.check(vae, lambda vae: check_decoder(vae.decoder) if hasattr(vae, "decoder") else [])
 
 
-def load_vae(weights: str | Path) -> Any:
+def load_vae(weights: str | Path | None) -> Any:
     """`AutoencoderKLHunyuanVideo15` from a local diffusers folder (the model's or its `vae/`)."""
-    autoencoder_class = diffusers_class(
-        "hunyuan-video-1.5", "AutoencoderKLHunyuanVideo15", DIFFUSERS_REQUIREMENT
-    )
-    path = Path(weights)
-    if not path.is_dir():
-        raise WeightsError(
-            f"hunyuan-video-1.5 weights must be a local diffusers folder (with config.json, "
-            f"or a vae/ subfolder holding one); {str(path)!r} is not a folder"
-        )
-    return load_diffusers_folder(autoencoder_class, path)
+    return FAMILY.load(weights)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +196,7 @@ class HunyuanVideo15Decoder(StreamingDecoder):
                 f"config says {ratios[0]}x and {ratios[1]}x"
             )
         self.tiling = SpatialTiling.of(vae)
-        self._lock = _lock_for(vae)
+        self._lock = vae_lock(vae)
 
     @classmethod
     def from_weights(
@@ -235,11 +207,6 @@ class HunyuanVideo15Decoder(StreamingDecoder):
     ) -> HunyuanVideo15Decoder:
         """Load the VAE from a local diffusers folder with `load_vae`; `spatial_tiling`
         decodes as a pipeline does after `vae.enable_tiling()` (diffusers' default tiles)."""
-        if weights is None:
-            raise WeightsError(
-                "the hunyuan-video-1.5 decoder needs --weights: a local diffusers folder of "
-                "a HunyuanVideo 1.5 model (or its vae/ subfolder)"
-            )
         vae = load_vae(weights)
         if spatial_tiling:
             vae.enable_tiling()

@@ -8,7 +8,7 @@ the VAE's config). Both decode a whole clip at once by default; their
 `_temporal_tiled_decode` (`use_framewise_decoding`) decodes tiles of 3 latents every
 1, each on its own (its last frame dropped after tile 0), blends each with the tile
 before over 8 frames by `blend_t`, and keeps 8 frames per tile (9 for the first).
-`TileStream` (`vaecast/models/temporal_tiles.py`) runs that scheme tile by tile and
+`CausalTileStream` (`vaecast/models/causal_tiles.py`) runs that scheme tile by tile and
 publishes each tile's frames as soon as it is decoded: latent T = 13 gives chunks of
 9 then eleven of 8 frames (97 in all), and a stream decodes tile i once latents up to
 i + 3 have arrived. So these decoders turn the VAE's `use_framewise_decoding` on:
@@ -65,15 +65,14 @@ from typing import Any, ClassVar, Self
 
 import torch
 
+from vaecast.models.causal_tiles import CausalTileDecoder, CausalTiles, missing_scheme_lines
+from vaecast.models.diffusers_family import DiffusersFamily
 from vaecast.models.layouts import PackedTokens
-from vaecast.models.temporal_tiles import TemporalTileDecoder, TemporalTiles, missing_internals
-from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
 
-# Versions whose `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1).
-DIFFUSERS_REQUIREMENT = "diffusers>=0.42,<0.43"
-# What we use of the models beyond their public API; checked at load so that a
-# diffusers upgrade that renames them fails loudly instead of decoding wrongly.
-REQUIRED_ATTRIBUTES = (
+# What vaecast drives of both models beyond diffusers' public API, on the versions
+# whose `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1); each
+# decoder's signatures are its own (`_ltx_family`).
+LTX_ATTRIBUTES = (
     "_temporal_tiled_decode",
     "tiled_decode",
     "blend_t",
@@ -89,7 +88,12 @@ REQUIRED_ATTRIBUTES = (
     "spatial_compression_ratio",
     "temporal_compression_ratio",
 )
-CONFIG_KEYS = ("latent_channels", "scaling_factor", "timestep_conditioning", "decoder_inject_noise")
+LTX_CONFIG_KEYS = (
+    "latent_channels",
+    "scaling_factor",
+    "timestep_conditioning",
+    "decoder_inject_noise",
+)
 # The lines of `_temporal_tiled_decode` that fix the scheme: which frame a later tile
 # drops, and that it is blended with the previous tile as diffusers stores it.
 SCHEME_LINES = (
@@ -102,15 +106,28 @@ NOISE_SEED = 0
 _NOISE_LOCK = threading.Lock()
 
 
-class _LTXFamilyDecoder(TemporalTileDecoder):
+def _ltx_family(
+    model: str, class_name: str, signatures: dict[str, tuple[str, ...]], weights_of: str
+) -> DiffusersFamily:
+    return DiffusersFamily(
+        model,
+        class_name,
+        "diffusers>=0.42,<0.43",
+        attributes=LTX_ATTRIBUTES,
+        config_keys=LTX_CONFIG_KEYS,
+        signatures=signatures,
+        weights_of=weights_of,
+    )
+
+
+class _LTXFamilyDecoder(CausalTileDecoder):
     """What LTX-Video's and LTX-2's decoders share: all but the latents' normalization
     and the decoder's arguments."""
 
     name: str
     value_range = (-1.0, 1.0)
-    class_name: str
-    signatures: ClassVar[dict[str, tuple[str, ...]]]
-    family: str  # as `--weights` messages name the model
+    spec: ClassVar[DiffusersFamily]
+    class_name: ClassVar[str]
 
     def __init__(
         self, vae: Any, device: str | torch.device = "cpu", decode_timestep: float = 0.0
@@ -119,7 +136,7 @@ class _LTXFamilyDecoder(TemporalTileDecoder):
         self.device = torch.device(device)
         self.vae = vae.to(self.device).eval().requires_grad_(False)
         vae.use_framewise_decoding = True
-        self.tiles = TemporalTiles.of(vae, drop="last", model=self.name)
+        self.tiles = CausalTiles.of(vae, drop="last", model=self.name)
         self.latent_channels = int(vae.config.latent_channels)
         self.spatial_scale = int(vae.spatial_compression_ratio)
         self.decode_timestep = float(decode_timestep)
@@ -133,29 +150,12 @@ class _LTXFamilyDecoder(TemporalTileDecoder):
     @classmethod
     def check_internals(cls, vae: Any) -> None:
         """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-        absent = missing_internals(
-            vae, REQUIRED_ATTRIBUTES, CONFIG_KEYS, cls.signatures, SCHEME_LINES
-        )
-        if absent:
-            import diffusers
-
-            raise WeightsError(
-                f"diffusers {diffusers.__version__}'s {cls.class_name} no longer has "
-                f"{', '.join(absent)}, which vaecast's {cls.name} decoder relies on; "
-                f"install {DIFFUSERS_REQUIREMENT}"
-            )
+        cls.spec.check(vae, lambda vae: missing_scheme_lines(vae, SCHEME_LINES))
 
     @classmethod
-    def load_vae(cls, weights: str | Path) -> Any:
+    def load_vae(cls, weights: str | Path | None) -> Any:
         """The VAE from a local diffusers folder (the model's or its `vae/`)."""
-        autoencoder_class = diffusers_class(cls.name, cls.class_name, DIFFUSERS_REQUIREMENT)
-        path = Path(weights)
-        if not path.is_dir():
-            raise WeightsError(
-                f"{cls.name} weights must be a local diffusers folder (with config.json, or a "
-                f"vae/ subfolder holding one); {str(path)!r} is not a folder"
-            )
-        return load_diffusers_folder(autoencoder_class, path)
+        return cls.spec.load(weights)
 
     @classmethod
     def from_weights(
@@ -165,11 +165,6 @@ class _LTXFamilyDecoder(TemporalTileDecoder):
         decode_timestep: float = 0.0,
     ) -> Self:
         """Load the VAE from a local diffusers folder with `load_vae`."""
-        if weights is None:
-            raise WeightsError(
-                f"the {cls.name} decoder needs --weights: a local diffusers folder of "
-                f"{cls.family} (or its vae/ subfolder)"
-            )
         return cls(cls.load_vae(weights), device, decode_timestep)
 
     def decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
@@ -206,13 +201,17 @@ class LTXVideoDecoder(_LTXFamilyDecoder):
     """
 
     name = "ltx-video"
-    class_name = "AutoencoderKLLTXVideo"
-    family = "LTX-Video"
-    signatures: ClassVar[dict[str, tuple[str, ...]]] = {
-        "tiled_decode": ("z", "temb", "return_dict"),
-        "blend_t": ("a", "b", "blend_extent"),
-        "decoder.forward": ("hidden_states", "temb"),
-    }
+    spec = _ltx_family(
+        name,
+        "AutoencoderKLLTXVideo",
+        {
+            "tiled_decode": ("z", "temb", "return_dict"),
+            "blend_t": ("a", "b", "blend_extent"),
+            "decoder.forward": ("hidden_states", "temb"),
+        },
+        "LTX-Video",
+    )
+    class_name = spec.class_name
 
     def __init__(
         self, vae: Any, device: str | torch.device = "cpu", decode_timestep: float = 0.0
@@ -246,13 +245,17 @@ class LTX2VideoDecoder(_LTXFamilyDecoder):
     """
 
     name = "ltx-2"
-    class_name = "AutoencoderKLLTX2Video"
-    family = "LTX-2"
-    signatures: ClassVar[dict[str, tuple[str, ...]]] = {
-        "tiled_decode": ("z", "temb", "causal", "return_dict"),
-        "blend_t": ("a", "b", "blend_extent"),
-        "decoder.forward": ("hidden_states", "temb", "causal"),
-    }
+    spec = _ltx_family(
+        name,
+        "AutoencoderKLLTX2Video",
+        {
+            "tiled_decode": ("z", "temb", "causal", "return_dict"),
+            "blend_t": ("a", "b", "blend_extent"),
+            "decoder.forward": ("hidden_states", "temb", "causal"),
+        },
+        "LTX-2",
+    )
+    class_name = spec.class_name
 
     def prepare(self, latents: torch.Tensor) -> torch.Tensor:
         # pipeline_ltx2.py denormalized them already; its decode casts them only.

@@ -4,8 +4,8 @@ The model is diffusers' `AutoencoderKLMiniMaxH3` (Apache-2.0; architecture by Mi
 a non-causal ViT decoder, so nothing can be committed frame by frame. diffusers'
 `vae.decode` decodes overlapping windows of 7 latents (5 new + 2 overlap, 28
 frames each), drops 3 leading frames per 20, blends each 5-frame tail into the next
-17-frame body and trims the frames of the padding it added; `TemporalTiler`
-(`vaecast/models/tiler.py`) does the same window by window and commits each body as
+17-frame body and trims the frames of the padding it added; `WindowTiler`
+(`vaecast/models/bidirectional_windows.py`) does the same window by window and commits each body as
 soon as its window is decoded; a stream decodes a window as soon as its 7 latents
 have arrived, and the windows that need padding once the latents end. Each window
 goes through the model's own `_decode_clip` (spatial tiling, on by default in
@@ -22,8 +22,6 @@ diffusers is imported only when a model is loaded, so `import vaecast` never nee
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,66 +33,50 @@ from vaecast.models.base import (
     StreamPlan,
     check_latent_shape,
 )
+from vaecast.models.bidirectional_windows import WindowStream, WindowTiler
+from vaecast.models.diffusers_family import DiffusersFamily
 from vaecast.models.streaming import Emit, StreamingDecoder
-from vaecast.models.tiler import TemporalTiler, TiledStream
-from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+from vaecast.models.weights_io import WeightsError
 
 # Pixel normalization of MiniMax-H3's video VAE (ImageNet's), as its pipeline applies it.
 PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
 
-# The class arrived in diffusers 0.41 (its module is identical in 0.42.1).
-DIFFUSERS_REQUIREMENT = "diffusers>=0.41,<0.43"
-# What we use of the model beyond its public API; checked at load so that a
-# diffusers upgrade that renames them fails loudly instead of decoding wrongly.
-REQUIRED_ATTRIBUTES = (
-    "_decode_clip",
-    "_decode",
-    "post_quant_conv",
-    "tokens_chunk_size",
-    "token_overlap",
-    "frame_pre_padding",
-    "frame_overlap",
-    "temporal_compression_ratio",
-    "spatial_compression_ratio",
+# What vaecast drives of the model beyond diffusers' public API. The class arrived in
+# diffusers 0.41 (its module is identical in 0.42.1).
+FAMILY = DiffusersFamily(
+    "minimax-h3",
+    "AutoencoderKLMiniMaxH3",
+    "diffusers>=0.41,<0.43",
+    attributes=(
+        "_decode_clip",
+        "_decode",
+        "post_quant_conv",
+        "tokens_chunk_size",
+        "token_overlap",
+        "frame_pre_padding",
+        "frame_overlap",
+        "temporal_compression_ratio",
+        "spatial_compression_ratio",
+    ),
+    config_keys=("clip_length", "token_drop", "latents_mean", "latents_std", "latent_channels"),
+    signatures={"_decode_clip": ("z",)},
+    needs={"accelerate": "diffusers keeps this model's norms in fp32 with it"},
+    weights_of="MiniMax-H3",
 )
 
 
 def check_internals(vae: Any) -> None:
     """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
-    config_keys = ("clip_length", "token_drop", "latents_mean", "latents_std", "latent_channels")
-    absent += [f"config.{key}" for key in config_keys if key not in vae.config]
-    if not absent and list(inspect.signature(vae._decode_clip).parameters) != ["z"]:
-        absent.append("_decode_clip(z)")
-    if absent:
-        import diffusers
-
-        raise WeightsError(
-            f"diffusers {diffusers.__version__}'s AutoencoderKLMiniMaxH3 no longer has "
-            f"{', '.join(absent)}, which vaecast's minimax-h3 decoder relies on; "
-            f"install {DIFFUSERS_REQUIREMENT}"
-        )
+    FAMILY.check(vae)
 
 
-def load_vae(weights: str | Path) -> Any:
+def load_vae(weights: str | Path | None) -> Any:
     """`AutoencoderKLMiniMaxH3` from a local diffusers folder (the model's or its `vae/`)."""
-    autoencoder_class = diffusers_class(
-        "minimax-h3", "AutoencoderKLMiniMaxH3", DIFFUSERS_REQUIREMENT
-    )
-    if importlib.util.find_spec("accelerate") is None:
-        # diffusers keeps this model's norms in fp32 and refuses to load it without.
-        raise WeightsError("the minimax-h3 decoder needs accelerate: pip install 'vaecast[real]'")
-    path = Path(weights)
-    if not path.is_dir():
-        raise WeightsError(
-            f"minimax-h3 weights must be a local diffusers folder (with config.json, or a "
-            f"vae/ subfolder holding one); {str(path)!r} is not a folder"
-        )
-    return load_diffusers_folder(autoencoder_class, path)
+    return FAMILY.load(weights)
 
 
-def tiler_for(vae: Any) -> TemporalTiler:
+def tiler_for(vae: Any) -> WindowTiler:
     """The tiler that reproduces `vae._decode`'s windows, blend and trim."""
     token_drop = int(vae.config.token_drop)
     stride, overlap = int(vae.tokens_chunk_size), int(vae.token_overlap)
@@ -107,7 +89,7 @@ def tiler_for(vae: Any) -> TemporalTiler:
             f"unsupported MiniMax-H3 geometry: token_drop {token_drop}, window stride "
             f"{stride}, overlap {overlap}"
         )
-    tiler = TemporalTiler(
+    tiler = WindowTiler(
         window=stride + overlap,
         overlap=overlap,
         frames_per_latent=int(vae.temporal_compression_ratio),
@@ -148,11 +130,6 @@ class MiniMaxH3Decoder(StreamingDecoder):
         cls, weights: str | Path | None, device: str | torch.device = "cpu"
     ) -> MiniMaxH3Decoder:
         """Load the VAE from a local diffusers folder with `load_vae`."""
-        if weights is None:
-            raise WeightsError(
-                "the minimax-h3 decoder needs --weights: a local diffusers folder of "
-                "MiniMax-H3 (or its vae/ subfolder)"
-            )
         return cls(load_vae(weights), device)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
@@ -197,7 +174,7 @@ class _MiniMaxStream:
 
     def __init__(self, decoder: MiniMaxH3Decoder) -> None:
         self._decoder = decoder
-        self._tiles = TiledStream(decoder.tiler, decoder.vae._decode_clip)
+        self._tiles = WindowStream(decoder.tiler, decoder.vae._decode_clip)
 
     def push(self, block: torch.Tensor, emit: Emit) -> None:
         self._tiles.push(self._decoder.latents_in(block), self._emitter(emit))

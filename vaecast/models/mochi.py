@@ -41,7 +41,6 @@ diffusers is imported only when a model is loaded, so `import vaecast` never nee
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,66 +50,49 @@ import torch
 
 from vaecast.models import mochi_stream
 from vaecast.models.base import DecodePlan, StreamPlan, check_latent_shape
+from vaecast.models.diffusers_family import DiffusersFamily
 from vaecast.models.frame_batches import BatchStream, CachedBatches, FrameBatches, SpatialTiles
 from vaecast.models.streaming import StreamingDecoder
-from vaecast.models.weights_io import WeightsError, diffusers_class, load_diffusers_folder
+from vaecast.models.weights_io import WeightsError
 
-# What we use of diffusers beyond its public API; checked at load so that an upgrade
-# that renames them fails loudly instead of decoding wrongly.
-REQUIRED_ATTRIBUTES = (
-    "decoder",
-    "use_framewise_decoding",
-    "num_latent_frames_batch_size",
-    "drop_last_temporal_frames",
-    "temporal_compression_ratio",
-    "spatial_compression_ratio",
-    "use_tiling",
-    "tile_sample_min_height",
-    "tile_sample_min_width",
-    "tile_sample_stride_height",
-    "tile_sample_stride_width",
-    "blend_v",
-    "blend_h",
+# What vaecast drives of the model beyond diffusers' public API, on the versions whose
+# `AutoencoderKLMochi._decode` and `tiled_decode` loops and pipeline decode step are
+# the ones we drive (0.35.0 and 0.42.1 are identical there).
+FAMILY = DiffusersFamily(
+    "mochi",
+    "AutoencoderKLMochi",
+    "diffusers>=0.35,<0.43",
+    attributes=(
+        "decoder",
+        "use_framewise_decoding",
+        "num_latent_frames_batch_size",
+        "drop_last_temporal_frames",
+        "temporal_compression_ratio",
+        "spatial_compression_ratio",
+        "use_tiling",
+        "tile_sample_min_height",
+        "tile_sample_min_width",
+        "tile_sample_stride_height",
+        "tile_sample_stride_width",
+        "blend_v",
+        "blend_h",
+    ),
+    config_keys=("latent_channels", "latents_mean", "latents_std", "scaling_factor"),
+    signatures={"decoder.forward": ("hidden_states", "conv_cache")},
+    weights_of="Mochi",
 )
-DECODER_PARAMETERS = ("hidden_states", "conv_cache")
-CONFIG_KEYS = ("latent_channels", "latents_mean", "latents_std", "scaling_factor")
-# Versions whose `AutoencoderKLMochi._decode` and `tiled_decode` loops and pipeline
-# decode step are the ones we drive (0.35.0 and 0.42.1 are identical there).
-DIFFUSERS_REQUIREMENT = "diffusers>=0.35,<0.43"
 
 log = logging.getLogger(__name__)
 
 
 def check_internals(vae: Any) -> None:
     """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
-    if "decoder" not in absent:
-        forward = getattr(vae.decoder, "forward", None)
-        if forward is None or list(inspect.signature(forward).parameters) != list(
-            DECODER_PARAMETERS
-        ):
-            absent.append(f"decoder.forward({', '.join(DECODER_PARAMETERS)})")
-    absent += [f"config.{key}" for key in CONFIG_KEYS if key not in vae.config]
-    if absent:
-        import diffusers
-
-        raise WeightsError(
-            f"diffusers {diffusers.__version__}'s AutoencoderKLMochi no longer has "
-            f"{', '.join(absent)}, which vaecast's mochi decoder relies on; "
-            f"install {DIFFUSERS_REQUIREMENT}"
-        )
+    FAMILY.check(vae)
 
 
-def load_vae(weights: str | Path) -> Any:
+def load_vae(weights: str | Path | None) -> Any:
     """`AutoencoderKLMochi` from a local diffusers folder (the model's or its `vae/`)."""
-    autoencoder_class = diffusers_class("mochi", "AutoencoderKLMochi", DIFFUSERS_REQUIREMENT)
-    path = Path(weights)
-    if not path.is_dir():
-        raise WeightsError(
-            f"mochi weights must be a local diffusers folder (with config.json, or a vae/ "
-            f"subfolder holding one); {str(path)!r} is not a folder"
-        )
-    return load_diffusers_folder(autoencoder_class, path)
+    return FAMILY.load(weights)
 
 
 class MochiDecoder(StreamingDecoder):
@@ -163,11 +145,6 @@ class MochiDecoder(StreamingDecoder):
         cls, weights: str | Path | None, device: str | torch.device = "cpu"
     ) -> MochiDecoder:
         """Load the VAE from a local diffusers folder with `load_vae`."""
-        if weights is None:
-            raise WeightsError(
-                "the mochi decoder needs --weights: a local diffusers folder of Mochi "
-                "(or its vae/ subfolder)"
-            )
         return cls(load_vae(weights), device)
 
     def batch_frames(self, index: int, latent_frames: int) -> int:

@@ -10,7 +10,7 @@ however its blocks were split.
 `CausalStream` is that state for decoders whose latent frame k decodes, given what
 frames before it left behind, to its own frames (`tiny`, `taehv`, `wan2.1`,
 `linear`): each latent frame is decoded as soon as it arrives and its chunk is
-published at once. The temporal tiler has its own (`vaecast/models/tiler.py`).
+published at once. The temporal tiler has its own (`vaecast/models/bidirectional_windows.py`).
 """
 
 from __future__ import annotations

@@ -35,9 +35,7 @@ imported only when a model is loaded, so `import vaecast` never needs it.
 
 from __future__ import annotations
 
-import inspect
 import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,64 +48,47 @@ from vaecast.models.base import (
     causal_plan,
     causal_stream_plan,
 )
+from vaecast.models.diffusers_family import DiffusersFamily, vae_lock
 from vaecast.models.streaming import CausalStream, StreamingDecoder
 from vaecast.models.weights_io import (
     WeightsError,
     diffusers_class,
-    load_diffusers_folder,
     load_strict,
     read_state_dict,
 )
 
-# What we use of diffusers beyond its public API; checked at load so that an
-# upgrade that renames them fails loudly instead of decoding wrongly.
-REQUIRED_ATTRIBUTES = ("_cached_conv_counts", "post_quant_conv", "decoder", "clear_cache")
-DECODER_PARAMETERS = ("x", "feat_cache", "feat_idx", "first_chunk")
-CONFIG_KEYS = (
-    "latents_mean",
-    "latents_std",
-    "z_dim",
-    "patch_size",
-    "dim_mult",
-    "temperal_downsample",
+# What vaecast drives of the model beyond diffusers' public API, on the versions whose
+# `AutoencoderKLWan._decode` loop is the one we drive (0.35.0 and 0.42.1 are identical
+# there).
+FAMILY = DiffusersFamily(
+    "wan2.1",
+    "AutoencoderKLWan",
+    "diffusers>=0.35,<0.43",
+    attributes=("_cached_conv_counts", "post_quant_conv", "decoder", "clear_cache"),
+    config_keys=(
+        "latents_mean",
+        "latents_std",
+        "z_dim",
+        "patch_size",
+        "dim_mult",
+        "temperal_downsample",
+    ),
+    signatures={"decoder.forward": ("x", "feat_cache", "feat_idx", "first_chunk")},
 )
-# Versions whose `AutoencoderKLWan._decode` loop is the one we drive (0.35.0 and
-# 0.42.1 are identical there).
-DIFFUSERS_REQUIREMENT = "diffusers>=0.35,<0.43"
 # A key only the original (non-diffusers) Wan checkpoint layout has.
 ORIGINAL_LAYOUT_KEY = "decoder.middle.0.residual.0.gamma"
-
-# One lock per VAE module, shared by every decoder wrapping it.
-_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-
-
-def _lock_for(vae: Any) -> threading.Lock:
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(vae)
-        if lock is None:
-            lock = _LOCKS[vae] = threading.Lock()
-        return lock
 
 
 def check_internals(vae: Any) -> None:
     """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    absent = [name for name in REQUIRED_ATTRIBUTES if not hasattr(vae, name)]
-    if not absent:
-        if "decoder" not in vae._cached_conv_counts:
-            absent.append('_cached_conv_counts["decoder"]')
-        parameters = list(inspect.signature(vae.decoder.forward).parameters)
-        if parameters != list(DECODER_PARAMETERS):
-            absent.append(f"decoder.forward({', '.join(DECODER_PARAMETERS)})")
-    absent += [f"config.{key}" for key in CONFIG_KEYS if key not in vae.config]
-    if absent:
-        import diffusers
+    FAMILY.check(vae, _missing_cache_counts)
 
-        raise WeightsError(
-            f"diffusers {diffusers.__version__}'s AutoencoderKLWan no longer has "
-            f"{', '.join(absent)}, which vaecast's wan2.1 decoder relies on; "
-            f"install {DIFFUSERS_REQUIREMENT}"
-        )
+
+def _missing_cache_counts(vae: Any) -> list[str]:
+    counts = getattr(vae, "_cached_conv_counts", None)
+    return (
+        ['_cached_conv_counts["decoder"]'] if counts is not None and "decoder" not in counts else []
+    )
 
 
 def load_vae(weights: str | Path, config: Mapping[str, Any] | None = None) -> Any:
@@ -117,10 +98,10 @@ def load_vae(weights: str | Path, config: Mapping[str, Any] | None = None) -> An
     `Wan2.1_VAE.pth`) may use diffusers' or the original Wan key layout; it is built
     with `config` (default: Wan 2.1's, which is the class's defaults). Never the hub.
     """
-    autoencoder_class = diffusers_class("wan2.1", "AutoencoderKLWan", DIFFUSERS_REQUIREMENT)
     path = Path(weights)
     if path.is_dir():
-        return load_diffusers_folder(autoencoder_class, path)
+        return FAMILY.load(path)
+    autoencoder_class = diffusers_class(FAMILY.model, FAMILY.class_name, FAMILY.requirement)
     state = read_state_dict(path)
     if ORIGINAL_LAYOUT_KEY in state:
         from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
@@ -149,7 +130,7 @@ class WanDecoder(StreamingDecoder):
         stages = len(config.dim_mult) - 1
         self.spatial_scale = 2**stages * (config.patch_size or 1)
         self.temporal_scale = 2 ** sum(bool(flag) for flag in config.temperal_downsample)
-        self._lock = _lock_for(vae)
+        self._lock = vae_lock(vae)
 
     @classmethod
     def from_weights(

@@ -1,4 +1,4 @@
-"""The shared temporal-tile scheme (`vaecast/models/temporal_tiles.py`) against diffusers' own
+"""The shared temporal-tile scheme (`vaecast/models/causal_tiles.py`) against diffusers' own
 `_temporal_tiled_decode`, run on a stand-in VAE whose decoder is a cheap function of its whole
 tile: chunks bit-identical to it at every length, the plan known before decoding, every split of
 a stream equal to the whole decode, and each tile decoded as soon as its latents have arrived."""
@@ -15,12 +15,12 @@ import pytest
 import torch
 from diffusers import AutoencoderKLHunyuanVideo, AutoencoderKLLTXVideo
 
+import vaecast.models.causal_tiles
 import vaecast.models.hunyuan
 import vaecast.models.ltx
-import vaecast.models.temporal_tiles
 from vaecast.errors import InvalidRequestError, WeightsError
 from vaecast.models.base import DecodedChunk
-from vaecast.models.temporal_tiles import Drop, TemporalTileDecoder, TemporalTiles, TileStream
+from vaecast.models.causal_tiles import CausalTileDecoder, CausalTiles, CausalTileStream, Drop
 
 CHANNELS = 3
 
@@ -63,13 +63,13 @@ class StandIn:
         return AutoencoderKLLTXVideo._temporal_tiled_decode(self, z, None, return_dict=False)[0]
 
 
-class StandInDecoder(TemporalTileDecoder):
+class StandInDecoder(CausalTileDecoder):
     name = "stand-in"
     value_range = (-1.0, 1.0)
 
     def __init__(self, vae: StandIn, drop: Drop) -> None:
         self.vae = vae
-        self.tiles = TemporalTiles.of(vae, drop, self.name)
+        self.tiles = CausalTiles.of(vae, drop, self.name)
         self.latent_channels = CHANNELS
         self.spatial_scale = 1
         self.device = torch.device("cpu")
@@ -124,7 +124,7 @@ def test_chunks_are_diffusers_temporal_tiling_bit_for_bit(
 
 
 def test_chunk_sizes() -> None:
-    hunyuan = TemporalTiles(
+    hunyuan = CausalTiles(
         temporal_scale=4, tile_latents=4, stride_latents=3, blend_frames=4, drop="first"
     )
     assert [hunyuan.chunk_frames(t) for t in (1, 4, 5, 8, 13)] == [
@@ -134,7 +134,7 @@ def test_chunk_sizes() -> None:
         (13, 12, 4),
         (13, 12, 12, 12),
     ]
-    ltx = TemporalTiles(
+    ltx = CausalTiles(
         temporal_scale=8, tile_latents=2, stride_latents=1, blend_frames=8, drop="last"
     )
     assert ltx.chunk_frames(13) == (9,) + (8,) * 11
@@ -207,18 +207,16 @@ def test_short_latents_are_one_plain_decode_published_in_the_same_chunks() -> No
 )
 def test_a_tiling_the_scheme_cannot_stream_is_refused(r: int, tile: int, stride: int) -> None:
     with pytest.raises(WeightsError, match="the stand-in decoder streams its VAE's temporal"):
-        TemporalTiles.of(StandIn(r, tile, stride), "first", "stand-in")
+        CausalTiles.of(StandIn(r, tile, stride), "first", "stand-in")
     with pytest.raises(ValueError, match="unsupported temporal tiling"):
-        TemporalTiles(
-            temporal_scale=4, tile_latents=2, stride_latents=3, blend_frames=0, drop="last"
-        )
+        CausalTiles(temporal_scale=4, tile_latents=2, stride_latents=3, blend_frames=0, drop="last")
 
 
 def test_a_tile_of_the_wrong_length_fails_loudly() -> None:
-    tiles = TemporalTiles(
+    tiles = CausalTiles(
         temporal_scale=4, tile_latents=4, stride_latents=3, blend_frames=4, drop="first"
     )
-    stream = TileStream(tiles, lambda z: z, lambda z: z, AutoencoderKLHunyuanVideo.blend_t)
+    stream = CausalTileStream(tiles, lambda z: z, lambda z: z, AutoencoderKLHunyuanVideo.blend_t)
     stream.push(latents(2), lambda frames, yuv420=None: None)
     with pytest.raises(RuntimeError, match="2 latent frames decoded to 2 frames, expected 5"):
         stream.finish(2, lambda frames, yuv420=None: None)
@@ -234,7 +232,7 @@ def test_bad_latents_are_refused() -> None:
 
 def test_vaecast_imports_these_models_without_diffusers(monkeypatch: pytest.MonkeyPatch) -> None:
     """diffusers is needed to load these models, never to import vaecast or list them."""
-    for module in (vaecast.models.temporal_tiles, vaecast.models.hunyuan, vaecast.models.ltx):
+    for module in (vaecast.models.causal_tiles, vaecast.models.hunyuan, vaecast.models.ltx):
         tree = ast.parse(Path(str(module.__file__)).read_text())
         modules = [
             alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names

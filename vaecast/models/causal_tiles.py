@@ -34,7 +34,7 @@ depend on the input's strides (tested per model).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,7 +54,7 @@ Prepare = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
-class TemporalTiles:
+class CausalTiles:
     """A VAE's temporal tiling, known before decoding."""
 
     temporal_scale: int  # r
@@ -73,7 +73,7 @@ class TemporalTiles:
             raise ValueError(f"unsupported temporal tiling: blend {self.blend_frames} frames")
 
     @classmethod
-    def of(cls, vae: Any, drop: Drop, model: str) -> TemporalTiles:
+    def of(cls, vae: Any, drop: Drop, model: str) -> CausalTiles:
         """The tiling `vae` is set to now (diffusers' `tile_sample_*_num_frames`)."""
         r = int(vae.temporal_compression_ratio)
         tile, stride = int(vae.tile_sample_min_num_frames), int(vae.tile_sample_stride_num_frames)
@@ -119,12 +119,12 @@ class TemporalTiles:
         )
 
 
-class TileStream:
-    """One decode through `TemporalTiles`: latents that arrive in BCTHW blocks, each
+class CausalTileStream:
+    """One decode through `CausalTiles`: latents that arrive in BCTHW blocks, each
     chunk emitted as soon as its tile is decoded. A `LatentStream`."""
 
     def __init__(
-        self, tiles: TemporalTiles, prepare: Prepare, decode_tile: TileDecoder, blend: Blend
+        self, tiles: CausalTiles, prepare: Prepare, decode_tile: TileDecoder, blend: Blend
     ) -> None:
         self._tiles = tiles
         self._prepare = prepare
@@ -201,42 +201,25 @@ class TileStream:
         return frames
 
 
-def missing_internals(
-    vae: Any,
-    attributes: Sequence[str],
-    config_keys: Sequence[str],
-    signatures: Mapping[str, Sequence[str]],
-    scheme_lines: Sequence[str],
-) -> list[str]:
-    """What of the diffusers internals a decoder drives `vae` lacks, as messages name it.
-
-    `signatures` maps (dotted) method names to their parameters; `scheme_lines` are
-    lines of `_temporal_tiled_decode` (whitespace aside) that fix the scheme, such as
-    which frame a later tile drops.
-    """
-    absent = [name for name in attributes if not hasattr(vae, name)]
-    absent += [f"config.{key}" for key in config_keys if key not in vae.config]
-    if absent:
-        return absent
-    for name, parameters in signatures.items():
-        method: Any = vae
-        for part in name.split("."):
-            method = getattr(method, part, None)
-        if method is None or list(inspect.signature(method).parameters) != list(parameters):
-            absent.append(f"{name}({', '.join(parameters)})")
-    source = " ".join(inspect.getsource(type(vae)._temporal_tiled_decode).split())
-    absent += [f"`{line}` in _temporal_tiled_decode" for line in scheme_lines if line not in source]
-    return absent
+def missing_scheme_lines(vae: Any, scheme_lines: Sequence[str]) -> list[str]:
+    """The lines of the VAE's `_temporal_tiled_decode` (whitespace aside) that fix the
+    scheme, such as which frame a later tile drops, that it no longer has (nothing
+    when it has no such method: its family's check names that)."""
+    method = getattr(type(vae), "_temporal_tiled_decode", None)
+    if method is None:
+        return []
+    source = " ".join(inspect.getsource(method).split())
+    return [f"`{line}` in _temporal_tiled_decode" for line in scheme_lines if line not in source]
 
 
-class TemporalTileDecoder(StreamingDecoder):
-    """A decoder whose VAE decodes through `TemporalTiles`' scheme.
+class CausalTileDecoder(StreamingDecoder):
+    """A decoder whose VAE decodes through `CausalTiles`' scheme.
 
     A subclass sets `tiles`, `latent_channels`, `spatial_scale` and `device`, and gives
     `prepare` (pipeline-space latents to what the VAE takes), `decode_tile` and `blend`.
     """
 
-    tiles: TemporalTiles
+    tiles: CausalTiles
     spatial_scale: int
 
     def prepare(self, latents: torch.Tensor) -> torch.Tensor:
@@ -257,5 +240,5 @@ class TemporalTileDecoder(StreamingDecoder):
         _, _, _, h, w = check_latent_shape(first_block_shape, self.latent_channels)
         return self.tiles.stream_plan(h * self.spatial_scale, w * self.spatial_scale)
 
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> TileStream:
-        return TileStream(self.tiles, self.prepare, self.decode_tile, self.blend)
+    def open_stream(self, first_block_shape: tuple[int, ...]) -> CausalTileStream:
+        return CausalTileStream(self.tiles, self.prepare, self.decode_tile, self.blend)

@@ -21,7 +21,7 @@ the tail follows body n-1 as a last chunk. So the plan, `total` included, is kno
 before the first window is decoded. The full decode is defined as the
 concatenation of the chunks, which makes chunks and full decode bit-identical.
 
-Latents that arrive in blocks (`TiledStream`): window i is decoded, and body i
+Latents that arrive in blocks (`WindowStream`): window i is decoded, and body i
 committed in full, as soon as its `window` latents have all arrived (a window of
 real latents only ever yields wanted frames); the windows that need padding, the
 last tail and the trim wait for the end of the latents. Every window is decoded
@@ -42,7 +42,7 @@ PieceCallback = Callable[[torch.Tensor, int], None]
 
 
 @dataclass(frozen=True, slots=True)
-class TilePlan:
+class WindowPlan:
     """How latents of one length are tiled, known before decoding."""
 
     latent_frames: int
@@ -57,7 +57,7 @@ class TilePlan:
 
 
 @dataclass(frozen=True, slots=True)
-class TemporalTiler:
+class WindowTiler:
     """Overlapping windows over time: `window` latents each, `overlap` shared with the next."""
 
     window: int
@@ -96,7 +96,7 @@ class TemporalTiler:
         opens_group = index % self.stride == 0
         return self.frames_per_latent - (self.lead_frames if opens_group else 0)
 
-    def plan(self, latent_frames: int) -> TilePlan:
+    def plan(self, latent_frames: int) -> WindowPlan:
         if latent_frames < 1:
             raise ValueError(f"need at least one latent frame, got {latent_frames}")
         # Enough windows that the last one's tail reaches the end: latent_frames <=
@@ -112,7 +112,7 @@ class TemporalTiler:
                 break
             chunk_frames.append(kept)
         chunk_windows = tuple(min(i, windows - 1) for i in range(len(chunk_frames)))
-        return TilePlan(latent_frames, windows, padding, tuple(chunk_frames), chunk_windows)
+        return WindowPlan(latent_frames, windows, padding, tuple(chunk_frames), chunk_windows)
 
     def run(self, latents: torch.Tensor, decode_window: WindowDecoder, emit: PieceCallback) -> None:
         """Decode BCTHW `latents` window by window, calling `emit(frames, index)` per chunk.
@@ -120,7 +120,7 @@ class TemporalTiler:
         `decode_window` maps (B, C, window, h, w) to (B, C', window * F, H, W). The
         frames passed to `emit` are borrowed.
         """
-        stream = TiledStream(self, decode_window)
+        stream = WindowStream(self, decode_window)
         try:
             stream.push(latents, emit)
             stream.finish(emit)
@@ -128,10 +128,10 @@ class TemporalTiler:
             stream.close()
 
 
-class TiledStream:
-    """`TemporalTiler`'s windows over latents that arrive in blocks (BCTHW)."""
+class WindowStream:
+    """`WindowTiler`'s windows over latents that arrive in blocks (BCTHW)."""
 
-    def __init__(self, tiler: TemporalTiler, decode_window: WindowDecoder) -> None:
+    def __init__(self, tiler: WindowTiler, decode_window: WindowDecoder) -> None:
         self._tiler = tiler
         self._decode_window = decode_window
         # Latent frames not yet behind every window that needs them, one tensor
@@ -170,7 +170,7 @@ class TiledStream:
     def close(self) -> None:
         self._latents, self._last, self._tail = [], None, None
 
-    def _decode(self, emit: PieceCallback, plan: TilePlan | None) -> None:
+    def _decode(self, emit: PieceCallback, plan: WindowPlan | None) -> None:
         tiler = self._tiler
         f, lead, stride = tiler.frames_per_latent, tiler.lead_frames, tiler.stride
         start = self._windows * stride - self._first
@@ -194,11 +194,11 @@ class TiledStream:
         if plan is not None and self._windows == plan.windows:
             self._emit_tail(emit, plan)
 
-    def _emit_tail(self, emit: PieceCallback, plan: TilePlan) -> None:
+    def _emit_tail(self, emit: PieceCallback, plan: WindowPlan) -> None:
         if self._tail is not None:
             self._emit(self._tail, emit, plan)
 
-    def _emit(self, piece: torch.Tensor, emit: PieceCallback, plan: TilePlan | None) -> None:
+    def _emit(self, piece: torch.Tensor, emit: PieceCallback, plan: WindowPlan | None) -> None:
         if plan is not None:  # the end is known: trim the padding's frames
             if self._chunks == len(plan.chunk_frames):
                 return

@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vaecast.models.tiler import TemporalTiler
+from vaecast.models.bidirectional_windows import WindowTiler
 
-MINIMAX = TemporalTiler(window=7, overlap=2, frames_per_latent=4, lead_frames=3)
+MINIMAX = WindowTiler(window=7, overlap=2, frames_per_latent=4, lead_frames=3)
 
 
 def diffusers_blend(a: torch.Tensor, b: torch.Tensor, blend_extent: int) -> torch.Tensor:
@@ -28,7 +28,7 @@ def diffusers_blend(a: torch.Tensor, b: torch.Tensor, blend_extent: int) -> torc
     return torch.cat([blended, b[:, :, blend_extent:]], dim=2)
 
 
-def reference_decode(tiler: TemporalTiler, latents: torch.Tensor, decode_window) -> torch.Tensor:
+def reference_decode(tiler: WindowTiler, latents: torch.Tensor, decode_window) -> torch.Tensor:
     stride, overlap = tiler.window - tiler.overlap, tiler.overlap
     f, lead = tiler.frames_per_latent, tiler.lead_frames
     t = latents.shape[2]
@@ -65,7 +65,7 @@ def fake_window(frames_per_latent: int):
     return decode
 
 
-def run(tiler: TemporalTiler, latents: torch.Tensor):
+def run(tiler: WindowTiler, latents: torch.Tensor):
     """Chunks as (frames, index, windows decoded when emitted), and the window count."""
     decode = fake_window(tiler.frames_per_latent)
     calls = [0]
@@ -80,7 +80,7 @@ def run(tiler: TemporalTiler, latents: torch.Tensor):
     return chunks, calls[0]
 
 
-def check(tiler: TemporalTiler, latent_frames: int) -> None:
+def check(tiler: WindowTiler, latent_frames: int) -> None:
     latents = torch.randn(1, 2, latent_frames, 1, 2, generator=torch.Generator().manual_seed(3))
     plan = tiler.plan(latent_frames)
     chunks, windows = run(tiler, latents)
@@ -110,7 +110,7 @@ def test_chunks_are_the_full_tiled_decode(
 ) -> None:
     lead = lead % frames_per_latent
     overlap = min(overlap, stride)
-    tiler = TemporalTiler(stride + overlap, overlap, frames_per_latent, lead)
+    tiler = WindowTiler(stride + overlap, overlap, frames_per_latent, lead)
     check(tiler, latent_frames)
 
 
@@ -142,7 +142,7 @@ def test_latents_no_longer_than_the_overlap_still_get_one_window() -> None:
 
 
 def test_without_overlap_windows_just_follow_each_other() -> None:
-    tiler = TemporalTiler(window=3, overlap=0, frames_per_latent=2)
+    tiler = WindowTiler(window=3, overlap=0, frames_per_latent=2)
     assert tiler.plan(7).chunk_frames == (6, 6, 2)
     check(tiler, 7)
 
@@ -165,4 +165,4 @@ def test_bad_geometry_is_refused(
     window: int, overlap: int, frames_per_latent: int, lead: int, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        TemporalTiler(window, overlap, frames_per_latent, lead)
+        WindowTiler(window, overlap, frames_per_latent, lead)
