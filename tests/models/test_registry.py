@@ -93,3 +93,21 @@ def test_unknown_names_and_broken_plugins_say_what_is_known() -> None:
     ):
         decoder_class("tests.helpers.plugins:LATENT_CHANNELS")
     assert "diffusers" in available_decoders()
+
+
+def test_each_diffusers_family_is_picked_by_its_own_class_name() -> None:
+    """`--model diffusers` picks a decoder by the folder's `_class_name`: the table says
+    the same as each family's spec (models/diffusers_family.py), for every family."""
+    import importlib
+
+    from vaecast.models.registry import BUILTIN_DECODERS, DIFFUSERS_CLASSES
+
+    specs = {}
+    for name, target in BUILTIN_DECODERS.items():
+        module = importlib.import_module(target.split(":")[0])
+        decoder = getattr(module, target.split(":")[1])
+        spec = getattr(decoder, "spec", None) or getattr(module, "FAMILY", None)
+        if spec is not None and spec.model == name:
+            specs[spec.class_name] = name
+    assert specs == DIFFUSERS_CLASSES
+    assert len(specs) == 8
