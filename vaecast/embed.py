@@ -25,7 +25,7 @@ from vaecast.server.app import (
     serve_until_signalled,
 )
 from vaecast.server.config import MIB, Limits, ServerConfig
-from vaecast.server.face import MANAGER
+from vaecast.server.faces.face import MANAGER
 from vaecast.server.faces.progressive.fanout_sender import THREAD_NAME as FANOUT_THREAD_NAME
 from vaecast.server.faces.standard import standard_faces
 

@@ -20,7 +20,7 @@ from vaecast.models.base import ChunkCallback, DecodedChunk, DecodePlan, StreamP
 from vaecast.models.tiny import TinyDecoder
 from vaecast.server.app import create_app, runner_settings
 from vaecast.server.config import ServerConfig
-from vaecast.server.face import MANAGER
+from vaecast.server.faces.face import MANAGER
 from vaecast.server.stream.job import Job
 from vaecast.server.stream.manager import JobManager
 

@@ -15,7 +15,7 @@ from vaecast.codecs.fmp4_reader import TopLevelBoxSplitter
 from vaecast.codecs.h264 import EncoderSettings
 from vaecast.server.config import ServerConfig
 from vaecast.server.edge.parser_errors import answer_in_json
-from vaecast.server.face import FACES, MANAGER
+from vaecast.server.faces.face import FACES, MANAGER
 from vaecast.server.faces.progressive.fanout_sender import FanoutSender
 from vaecast.server.stream.manager import JobManager
 

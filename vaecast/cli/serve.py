@@ -136,7 +136,7 @@ async def _serve(
         runner_settings,
         serve_until_signalled,
     )
-    from vaecast.server.face import MANAGER
+    from vaecast.server.faces.face import MANAGER
     from vaecast.server.stream.manager import JobManager
 
     decoders = {

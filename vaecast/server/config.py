@@ -29,7 +29,7 @@ class Limits:
 
 class FaceSpec(Protocol):
     """A delivery face as the config names it, with its own settings (frozen).
-    `build()` makes the running face for one app (`vaecast.server.face.Face`)."""
+    `build()` makes the running face for one app (`vaecast.server.faces.face.Face`)."""
 
     @property
     def name(self) -> str: ...
@@ -99,5 +99,5 @@ class ServerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # The delivery faces, in the order their routes are added; None: the standard set
     # (`vaecast.server.faces.standard.standard_faces()`: progressive MP4, LL-HLS, WHEP). A face
-    # of your own is one more entry (`vaecast.server.face` says what it is).
+    # of your own is one more entry (`vaecast.server.faces.face` says what it is).
     faces: tuple[FaceSpec, ...] | None = None

@@ -1,6 +1,6 @@
 """The fragments face: a rendition's fragment index as JSON, and a listener of its log.
 
-Written only against what a face may read (`vaecast.server.face` and the stream core),
+Written only against what a face may read (`vaecast.server.faces.face` and the stream core),
 as a face of one's own would be.
 """
 
@@ -14,8 +14,8 @@ from aiohttp import web
 from vaecast.errors import InvalidRequestError
 from vaecast.server.contract.shared import JOB_LOOKUP_ERRORS, JSON, VARIANT, VIDEO_ID
 from vaecast.server.contract.spec import Reply, operation
-from vaecast.server.face import MANAGER
 from vaecast.server.faces.common import rendition_of
+from vaecast.server.faces.face import MANAGER
 from vaecast.server.stream.manager import JobManager
 from vaecast.server.stream.rendition import Attachment, Rendition
 

@@ -32,8 +32,8 @@ from vaecast.server.api.operations import (
     STATIC_ASSET,
 )
 from vaecast.server.contract.routes import add_contract_routes
-from vaecast.server.face import FACES, MANAGER
 from vaecast.server.faces.common import end_response
+from vaecast.server.faces.face import FACES, MANAGER
 from vaecast.server.intake.live_demo import DEMO_WARM_UP, warm_up_raised, warm_up_state
 from vaecast.server.intake.push import PUSH_LATENTS, PushSessions, push_json, push_latents
 from vaecast.server.intake.push_batch import open_batch

@@ -46,8 +46,8 @@ from vaecast.server.contract.shared import (
     VIDEO_ID,
 )
 from vaecast.server.contract.spec import Param, Reply, operation
-from vaecast.server.face import MANAGER
 from vaecast.server.faces.common import end_response, refuse_if_broken, wait_for_init
+from vaecast.server.faces.face import MANAGER
 from vaecast.server.faces.hls.playlist import (
     MEDIA_TYPE,
     Part,

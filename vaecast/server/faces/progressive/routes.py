@@ -34,7 +34,7 @@ from vaecast.server.contract.shared import (
     VIDEO_ID_HEADER,
 )
 from vaecast.server.contract.spec import Reply, not_a_route, operation
-from vaecast.server.face import MANAGER
+from vaecast.server.faces.face import MANAGER
 from vaecast.server.faces.progressive.content import send_content, send_stream
 from vaecast.server.intake.submit import client_of, read_request, submit
 from vaecast.server.stream.job import BatchRequest, PushRequest

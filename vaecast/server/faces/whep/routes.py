@@ -29,8 +29,8 @@ from vaecast.job.transitions import FINAL_STATUSES
 from vaecast.server.contract.models import DeletedWhepSession
 from vaecast.server.contract.shared import CONTENT_ERRORS, JSON, LOCATION, SDP, VARIANT, VIDEO_ID
 from vaecast.server.contract.spec import Header, Param, Reply, operation
-from vaecast.server.face import MANAGER
 from vaecast.server.faces.common import refuse_if_broken, rendition_of
+from vaecast.server.faces.face import MANAGER
 from vaecast.server.faces.whep.offer import MAX_OFFER_BYTES, MEDIA_TYPE, VideoCodec, read_offer
 from vaecast.server.faces.whep.sessions import WhepSessions
 from vaecast.server.faces.whep.settings import IceServer
