@@ -71,7 +71,8 @@ async def test_the_bound_holds_a_put_until_the_thread_takes_a_block() -> None:
 
     decode = loop.run_in_executor(None, lambda: feed.decode(OneTaker(), lambda chunk: None))
     await asyncio.wait_for(held, 30)  # the take made room, and the loop heard of it
-    assert taken.is_set()
+    # (The thread tells the loop as it takes the block, before its decoder sees it.)
+    assert await asyncio.to_thread(taken.wait, 30)
     await feed.end()
     await asyncio.wait_for(decode, 30)
 
