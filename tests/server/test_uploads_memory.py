@@ -24,7 +24,8 @@ from tests.helpers.server import TEST_CONFIG, serve_on_loopback
 from vaecast.errors import PayloadTooLargeError
 from vaecast.latent_files import load_latents
 from vaecast.server.edge.body_buffer import MAPPED_ROOM_BYTES
-from vaecast.server.intake.uploads import _body_chunks, _read_limited, read_upload
+from vaecast.server.edge.body_reading import body_chunks, read_limited
+from vaecast.server.intake.uploads import read_upload
 
 MIB = 1024 * 1024
 
@@ -38,7 +39,7 @@ async def test_the_body_is_read_into_one_buffer_and_returned_as_is():
     total = 32 * MIB
     tracemalloc.start()
     try:
-        body = await _read_limited(chunks_of(total), 64 * MIB)
+        body = await read_limited(chunks_of(total), 64 * MIB)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -49,8 +50,8 @@ async def test_the_body_is_read_into_one_buffer_and_returned_as_is():
 
 async def test_the_limit_is_checked_before_the_chunk_is_added():
     with pytest.raises(PayloadTooLargeError):
-        await _read_limited(chunks_of(MIB + 1), MIB)
-    assert len(await _read_limited(chunks_of(MIB), MIB)) == MIB
+        await read_limited(chunks_of(MIB + 1), MIB)
+    assert len(await read_limited(chunks_of(MIB), MIB)) == MIB
 
 
 def latents_file(frames: int) -> tuple[torch.Tensor, bytes]:
@@ -127,7 +128,7 @@ async def test_a_sized_body_arrives_whole_and_in_order_read_by_read():
 
     async def handler(request: web.Request) -> web.Response:
         assert request.content_length == len(body)
-        async for piece in _body_chunks(request, TEST_CONFIG):
+        async for piece in body_chunks(request, TEST_CONFIG.body_pace()):
             pieces.append(piece)
         return web.Response(text="ok")
 
@@ -153,7 +154,7 @@ async def test_a_body_in_one_byte_http_chunks_is_read_in_few_pieces():
     pieces: list[int] = []
 
     async def handler(request: web.Request) -> web.Response:
-        async for piece in _body_chunks(request, TEST_CONFIG):
+        async for piece in body_chunks(request, TEST_CONFIG.body_pace()):
             pieces.append(len(piece))
         return web.Response(text="ok")
 

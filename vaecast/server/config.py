@@ -8,6 +8,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from vaecast.codecs.encoder_settings import EncoderSettings
+from vaecast.server.edge.body_rate import BodyPace
 from vaecast.server.edge.security_config import SecurityConfig
 
 MIB = 1024 * 1024
@@ -101,3 +102,8 @@ class ServerConfig:
     # (`vaecast.server.faces.standard.standard_faces()`: progressive MP4, LL-HLS, WHEP). A face
     # of your own is one more entry (`vaecast.server.faces.face` says what it is).
     faces: tuple[FaceSpec, ...] | None = None
+
+    def body_pace(self) -> BodyPace:
+        """How long a request body may take to arrive (`header_timeout_s`' twin for
+        bodies, and the minimum rate after its grace)."""
+        return BodyPace(self.body_timeout_s, self.min_body_rate, self.body_rate_grace_s)

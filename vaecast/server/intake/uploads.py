@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,6 @@ from vaecast.errors import (
     InvalidRequestError,
     MalformedRequestError,
     PayloadTooLargeError,
-    UnsupportedMediaError,
 )
 from vaecast.job.transitions import JobInput
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
@@ -50,8 +49,7 @@ from vaecast.models.layouts import BCTHW, MAX_GEOMETRY_VALUE, BoundLayout, Laten
 from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline.run import AudioFormat
 from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME, ServerConfig
-from vaecast.server.edge.body_buffer import BodyBuffer
-from vaecast.server.edge.body_rate import BodyPace
+from vaecast.server.edge.body_reading import body_chunks, read_limited, read_small_body, too_large
 from vaecast.server.edge.multipart import boundary_of, parse_form
 from vaecast.server.intake.live_demo import LiveDemoRequest
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, PushKind, PushRequest
@@ -171,14 +169,8 @@ def _soundtracks(audio: Any, batch: int, rate: str | None) -> list[Soundtrack | 
     return [Soundtrack(waveform, sample_rate) for waveform, sample_rate in entries]
 
 
-async def read_small_body(request: web.Request, config: ServerConfig, max_bytes: int) -> bytes:
-    """A small body (JSON, an SDP offer), held to the upload rules: 413 past `max_bytes`,
-    408 for one that stalls or trickles, 415 for one compressed."""
-    return bytes(await _read_limited(_body_chunks(request, config), max_bytes))
-
-
 async def _read_json_object(request: web.Request, config: ServerConfig) -> dict[str, Any]:
-    body_bytes = await read_small_body(request, config, MAX_JSON_BYTES)
+    body_bytes = await read_small_body(request, config.body_pace(), MAX_JSON_BYTES)
     try:
         body = json.loads(body_bytes)
     except (ValueError, RecursionError) as error:  # RecursionError: "[[[[..." nested deep
@@ -361,8 +353,8 @@ def _text_field(body: Mapping[str, Any], name: str, numbers: bool = False) -> st
 async def read_upload(request: web.Request, config: ServerConfig) -> Upload:
     max_bytes = config.limits.max_upload_bytes
     if request.content_length is not None and request.content_length > max_bytes:
-        raise _too_large(max_bytes)
-    body = await _read_limited(_body_chunks(request, config), max_bytes)
+        raise too_large(max_bytes)
+    body = await read_limited(body_chunks(request, config.body_pace()), max_bytes)
     if not request.content_type.startswith("multipart/"):
         return Upload(body, {})
     boundary = boundary_of(request.headers.get("Content-Type", ""))
@@ -386,60 +378,3 @@ async def read_upload(request: web.Request, config: ServerConfig) -> Upload:
             "the form has no latent file; send it in a part named 'file' or 'latents'"
         )
     return Upload(data, fields)
-
-
-async def _body_chunks(request: web.Request, config: ServerConfig) -> AsyncIterator[bytes]:
-    """The body as it arrives; RequestTimeoutError (408) when nothing comes for a
-    while, or when, past its grace, it comes slower than the minimum rate
-    (`vaecast.server.edge.body_rate`: a steady upload is fine, one that stops or
-    trickles, holding its place, is not). Compressed bodies are refused: latents
-    barely compress, and inflating costs CPU without a bound on the result (the app
-    runs with aiohttp's auto_decompress off).
-    """
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise UnsupportedMediaError(
-            f"Content-Encoding {encoding[:40]!r} is not accepted; send the file uncompressed"
-        )
-    pace = BodyPace(config.body_timeout_s, config.min_body_rate, config.body_rate_grace_s)
-    loop = asyncio.get_running_loop()
-    started, received = loop.time(), 0
-    # A chunked upload is read as whatever is buffered, in one piece: `readchunk` stops
-    # at each of its chunks, so a body sent in 1-byte chunks would cost this loop a turn
-    # per byte (measured: 8x the loop CPU of `readany`). A body with a length has no
-    # such chunks, and there `readchunk` hands over each socket read as it came, where
-    # `readany` joins what is buffered into a new object first: one copy of the upload
-    # less (8.4 MB over loopback: 5.3 -> 4.6 ms to read, median of 39 alternating).
-    sized = request.content_length is not None and "Transfer-Encoding" not in request.headers
-    while True:
-        try:
-            async with asyncio.timeout_at(pace.next_deadline(loop.time(), started, received)):
-                if sized:
-                    chunk, _ = await request.content.readchunk()
-                else:
-                    chunk = await request.content.readany()
-        except TimeoutError:
-            raise pace.refusal(loop.time(), started, received) from None
-        except (web.RequestPayloadError, ConnectionResetError) as error:  # cut short, say
-            raise MalformedRequestError(f"the request body cannot be read: {error}") from None
-        if not chunk:
-            return
-        received += len(chunk)
-        yield chunk
-
-
-async def _read_limited(chunks: AsyncIterator[bytes], max_bytes: int) -> bytearray:
-    """The body in one growing buffer (`body_buffer.BodyBuffer`: no copies, no heap
-    holes), returned as is: a `bytes` copy of it would hold the upload twice at the
-    peak. (Not sized from Content-Length: a client could then make us commit the
-    upload limit by declaring it and sending nothing.)"""
-    body = BodyBuffer()
-    async for chunk in chunks:
-        if len(body) + len(chunk) > max_bytes:
-            raise _too_large(max_bytes)
-        body.append(chunk)
-    return body.take()
-
-
-def _too_large(max_bytes: int) -> PayloadTooLargeError:
-    return PayloadTooLargeError(f"the upload is over this server's limit of {max_bytes} bytes")

@@ -29,12 +29,12 @@ from vaecast.job.transitions import FINAL_STATUSES
 from vaecast.server.contract.models import DeletedWhepSession
 from vaecast.server.contract.shared import CONTENT_ERRORS, JSON, LOCATION, SDP, VARIANT, VIDEO_ID
 from vaecast.server.contract.spec import Header, Param, Reply, operation
+from vaecast.server.edge.body_reading import read_small_body
 from vaecast.server.faces.common import refuse_if_broken, rendition_of
 from vaecast.server.faces.face import MANAGER
 from vaecast.server.faces.whep.offer import MAX_OFFER_BYTES, MEDIA_TYPE, VideoCodec, read_offer
 from vaecast.server.faces.whep.sessions import WhepSessions
 from vaecast.server.faces.whep.settings import IceServer
-from vaecast.server.intake.uploads import read_small_body
 
 WHEP_SESSIONS = web.AppKey("whep_sessions", WhepSessions)
 SDP_TEXT = {"type": "string", "maxLength": MAX_OFFER_BYTES}
@@ -89,7 +89,7 @@ def add_whep_routes(app: web.Application) -> None:
                 f"video {job.id} is {job.status_of(rendition).value}, not live: "
                 f"its MP4 is at /v1/videos/{job.id}/content"
             )
-        body = await read_small_body(request, manager.config, MAX_OFFER_BYTES)
+        body = await read_small_body(request, manager.config.body_pace(), MAX_OFFER_BYTES)
         offer = read_offer(request.headers.get("Content-Type", ""), body)
         sessions = request.app[WHEP_SESSIONS]
         session, answer = await sessions.open(job.id, rendition.variant, rendition.log, offer)
