@@ -91,6 +91,12 @@ def test_benchmarks_and_the_chaos_suite_use_the_public_surface() -> None:
     assert not offenders
 
 
+def test_a_face_of_ones_own_needs_only_the_public_surface() -> None:
+    """The tests' own face (tests/server/fragments_face) is written as a user's would
+    be: against `vaecast.embed`, nothing under `vaecast.server`."""
+    assert not _offenders(ROOT / "tests" / "server" / "fragments_face", ("vaecast.server",))
+
+
 def test_no_import_cycle_in_the_package() -> None:
     """Modules as units, and folders as units, imports inside functions and under
     TYPE_CHECKING included: each graph is acyclic, so its layers are well defined and

@@ -80,3 +80,13 @@ async def test_the_standard_faces_are_the_default(start_server: StartServer) -> 
     assert [spec.name for spec in standard_faces()] == ["progressive", "hls", "webrtc"]
     server = await start_server(faces=(HlsFace(), ProgressiveFace()))
     assert [face.name for face in server.app_faces()] == ["hls", "progressive"]
+
+
+def test_vaecast_embed_offers_every_name_it_lists() -> None:
+    """The public door a face of one's own (and the benchmarks) use is whole."""
+    import vaecast.embed
+
+    assert [name for name in vaecast.embed.__all__ if not hasattr(vaecast.embed, name)] == []
+    assert {"Face", "FaceSpec", "Rendition", "Attachment", "operation", "MANAGER"} <= set(
+        vaecast.embed.__all__
+    )

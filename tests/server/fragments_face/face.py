@@ -1,7 +1,7 @@
 """The fragments face: a rendition's fragment index as JSON, and a listener of its log.
 
-Written only against what a face may read (`vaecast.server.faces.face` and the stream core),
-as a face of one's own would be.
+Written only against `vaecast.embed` (and `vaecast.errors`), as a face of one's own
+outside vaecast would be.
 """
 
 from __future__ import annotations
@@ -11,13 +11,20 @@ from typing import Any
 
 from aiohttp import web
 
+from vaecast.embed import (
+    JOB_LOOKUP_ERRORS,
+    JSON,
+    MANAGER,
+    VARIANT,
+    VIDEO_ID,
+    Attachment,
+    JobManager,
+    Rendition,
+    Reply,
+    operation,
+    rendition_of,
+)
 from vaecast.errors import InvalidRequestError
-from vaecast.server.contract.shared import JOB_LOOKUP_ERRORS, JSON, VARIANT, VIDEO_ID
-from vaecast.server.contract.spec import Reply, operation
-from vaecast.server.faces.common import rendition_of
-from vaecast.server.faces.face import MANAGER
-from vaecast.server.stream.manager import JobManager
-from vaecast.server.stream.rendition import Attachment, Rendition
 
 FRAGMENT = {
     "type": "object",
