@@ -5,6 +5,8 @@ lists every route of the app's router."""
 
 from __future__ import annotations
 
+import asyncio
+import mimetypes
 import os
 import subprocess
 import sys
@@ -59,7 +61,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def static_site(root: Path) -> web.Application:
-    """The built site as a web server serves it: `dir/` is `dir/index.html`."""
+    """The built site as a web server serves it: `dir/` is `dir/index.html`.
+
+    Each file is read whole (in a thread) and answered from memory: a `FileResponse`
+    that the browser abandons mid-send (it moved on to the next page) leaves its file
+    to the garbage collector, a ResourceWarning on a busy machine."""
 
     async def page(request: web.Request) -> web.StreamResponse:
         target = (root / request.match_info["path"]).resolve()
@@ -67,7 +73,9 @@ def static_site(root: Path) -> web.Application:
             target = target / "index.html"
         if not target.is_relative_to(root) or not target.is_file():
             raise web.HTTPNotFound()
-        return web.FileResponse(target)
+        body = await asyncio.to_thread(target.read_bytes)
+        content_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        return web.Response(body=body, content_type=content_type)
 
     app = web.Application()
     app.router.add_get("/{path:.*}", page)
