@@ -55,9 +55,5 @@ class Face(Protocol):
         """What /healthz shows of it, or None for nothing."""
 
 
-def faces_of(app: web.Application) -> tuple[Face, ...]:
-    """The faces `app` was built with."""
-    return app[FACES]
-
-
+# The faces an app was built with, in the order of the config.
 FACES: web.AppKey[tuple[Face, ...]] = web.AppKey("faces", tuple)
