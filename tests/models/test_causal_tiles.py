@@ -20,7 +20,9 @@ import vaecast.models.hunyuan
 import vaecast.models.ltx
 from vaecast.errors import InvalidRequestError, WeightsError
 from vaecast.models.base import DecodedChunk
-from vaecast.models.causal_tiles import CausalTileDecoder, CausalTiles, CausalTileStream, Drop
+from vaecast.models.causal_tiles import CausalTiles, CausalTileStream, Drop, TileChunking
+from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
+from vaecast.models.streaming import Prepare
 
 CHANNELS = 3
 
@@ -47,6 +49,15 @@ class StandIn:
         self.use_tiling = False
         self.decoded: list[int] = []  # latent frames per decoder call
 
+    def to(self, device: torch.device) -> StandIn:
+        return self
+
+    def eval(self) -> StandIn:
+        return self
+
+    def requires_grad_(self, requires_grad: bool) -> StandIn:
+        return self
+
     def post_quant_conv(self, z: torch.Tensor) -> torch.Tensor:
         return z
 
@@ -63,25 +74,24 @@ class StandIn:
         return AutoencoderKLLTXVideo._temporal_tiled_decode(self, z, None, return_dict=False)[0]
 
 
-class StandInDecoder(CausalTileDecoder):
-    name = "stand-in"
-    value_range = (-1.0, 1.0)
+def stand_in_chunking(
+    vae: StandIn, device: torch.device, prepare: Prepare, drop: Drop
+) -> TileChunking:
+    tiles = CausalTiles.of(vae, drop, "stand-in")
+    return TileChunking(tiles, CHANNELS, 1, prepare, vae.decoder, vae.blend_t)
 
-    def __init__(self, vae: StandIn, drop: Drop) -> None:
-        self.vae = vae
-        self.tiles = CausalTiles.of(vae, drop, self.name)
-        self.latent_channels = CHANNELS
-        self.spatial_scale = 1
-        self.device = torch.device("cpu")
 
-    def prepare(self, latents: torch.Tensor) -> torch.Tensor:
-        return latents.to(torch.float32)
+class StandInDecoder(DiffusersDecoder):
+    """The stand-in as a family: `DiffusersDecoder` with `TileChunking`, as HunyuanVideo
+    and LTX are."""
 
-    def decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
-        return self.vae.decoder(latents)
-
-    def blend(self, a: torch.Tensor, b: torch.Tensor, blend_extent: int) -> torch.Tensor:
-        return self.vae.blend_t(a, b, blend_extent)
+    family = DiffusersFamily(
+        "stand-in",
+        "StandIn",
+        "any",
+        decode_step=lambda vae, device: lambda latents: latents.to(torch.float32),
+        chunking=stand_in_chunking,
+    )
 
 
 # (r, tile frames, stride frames, drop): HunyuanVideo's and LTX's defaults, a blend longer
@@ -108,7 +118,7 @@ def test_chunks_are_diffusers_temporal_tiling_bit_for_bit(
     r: int, tile: int, stride: int, drop: Drop
 ) -> None:
     vae = StandIn(r, tile, stride)
-    decoder = StandInDecoder(vae, drop)
+    decoder = StandInDecoder(vae, drop=drop)
     for frames in range(1, 16):
         z = latents(frames, seed=frames)
         expected = vae.decode(z, drop)
@@ -145,7 +155,7 @@ def test_chunk_sizes() -> None:
 def test_streams_of_any_split_are_the_whole_decode(
     r: int, tile: int, stride: int, drop: Drop
 ) -> None:
-    decoder = StandInDecoder(StandIn(r, tile, stride), drop)
+    decoder = StandInDecoder(StandIn(r, tile, stride), drop=drop)
     for frames in (3, 7, 11):
         z = latents(frames, seed=frames)
         whole = decoder.decode(z)
@@ -162,7 +172,7 @@ def test_streams_of_any_split_are_the_whole_decode(
 def test_a_tile_is_decoded_and_published_once_its_latents_have_arrived() -> None:
     """HunyuanVideo's tiles: 5 latents every 3, the chunk out before the next block is read."""
     vae = StandIn(4, 16, 12)
-    decoder = StandInDecoder(vae, "first")
+    decoder = StandInDecoder(vae, drop="first")
     published: list[int] = []
     seen: list[tuple[int, list[int]]] = []
 
@@ -189,7 +199,7 @@ def test_a_tile_is_decoded_and_published_once_its_latents_have_arrived() -> None
 
 def test_short_latents_are_one_plain_decode_published_in_the_same_chunks() -> None:
     vae = StandIn(8, 32, 8)  # tiles of 4 latents every 1: 3 latents are one decode
-    decoder = StandInDecoder(vae, "last")
+    decoder = StandInDecoder(vae, drop="last")
     chunks: list[DecodedChunk] = []
     decoder.decode_stream(list(latents(3).split(1, dim=2)), collect(chunks))
     assert vae.decoded == [3]
@@ -223,7 +233,7 @@ def test_a_tile_of_the_wrong_length_fails_loudly() -> None:
 
 
 def test_bad_latents_are_refused() -> None:
-    decoder = StandInDecoder(StandIn(4, 16, 12), "first")
+    decoder = StandInDecoder(StandIn(4, 16, 12), drop="first")
     with pytest.raises(InvalidRequestError, match="this model takes 3 latent channels, got 4"):
         decoder.plan((1, 4, 5, 2, 2))
     with pytest.raises(InvalidRequestError, match="at least 1 frame"):

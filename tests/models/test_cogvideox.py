@@ -28,7 +28,7 @@ from tests.helpers.tiny_pipelines.cogvideox import (
 )
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
-from vaecast.models.cogvideox import CogVideoXDecoder, CogVideoXLatents, check_internals
+from vaecast.models.cogvideox import CogVideoXDecoder, CogVideoXLatents
 from vaecast.models.layouts import BTCHW, layout_of
 from vaecast.models.registry import get_decoder
 from vaecast.models.weights_io import WeightsError
@@ -125,7 +125,7 @@ def test_the_vaes_own_frame_counts(decoder: CogVideoXDecoder) -> None:
     assert decoder.plan((1, LATENT_CHANNELS, 13, 60, 90)).chunk_frames == (9,) + (8,) * 5
     assert decoder.plan((1, LATENT_CHANNELS, 12, 60, 90)).frames == 48
     assert decoder.plan((1, LATENT_CHANNELS, 21, 1, 1)).frames == 81  # CogVideoX 1.5, unpadded
-    assert [decoder.batch_frames(n) for n in (1, 2, 3)] == [1, 8, 9]
+    assert [decoder.chunking.batch_frames(1, n) for n in (1, 2, 3)] == [1, 8, 9]
 
 
 def test_spatial_tiling_is_the_vaes_own() -> None:
@@ -285,12 +285,12 @@ def test_the_pipelines_frames_from_its_latents(case: TinyPipelineCase) -> None:
 def test_is_a_chunked_decoder(decoder: CogVideoXDecoder) -> None:
     assert isinstance(decoder, ChunkedDecoder)
     assert (decoder.name, decoder.latent_channels, decoder.value_range) == ("cogvideox", 4, (-1, 1))
-    assert (decoder.spatial_scale, decoder.temporal_scale) == (8, 4)
+    assert (decoder.chunking.spatial_scale, decoder.latent_layout.temporal_scale) == (8, 4)
 
 
 def test_the_diffusers_internals_we_drive_still_exist(vae: AutoencoderKLCogVideoX) -> None:
     """Fails loudly on a diffusers upgrade that changes the batch loop we reproduce."""
-    check_internals(vae)
+    CogVideoXDecoder.check_internals(vae)
     assert vae.num_latent_frames_batch_size == 2 and vae.post_quant_conv is None
     assert not vae.use_tiling  # the default, and a loaded VAE's
 
@@ -300,7 +300,7 @@ def test_missing_internals_fail_at_load() -> None:
 
     stale = SimpleNamespace(config={"scaling_factor": 1.0}, decoder=SimpleNamespace())
     with pytest.raises(WeightsError) as error:
-        check_internals(stale)
+        CogVideoXDecoder.check_internals(stale)
     assert str(error.value).startswith(
         f"diffusers {diffusers.__version__}'s AutoencoderKLCogVideoX no longer has "
         "post_quant_conv, num_latent_frames_batch_size, use_tiling, "

@@ -20,7 +20,7 @@ from tests.helpers.tiny_pipelines import run_case
 from tests.helpers.tiny_pipelines.hunyuan import CASES
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
-from vaecast.models.hunyuan import HunyuanVideoDecoder, check_internals
+from vaecast.models.hunyuan import HunyuanVideoDecoder
 from vaecast.models.layouts import BCTHW, layout_of
 from vaecast.models.registry import diffusers_model, get_decoder
 from vaecast.models.weights_io import WeightsError
@@ -178,7 +178,7 @@ def test_is_a_chunked_decoder(decoder: HunyuanVideoDecoder) -> None:
         (-1, 1),
     )
     assert layout_of(decoder) is BCTHW
-    assert (decoder.spatial_scale, decoder.tiles.temporal_scale) == (8, 4)
+    assert (decoder.chunking.spatial_scale, decoder.chunking.tiles.temporal_scale) == (8, 4)
 
 
 def test_bad_latents_are_refused(decoder: HunyuanVideoDecoder) -> None:
@@ -191,7 +191,7 @@ def test_bad_latents_are_refused(decoder: HunyuanVideoDecoder) -> None:
 
 
 def test_the_diffusers_internals_we_drive_still_exist(vae: AutoencoderKLHunyuanVideo) -> None:
-    check_internals(vae)
+    HunyuanVideoDecoder.check_internals(vae)
     assert vae.use_framewise_decoding  # HunyuanVideo's decode is its temporal tiling
     assert (vae.tile_sample_min_num_frames, vae.tile_sample_stride_num_frames) == (16, 12)
 
@@ -201,11 +201,12 @@ def test_missing_or_changed_internals_fail_at_load(vae: AutoencoderKLHunyuanVide
 
     stale = SimpleNamespace(config={"latent_channels": 4}, decoder=None)
     with pytest.raises(WeightsError) as error:
-        check_internals(stale)
+        HunyuanVideoDecoder.check_internals(stale)
     assert str(error.value).startswith(
         f"diffusers {diffusers.__version__}'s AutoencoderKLHunyuanVideo no longer has "
-        "_temporal_tiled_decode, tiled_decode, blend_t, post_quant_conv, use_tiling, "
+        "_temporal_tiled_decode, tiled_decode, blend_t, use_tiling, "
     )
+    assert "temporal_compression_ratio, post_quant_conv, config.scaling_factor" in str(error.value)
     assert str(error.value).endswith(
         "config.scaling_factor, which vaecast's hunyuan-video decoder relies on; "
         "install diffusers>=0.42,<0.43"

@@ -29,7 +29,7 @@ from tests.helpers.tiny_pipelines.hunyuan15 import (
 )
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
-from vaecast.models.hunyuan15 import HunyuanVideo15Decoder, SpatialTiling, check_internals
+from vaecast.models.hunyuan15 import HunyuanVideo15Decoder, SpatialTiling
 from vaecast.models.layouts import layout_of
 from vaecast.models.registry import get_decoder
 from vaecast.models.weights_io import WeightsError
@@ -236,11 +236,12 @@ def test_loads_from_a_local_diffusers_folder(
         loaded = get_decoder(name, device="cpu", weights=tmp_path)
         assert isinstance(loaded, HunyuanVideo15Decoder)
         assert torch.allclose(loaded.decode(z), expected, rtol=0, atol=ATOL)
-        assert loaded.tiling is None  # a loaded VAE starts untiled, as the pipelines use it
+        # A loaded VAE starts untiled, as the pipelines use it.
+        assert SpatialTiling.of(loaded.vae) is None
     tiled = HunyuanVideo15Decoder.from_weights(tmp_path, spatial_tiling=True)
     vae.enable_tiling()  # what a pipeline's user does: diffusers' default tiles
     try:
-        assert tiled.tiling == SpatialTiling.of(vae)
+        assert SpatialTiling.of(tiled.vae) == SpatialTiling.of(vae)
     finally:
         vae.disable_tiling()
 
@@ -272,12 +273,12 @@ def test_is_a_chunked_decoder(decoder: HunyuanVideo15Decoder) -> None:
         4,
         (-1.0, 1.0),
     )
-    assert (decoder.spatial_scale, decoder.temporal_scale) == (4, 4)
+    assert (decoder.chunking.spatial_scale, decoder.chunking.temporal_scale) == (4, 4)
 
 
 def test_the_diffusers_internals_we_drive_still_exist(vae: AutoencoderKLHunyuanVideo15) -> None:
     """Fails loudly on a diffusers upgrade that moves the pieces the pass repeats."""
-    check_internals(vae)
+    HunyuanVideo15Decoder.check_internals(vae)
     from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (
         HunyuanVideo15AttnBlock,
         HunyuanVideo15CausalConv3d,
@@ -308,7 +309,7 @@ def test_missing_internals_fail_at_load(vae: AutoencoderKLHunyuanVideo15) -> Non
 
     stale = SimpleNamespace(config={"latent_channels": 4}, decoder=vae.decoder)
     with pytest.raises(WeightsError) as error:
-        check_internals(stale)
+        HunyuanVideo15Decoder.check_internals(stale)
     assert str(error.value) == (
         f"diffusers {diffusers.__version__}'s AutoencoderKLHunyuanVideo15 no longer has "
         "use_tiling, tile_latent_min_height, tile_latent_min_width, tile_sample_min_height, "

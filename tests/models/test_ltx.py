@@ -262,7 +262,7 @@ def test_is_a_chunked_decoder(model: str, decoder: Decoder) -> None:
         CHANNELS[model],
         (-1, 1),
     )
-    assert (decoder.spatial_scale, decoder.tiles.temporal_scale) == (8, 8)
+    assert (decoder.chunking.spatial_scale, decoder.chunking.tiles.temporal_scale) == (8, 8)
     assert decoder.vae.use_framewise_decoding  # turned on: `vae.decode` is what it streams
 
 
@@ -280,7 +280,7 @@ def test_missing_or_changed_internals_fail_at_load(model: str) -> None:
     import diffusers
 
     decoder_class = DECODERS[model]
-    class_name = decoder_class.class_name
+    class_name = decoder_class.family.class_name
     stale = SimpleNamespace(config={"latent_channels": 4}, decoder=None)
     with pytest.raises(WeightsError) as error:
         decoder_class.check_internals(stale)

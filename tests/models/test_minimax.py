@@ -16,7 +16,7 @@ from tests.helpers.models import MINIMAX_LATENT_CHANNELS as LATENT_CHANNELS
 from tests.helpers.models import MINIMAX_TINY_CONFIG as TINY_CONFIG
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
-from vaecast.models.minimax import MiniMaxH3Decoder, check_internals
+from vaecast.models.minimax import MiniMaxH3Decoder
 from vaecast.models.registry import get_decoder
 from vaecast.models.weights_io import WeightsError
 
@@ -154,7 +154,7 @@ def test_is_a_chunked_decoder(decoder: MiniMaxH3Decoder) -> None:
 
 def test_the_diffusers_internals_we_drive_still_exist(vae: AutoencoderKLMiniMaxH3) -> None:
     """Fails loudly on a diffusers upgrade that changes the windowing we reproduce."""
-    check_internals(vae)
+    MiniMaxH3Decoder.check_internals(vae)
     assert list(inspect.signature(vae._decode_clip).parameters) == ["z"]
     assert (vae.tokens_chunk_size, vae.token_overlap) == (5, 2)
     assert (vae.frame_pre_padding, vae.frame_overlap, vae.temporal_compression_ratio) == (3, 5, 4)

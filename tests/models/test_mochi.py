@@ -24,7 +24,7 @@ from tests.helpers.tiny_pipelines import run_case
 from tests.helpers.tiny_pipelines.mochi import CASES, LATENT_CHANNELS, VAE_CONFIG, tiny_vae
 from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
-from vaecast.models.mochi import MochiDecoder, check_internals
+from vaecast.models.mochi import MochiDecoder
 from vaecast.models.registry import get_decoder
 from vaecast.models.weights_io import WeightsError
 
@@ -54,6 +54,11 @@ def whole_vae() -> AutoencoderKLMochi:
 @pytest.fixture(scope="module")
 def causal(whole_vae: AutoencoderKLMochi) -> MochiDecoder:
     return MochiDecoder(whole_vae)
+
+
+def streams_causally(decoder: MochiDecoder) -> bool:
+    """Whether it streams a latent frame at a time (causal), not the frame-wise batches."""
+    return decoder.chunking.batches.size == 1
 
 
 def latents(frames: int, height: int = 2, width: int = 2, seed: int = 0) -> torch.Tensor:
@@ -129,7 +134,7 @@ def test_chunks_are_the_pipelines_framewise_decode_bit_for_bit(
 def test_the_decoder_turns_framewise_decoding_on() -> None:
     vae = tiny_vae()
     assert not vae.use_framewise_decoding  # diffusers' default: the whole clip at once
-    assert not MochiDecoder(vae, causal=False).causal
+    assert not streams_causally(MochiDecoder(vae, causal=False))
     assert vae.use_framewise_decoding
 
 
@@ -140,7 +145,8 @@ def test_the_decoder_turns_framewise_decoding_on() -> None:
 def test_causal_chunks_are_the_pipelines_whole_clip_decode(
     whole_vae: AutoencoderKLMochi, causal: MochiDecoder, frames: int, chunk_frames: tuple[int, ...]
 ) -> None:
-    assert causal.causal and not whole_vae.use_framewise_decoding  # the pipeline's own path
+    # The pipeline's own path.
+    assert streams_causally(causal) and not whole_vae.use_framewise_decoding
     z = latents(frames, seed=frames)
     chunks = collect(causal, z)
     expected = pipeline_decode(whole_vae, z)
@@ -191,7 +197,7 @@ def test_a_structure_the_causal_pass_does_not_know_streams_framewise_and_says_so
         MochiDecoder(vae, causal=True)
     with caplog.at_level("WARNING", logger="vaecast.models.mochi"):
         decoder = MochiDecoder(vae)
-    assert not decoder.causal and vae.use_framewise_decoding
+    assert not streams_causally(decoder) and vae.use_framewise_decoding
     (record,) = caplog.records
     assert record.getMessage().startswith(
         "mochi: streaming frame-wise, not exactly the whole-clip decode (decoder.block_out"
@@ -316,12 +322,18 @@ def test_bad_latents_are_refused(decoder: MochiDecoder) -> None:
 def test_is_a_chunked_decoder(decoder: MochiDecoder) -> None:
     assert isinstance(decoder, ChunkedDecoder)
     assert (decoder.name, decoder.latent_channels, decoder.value_range) == ("mochi", 12, (-1, 1))
-    assert (decoder.spatial_scale, decoder.frames_per_latent, decoder.dropped_frames) == (8, 6, 5)
+    chunking = decoder.chunking
+    # 6 frames per latent, the first 5 of the video dropped: latent 0 stands for 1.
+    assert (chunking.spatial_scale, chunking.frames_per_latent, chunking.group_opening_frames) == (
+        8,
+        6,
+        1,
+    )
 
 
 def test_the_diffusers_internals_we_drive_still_exist(vae: AutoencoderKLMochi) -> None:
     """Fails loudly on a diffusers upgrade that changes the frame-wise loop we reproduce."""
-    check_internals(vae)
+    MochiDecoder.check_internals(vae)
     assert vae.num_latent_frames_batch_size == 2 and vae.drop_last_temporal_frames
     assert not vae.use_tiling
 
@@ -335,7 +347,7 @@ def test_missing_internals_fail_at_load() -> None:
         use_framewise_decoding=False,
     )
     with pytest.raises(WeightsError) as error:
-        check_internals(stale)
+        MochiDecoder.check_internals(stale)
     message = str(error.value)
     assert message.startswith(
         f"diffusers {diffusers.__version__}'s AutoencoderKLMochi no longer has "
@@ -367,7 +379,7 @@ def test_loads_from_a_local_diffusers_folder(
         get_decoder("mochi", device="cpu", weights=tmp_path),
         get_decoder("diffusers", device="cpu", weights=tmp_path),
     ):
-        assert isinstance(loaded, MochiDecoder) and loaded.causal
+        assert isinstance(loaded, MochiDecoder) and streams_causally(loaded)
         assert not loaded.vae.use_framewise_decoding
         assert torch.allclose(loaded.decode(z), expected, rtol=0, atol=1e-5)
 

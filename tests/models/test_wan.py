@@ -22,7 +22,7 @@ from tests.helpers import one_torch_thread
 from tests.helpers.models import WAN_TINY_CONFIG as TINY_CONFIG
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
 from vaecast.models.registry import get_decoder
-from vaecast.models.wan import WanDecoder, check_internals
+from vaecast.models.wan import WanDecoder
 from vaecast.models.weights_io import WeightsError
 
 # diffusers' own tiny Wan test configuration.
@@ -109,7 +109,7 @@ def test_is_a_chunked_decoder(decoder: WanDecoder) -> None:
 
 def test_the_diffusers_internals_we_drive_still_exist(vae: AutoencoderKLWan) -> None:
     """Fails loudly on a diffusers upgrade that moves the causal loop's pieces."""
-    check_internals(vae)
+    WanDecoder.check_internals(vae)
     assert vae._cached_conv_counts["decoder"] > 0
     parameters = inspect.signature(vae.decoder.forward).parameters
     assert list(parameters) == ["x", "feat_cache", "feat_idx", "first_chunk"]
@@ -126,7 +126,7 @@ def test_missing_internals_fail_at_load() -> None:
 
     stale = SimpleNamespace(config={"latents_mean": [], "latents_std": []}, decoder=None)
     with pytest.raises(WeightsError) as error:
-        check_internals(stale)
+        WanDecoder.check_internals(stale)
     assert str(error.value) == (
         f"diffusers {diffusers.__version__}'s AutoencoderKLWan no longer has "
         "_cached_conv_counts, post_quant_conv, clear_cache, config.z_dim, config.patch_size, "

@@ -27,15 +27,20 @@ real latents only ever yields wanted frames); the windows that need padding, the
 last tail and the trim wait for the end of the latents. Every window is decoded
 from a fresh contiguous copy of its latents, whatever blocks they came in, so a
 stream and a whole decode give the model the same input.
+
+`WindowChunking` is a family's chunking through them, a chunk per body and the tail.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from vaecast.models.base import DecodePlan, StreamPlan, check_latent_shape
+from vaecast.models.streaming import Emit, Prepare
 
 WindowDecoder = Callable[[torch.Tensor], torch.Tensor]
 PieceCallback = Callable[[torch.Tensor, int], None]
@@ -223,3 +228,65 @@ def blend(tail: torch.Tensor, body: torch.Tensor) -> torch.Tensor:
     if extent == body.shape[2]:
         return blended
     return torch.cat([blended, body[:, :, extent:]], dim=2)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowChunking:
+    """A family's `Chunking` through `WindowTiler`: each window of `prepare`d latents
+    through `decode_window`, its output made frames by `output`."""
+
+    tiler: WindowTiler
+    latent_channels: int
+    spatial_scale: int
+    prepare: Prepare
+    decode_window: WindowDecoder
+    output: Callable[[torch.Tensor], torch.Tensor]
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        # Diffusers' decode has no window for fewer than `overlap + 1` latent frames (a
+        # stream may start with fewer; it is refused at its end).
+        _, _, t, h, w = check_latent_shape(
+            latent_shape, self.latent_channels, min_frames=self.tiler.overlap + 1
+        )
+        scale = self.spatial_scale
+        return DecodePlan(h * scale, w * scale, self.tiler.plan(t).chunk_frames)
+
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        _, _, _, h, w = check_latent_shape(first_block_shape, self.latent_channels)
+        # Bodies all have the same length; the tail, and any trimmed chunk, is last.
+        tiler = self.tiler
+        return StreamPlan(
+            height=h * self.spatial_scale,
+            width=w * self.spatial_scale,
+            first_chunk_frames=tiler.body_frames,
+            chunk_frames=tiler.body_frames,
+            frames_per_latent=tiler.frames_per_latent,
+            group_opening_frames=tiler.latent_frame_count(0),
+            latents_per_group=tiler.stride,
+        )
+
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None
+    ) -> WindowLatents:
+        return WindowLatents(self)
+
+
+class WindowLatents:
+    """A `LatentStream` over `WindowChunking`: the tiler's pending latents and last tail."""
+
+    def __init__(self, chunking: WindowChunking) -> None:
+        self._prepare = chunking.prepare
+        self._output = chunking.output
+        self._windows = WindowStream(chunking.tiler, chunking.decode_window)
+
+    def push(self, block: torch.Tensor, emit: Emit) -> None:
+        self._windows.push(self._prepare(block), self._emitter(emit))
+
+    def finish(self, latent_frames: int, emit: Emit) -> None:
+        self._windows.finish(self._emitter(emit))
+
+    def close(self) -> None:
+        self._windows.close()
+
+    def _emitter(self, emit: Emit) -> PieceCallback:
+        return lambda sample, index: emit(self._output(sample))

@@ -42,15 +42,28 @@ import torch
 
 from vaecast.errors import WeightsError
 from vaecast.models.base import DecodePlan, StreamPlan, check_latent_shape
-from vaecast.models.streaming import Emit, StreamingDecoder
+from vaecast.models.streaming import Emit, Prepare
 
 Drop = Literal["first", "last"]
+# What the scheme reads of a VAE (its family adds the rest of what it drives).
+SCHEME_ATTRIBUTES = (
+    "_temporal_tiled_decode",
+    "tiled_decode",
+    "blend_t",
+    "decoder",
+    "use_tiling",
+    "use_framewise_decoding",
+    "tile_sample_min_height",
+    "tile_sample_min_width",
+    "tile_sample_min_num_frames",
+    "tile_sample_stride_num_frames",
+    "spatial_compression_ratio",
+    "temporal_compression_ratio",
+)
 # (B, C, L, h, w) latents, as the VAE's decode takes them, to (B, 3, (L-1)*r + 1, H, W).
 TileDecoder = Callable[[torch.Tensor], torch.Tensor]
 # The VAE's `blend_t(a, b, blend_extent)`: blends `a`'s tail into `b`'s head in place.
 Blend = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-# Pipeline-space latents as they arrive, to what the VAE's decode takes.
-Prepare = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,24 +225,31 @@ def missing_scheme_lines(vae: Any, scheme_lines: Sequence[str]) -> list[str]:
     return [f"`{line}` in _temporal_tiled_decode" for line in scheme_lines if line not in source]
 
 
-class CausalTileDecoder(StreamingDecoder):
-    """A decoder whose VAE decodes through `CausalTiles`' scheme.
+def per_tile_decoder(vae: Any, tiled: TileDecoder, untiled: TileDecoder) -> TileDecoder:
+    """The per-tile branch of `_temporal_tiled_decode` (and `_decode`'s below the tile
+    length): the VAE's spatial `tiled` decode where its `use_tiling` applies to the
+    tile, else `untiled`. Read at each call, as the VAE reads it."""
 
-    A subclass sets `tiles`, `latent_channels`, `spatial_scale` and `device`, and gives
-    `prepare` (pipeline-space latents to what the VAE takes), `decode_tile` and `blend`.
-    """
+    def decode_tile(latents: torch.Tensor) -> torch.Tensor:
+        min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
+        min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
+        if vae.use_tiling and (latents.shape[-1] > min_width or latents.shape[-2] > min_height):
+            return tiled(latents)
+        return untiled(latents)
+
+    return decode_tile
+
+
+@dataclass(frozen=True, slots=True)
+class TileChunking:
+    """A family's `Chunking` through `CausalTiles`: a chunk per temporal tile."""
 
     tiles: CausalTiles
+    latent_channels: int
     spatial_scale: int
-
-    def prepare(self, latents: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def blend(self, a: torch.Tensor, b: torch.Tensor, blend_extent: int) -> torch.Tensor:
-        raise NotImplementedError
+    prepare: Prepare
+    decode_tile: TileDecoder
+    blend: Blend
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
@@ -240,5 +260,7 @@ class CausalTileDecoder(StreamingDecoder):
         _, _, _, h, w = check_latent_shape(first_block_shape, self.latent_channels)
         return self.tiles.stream_plan(h * self.spatial_scale, w * self.spatial_scale)
 
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> CausalTileStream:
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None
+    ) -> CausalTileStream:
         return CausalTileStream(self.tiles, self.prepare, self.decode_tile, self.blend)

@@ -46,6 +46,7 @@ stream of T = 2 its `frames_for(2)` says 5; the decode has 8).
 Decodes may overlap on one VAE: the conv caches are values the decoder returns and
 each decode keeps its own; the loop writes no state on the module.
 
+The decoder is `DiffusersDecoder` with this family's spec (`FAMILY`):
 `CogVideoXDecoder.from_weights` loads a local diffusers folder (the VAE's or a model's,
 with `vae/`); `CogVideoXDecoder(vae)` wraps an `AutoencoderKLCogVideoX` loaded some other
 way (its tiling state is read at each decode). diffusers is imported only when a model
@@ -54,63 +55,19 @@ is loaded, so `import vaecast` never needs it.
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from vaecast.errors import InvalidRequestError
-from vaecast.models.base import (
-    ChunkCallback,
-    DecodePlan,
-    StreamPlan,
-    check_latent_shape,
-)
-from vaecast.models.diffusers_family import DiffusersFamily
-from vaecast.models.frame_batches import (
-    BatchStream,
-    CachedBatches,
-    FrameBatches,
-    SpatialTiles,
-)
+from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
+from vaecast.models.frame_batches import BatchChunking, FrameBatches, SpatialTiles
 from vaecast.models.layouts import BTCHW, MAX_GEOMETRY_VALUE, BoundLayout, Params
-from vaecast.models.streaming import StreamingDecoder
+from vaecast.models.streaming import Prepare
 from vaecast.models.weights_io import WeightsError
 from vaecast.params import parse_int
 
-# What vaecast drives of the model beyond diffusers' public API, on the versions whose
-# `AutoencoderKLCogVideoX._decode` and `tiled_decode` loops and pipeline decode step
-# are the ones we drive (0.35.0 and 0.42.1 are identical there).
-FAMILY = DiffusersFamily(
-    "cogvideox",
-    "AutoencoderKLCogVideoX",
-    "diffusers>=0.35,<0.43",
-    attributes=(
-        "decoder",
-        "post_quant_conv",
-        "num_latent_frames_batch_size",
-        "use_tiling",
-        "tile_latent_min_height",
-        "tile_latent_min_width",
-        "tile_sample_min_height",
-        "tile_sample_min_width",
-        "tile_overlap_factor_height",
-        "tile_overlap_factor_width",
-        "blend_v",
-        "blend_h",
-    ),
-    config_keys=(
-        "latent_channels",
-        "block_out_channels",
-        "temporal_compression_ratio",
-        "scaling_factor",
-    ),
-    signatures={"decoder.forward": ("sample", "temb", "conv_cache")},
-    weights_of="a CogVideoX model",
-)
 # The batch the VAE decodes at a time; its own comment warns that the model was
 # trained for no other, and the stream's rule (odd lengths) is this one's.
 BATCH_LATENT_FRAMES = 2
@@ -118,12 +75,6 @@ BATCH_LATENT_FRAMES = 2
 PATCH_SIZE_T = 2
 # CogVideoX's temporal compression, as the pipelines read it from the VAE.
 TEMPORAL_SCALE = 4
-
-# The length of the latents a `decode_chunks` call is decoding: known from the start,
-# the batches are then exact whatever T's parity (a stream's length is open).
-_WHOLE_FRAMES: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "vaecast_cogvideox_whole_frames", default=None
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,17 +117,6 @@ class _Unpadded:
         return latents[:, :, latents.shape[2] - self.latent_frames :]
 
 
-def check_internals(vae: Any) -> None:
-    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives,
-    or decodes in batches other than the one the stream's rule is made for."""
-    FAMILY.check(vae, _missing_upsamplers)
-    if vae.num_latent_frames_batch_size != BATCH_LATENT_FRAMES:
-        raise WeightsError(
-            f"unsupported CogVideoX decode: num_latent_frames_batch_size "
-            f"{vae.num_latent_frames_batch_size}; vaecast streams batches of {BATCH_LATENT_FRAMES}"
-        )
-
-
 def _missing_upsamplers(vae: Any) -> list[str]:
     """The decoder's temporal upsamplers, whose `compress_time` the stream reads."""
     decoder = getattr(vae, "decoder", None)
@@ -194,146 +134,134 @@ def _upsamplers(decoder: Any) -> list[Any]:
     return [up for block in decoder.up_blocks for up in (block.upsamplers or ())]
 
 
-def load_vae(weights: str | Path | None) -> Any:
-    """`AutoencoderKLCogVideoX` from a local diffusers folder (the model's or its `vae/`)."""
-    return FAMILY.load(weights)
+def decode_step(vae: Any, device: torch.device) -> Prepare:
+    """pipeline_cogvideox.py's `decode_latents`, the same expression for bit parity."""
+    scaling_factor = vae.config.scaling_factor
+    return lambda latents: 1 / scaling_factor * latents.to(device, vae.dtype)
 
 
-class CogVideoXDecoder(StreamingDecoder):
-    """CogVideoX's VAE decoder under the chunk contract: a chunk per batch of 2 latent
-    frames (the first of 3 when T is odd): 9, 8, 8, ... frames."""
+def batch_frames_of(vae: Any) -> Any:
+    """(batch index, its latent frames) -> the frames the batch decodes to, by the
+    decoder's own upsamplers, not the config's ratio."""
+    time_stages = sum(bool(up.compress_time) for up in _upsamplers(vae.decoder))
 
-    name = "cogvideox"
-    value_range = (-1.0, 1.0)
-    latent_layout = CogVideoXLatents()
-
-    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
-        check_internals(vae)
-        self.device = torch.device(device)
-        # Parameters keep `requires_grad` as loaded, as in the pipelines (it may change
-        # which kernel a layer takes); inference mode records nothing either way.
-        self.vae = vae.to(self.device).eval()
-        config = vae.config
-        self.latent_channels = int(config.latent_channels)
-        # The pipelines' `vae_scale_factor_spatial` and `vae_scale_factor_temporal`.
-        self.spatial_scale = 2 ** (len(config.block_out_channels) - 1)
-        self.temporal_scale = int(config.temporal_compression_ratio)
-        self.latent_layout = CogVideoXLatents(self.temporal_scale)
-        # The frame counts follow the decoder's own upsamplers, not the config's ratio.
-        self._time_stages = sum(bool(up.compress_time) for up in _upsamplers(vae.decoder))
-        self.batches = FrameBatches(BATCH_LATENT_FRAMES, remainder_first=True, stream_remainder=1)
-
-    @classmethod
-    def from_weights(
-        cls, weights: str | Path | None, device: str | torch.device = "cpu"
-    ) -> CogVideoXDecoder:
-        """Load the VAE from a local diffusers folder with `load_vae`."""
-        return cls(load_vae(weights), device)
-
-    def batch_frames(self, latent_frames: int) -> int:
-        """The frames one batch of `latent_frames` latent frames decodes to."""
+    def batch_frames(index: int, latent_frames: int) -> int:
         frames = latent_frames
-        for _ in range(self._time_stages):
+        for _ in range(time_stages):
             # CogVideoXUpsample3D: a lone frame stays one; an odd count keeps its first.
             frames = 1 if frames == 1 else 2 * frames - frames % 2
         return frames
 
-    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
-        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
-        height, width = self._output_size(h, w)
-        chunk_frames = tuple(self.batch_frames(n) for n in self.batches.sizes(t))
-        return DecodePlan(height=height, width=width, chunk_frames=chunk_frames)
+    return batch_frames
 
-    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
-        _, _, _, h, w = check_latent_shape(first_block_shape, self.latent_channels)
-        height, width = self._output_size(h, w)
-        per_batch = self.batch_frames(BATCH_LATENT_FRAMES)
-        return StreamPlan(
-            height=height,
-            width=width,
-            first_chunk_frames=self.batch_frames(self.batches.stream_size(0)),
-            chunk_frames=per_batch,
-            frames_per_latent=per_batch // BATCH_LATENT_FRAMES,
-            group_opening_frames=1,
-            latents_per_group=None,
+
+def chunking(vae: Any, device: torch.device, prepare: Prepare) -> BatchChunking:
+    """A chunk per batch of 2 latent frames (the first of 3 when T is odd): 9, 8, 8,
+    ... frames; refused for a VAE that decodes other batches."""
+    if vae.num_latent_frames_batch_size != BATCH_LATENT_FRAMES:
+        raise WeightsError(
+            f"unsupported CogVideoX decode: num_latent_frames_batch_size "
+            f"{vae.num_latent_frames_batch_size}; vaecast streams batches of {BATCH_LATENT_FRAMES}"
         )
+    batch_frames = batch_frames_of(vae)
+    per_batch = batch_frames(1, BATCH_LATENT_FRAMES)
 
-    def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
-        token = _WHOLE_FRAMES.set(int(latents.shape[2]) if latents.ndim == 5 else None)
-        try:
-            super().decode_chunks(latents, on_chunk)
-        finally:
-            _WHOLE_FRAMES.reset(token)
-
-    def decode_stream(self, blocks: Iterable[torch.Tensor], on_chunk: ChunkCallback) -> DecodePlan:
-        token = _WHOLE_FRAMES.set(None)  # a stream's length is open, even inside a decode
-        try:
-            return super().decode_stream(blocks, on_chunk)
-        finally:
-            _WHOLE_FRAMES.reset(token)
-
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> BatchStream:
-        _, _, _, h, w = first_block_shape
-        batches = CachedBatches(
-            self._decode_tile, self._tiles(h, w), self.vae.blend_v, self.vae.blend_h
-        )
-        return BatchStream(
-            self.batches,
-            # Denormalized per batch: the scaling is elementwise, so it is the pipeline's.
-            lambda latents, index: batches(self._denormalize(latents), index),
-            self.device,
-            self.vae.dtype,
-            latent_frames=_WHOLE_FRAMES.get(),
-            refuse=self._refuse_stream,
-            close=batches.close,
-        )
-
-    def _denormalize(self, latents: torch.Tensor) -> torch.Tensor:
-        # pipeline_cogvideox.py's `decode_latents`, the same expression for bit parity.
-        return 1 / self.vae.config.scaling_factor * latents
-
-    def _decode_tile(
-        self, latents: torch.Tensor, cache: Any, index: int
-    ) -> tuple[torch.Tensor, Any]:
-        vae = self.vae
+    def decode_tile(latents: torch.Tensor, cache: Any, index: int) -> tuple[torch.Tensor, Any]:
         if vae.post_quant_conv is not None:
             latents = vae.post_quant_conv(latents)
-        frames, cache = vae.decoder(latents, conv_cache=cache)
-        return frames, cache
+        return vae.decoder(latents, conv_cache=cache)
 
-    def _tiles(self, height: int, width: int) -> SpatialTiles | None:
-        """`tiled_decode`'s grid where `_decode` would take it for latents of this size."""
-        vae = self.vae
-        if not (
-            vae.use_tiling
-            and (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height)
-        ):
-            return None
-        # tiled_decode's arithmetic, operation for operation.
-        overlap_height = int(vae.tile_latent_min_height * (1 - vae.tile_overlap_factor_height))
-        overlap_width = int(vae.tile_latent_min_width * (1 - vae.tile_overlap_factor_width))
-        blend_extent_height = int(vae.tile_sample_min_height * vae.tile_overlap_factor_height)
-        blend_extent_width = int(vae.tile_sample_min_width * vae.tile_overlap_factor_width)
-        return SpatialTiles(
-            tile=(vae.tile_latent_min_height, vae.tile_latent_min_width),
-            stride=(overlap_height, overlap_width),
-            blend=(blend_extent_height, blend_extent_width),
-            keep=(
-                vae.tile_sample_min_height - blend_extent_height,
-                vae.tile_sample_min_width - blend_extent_width,
-            ),
-        )
+    return BatchChunking(
+        FrameBatches(BATCH_LATENT_FRAMES, remainder_first=True, stream_remainder=1),
+        latent_channels=int(vae.config.latent_channels),
+        # The pipelines' `vae_scale_factor_spatial`.
+        spatial_scale=2 ** (len(vae.config.block_out_channels) - 1),
+        batch_frames=batch_frames,
+        frames_per_latent=per_batch // BATCH_LATENT_FRAMES,
+        group_opening_frames=1,
+        tiles=lambda height, width: spatial_tiles(vae, height, width),
+        prepare=prepare,
+        decode_tile=decode_tile,
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        device=device,
+        dtype=vae.dtype,
+        refuse=_refuse_stream,
+    )
 
-    def _output_size(self, height: int, width: int) -> tuple[int, int]:
-        tiles = self._tiles(height, width)
-        if tiles is None:
-            return height * self.spatial_scale, width * self.spatial_scale
-        return tiles.output_size(height, width, self.spatial_scale)
 
-    def _refuse_stream(self, latent_frames: int) -> InvalidRequestError:
-        return InvalidRequestError(
-            f"a cogvideox stream must have an odd number of latent frames (or exactly 2), got "
-            f"{latent_frames}: CogVideoX decodes batches of 2 with the odd one out in the "
-            f"first, so an even length moves every batch, and this stream's first chunks "
-            f"were decoded as for an odd one; send latents of an even length as one tensor"
-        )
+def spatial_tiles(vae: Any, height: int, width: int) -> SpatialTiles | None:
+    """`tiled_decode`'s grid where `_decode` would take it for latents of this size."""
+    larger = width > vae.tile_latent_min_width or height > vae.tile_latent_min_height
+    if not (vae.use_tiling and larger):
+        return None
+    # tiled_decode's arithmetic, operation for operation.
+    overlap_height = int(vae.tile_latent_min_height * (1 - vae.tile_overlap_factor_height))
+    overlap_width = int(vae.tile_latent_min_width * (1 - vae.tile_overlap_factor_width))
+    blend_extent_height = int(vae.tile_sample_min_height * vae.tile_overlap_factor_height)
+    blend_extent_width = int(vae.tile_sample_min_width * vae.tile_overlap_factor_width)
+    return SpatialTiles(
+        tile=(vae.tile_latent_min_height, vae.tile_latent_min_width),
+        stride=(overlap_height, overlap_width),
+        blend=(blend_extent_height, blend_extent_width),
+        keep=(
+            vae.tile_sample_min_height - blend_extent_height,
+            vae.tile_sample_min_width - blend_extent_width,
+        ),
+    )
+
+
+def _refuse_stream(latent_frames: int) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"a cogvideox stream must have an odd number of latent frames (or exactly 2), got "
+        f"{latent_frames}: CogVideoX decodes batches of 2 with the odd one out in the "
+        f"first, so an even length moves every batch, and this stream's first chunks "
+        f"were decoded as for an odd one; send latents of an even length as one tensor"
+    )
+
+
+# What vaecast drives of the model beyond diffusers' public API, on the versions whose
+# `AutoencoderKLCogVideoX._decode` and `tiled_decode` loops and pipeline decode step
+# are the ones we drive (0.35.0 and 0.42.1 are identical there).
+FAMILY = DiffusersFamily(
+    "cogvideox",
+    "AutoencoderKLCogVideoX",
+    "diffusers>=0.35,<0.43",
+    attributes=(
+        "decoder",
+        "post_quant_conv",
+        "num_latent_frames_batch_size",
+        "use_tiling",
+        "tile_latent_min_height",
+        "tile_latent_min_width",
+        "tile_sample_min_height",
+        "tile_sample_min_width",
+        "tile_overlap_factor_height",
+        "tile_overlap_factor_width",
+        "blend_v",
+        "blend_h",
+    ),
+    config_keys=(
+        "latent_channels",
+        "block_out_channels",
+        "temporal_compression_ratio",
+        "scaling_factor",
+    ),
+    signatures={"decoder.forward": ("sample", "temb", "conv_cache")},
+    weights_of="a CogVideoX model",
+    more_checks=_missing_upsamplers,
+    decode_step=decode_step,
+    chunking=chunking,
+    # The pipelines' `vae_scale_factor_temporal`, read from the config.
+    layout=lambda vae: CogVideoXLatents(int(vae.config.temporal_compression_ratio)),
+    # Parameters keep `requires_grad` as loaded, as in the pipelines.
+    keeps_grad=True,
+)
+
+
+class CogVideoXDecoder(DiffusersDecoder):
+    """CogVideoX's VAE decoder under the chunk contract: a chunk per batch of 2 latent
+    frames (the first of 3 when T is odd): 9, 8, 8, ... frames."""
+
+    family = FAMILY
+    latent_layout = CogVideoXLatents()

@@ -16,7 +16,8 @@ one batch decodes to (a decoder's `TileDecode`); the rest is here:
 - `CachedBatches`: one decode's batches, whole or tile by tile, each tile's cache kept
   from one batch to the next, blended exactly as `tiled_decode` does;
 - `BatchStream`: the `LatentStream` that decodes each batch as soon as its latents have
-  arrived, and at the end those the end completes.
+  arrived, and at the end those the end completes;
+- `BatchChunking`: a family's chunking through them, a chunk per batch.
 
 A batch is decoded from a fresh contiguous copy of its latents, whatever blocks they
 came in, so a stream and a whole decode hand the model the same tensors.
@@ -24,13 +25,14 @@ came in, so a stream and a whole decode hand the model the same tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from vaecast.models.streaming import Emit
+from vaecast.models.base import DecodePlan, StreamPlan, check_latent_shape
+from vaecast.models.streaming import Emit, Prepare
 
 # (latents of one batch or tile of it, its cache from the batch before (None for the
 # first), batch index) -> (its frames, the cache for the next batch).
@@ -239,3 +241,72 @@ class BatchStream:
         del latents
         self._decoded.append(size)
         emit(frames)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchChunking:
+    """A family's `Chunking` over `FrameBatches`: each batch decoded through the VAE's
+    decoder with its conv cache (`decode_tile`), tile by tile where the VAE tiles
+    latents of that size (`tiles`), and published as a chunk."""
+
+    batches: FrameBatches
+    latent_channels: int
+    spatial_scale: int
+    # (batch index, its latent frames) -> the frames it decodes to.
+    batch_frames: Callable[[int, int], int]
+    frames_per_latent: int
+    group_opening_frames: int  # the frames latent 0 stands for
+    # (latent height, width) -> `tiled_decode`'s grid where `_decode` takes it, else None.
+    tiles: Callable[[int, int], SpatialTiles | None]
+    prepare: Prepare
+    decode_tile: TileDecode
+    blend_v: Blend
+    blend_h: Blend
+    device: torch.device
+    dtype: torch.dtype
+    # Raised where a stream's end shows that its first batches were cut wrong.
+    refuse: Callable[[int], Exception] | None = None
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        tiles = self.tiles(height, width)
+        if tiles is None:
+            return height * self.spatial_scale, width * self.spatial_scale
+        return tiles.output_size(height, width, self.spatial_scale)
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        _, _, t, h, w = check_latent_shape(latent_shape, self.latent_channels)
+        height, width = self.output_size(h, w)
+        sizes = self.batches.sizes(t)
+        chunk_frames = tuple(self.batch_frames(i, n) for i, n in enumerate(sizes))
+        return DecodePlan(height=height, width=width, chunk_frames=chunk_frames)
+
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        _, _, _, h, w = check_latent_shape(first_block_shape, self.latent_channels)
+        height, width = self.output_size(h, w)
+        batches = self.batches
+        return StreamPlan(
+            height=height,
+            width=width,
+            first_chunk_frames=self.batch_frames(0, batches.stream_size(0)),
+            chunk_frames=self.batch_frames(1, batches.stream_size(1)),
+            frames_per_latent=self.frames_per_latent,
+            group_opening_frames=self.group_opening_frames,
+            latents_per_group=None,
+        )
+
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None
+    ) -> BatchStream:
+        _, _, _, h, w = first_block_shape
+        cached = CachedBatches(self.decode_tile, self.tiles(h, w), self.blend_v, self.blend_h)
+        prepare = self.prepare
+        return BatchStream(
+            self.batches,
+            # The decode step per batch: it is elementwise, so it is the pipeline's.
+            lambda latents, index: cached(prepare(latents), index),
+            self.device,
+            self.dtype,
+            latent_frames=latent_frames,
+            refuse=self.refuse,
+            close=cached.close,
+        )

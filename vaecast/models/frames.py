@@ -64,7 +64,9 @@ class FramesDecoder(StreamingDecoder):
             latents_per_group=None,
         )
 
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> _FramesStream:
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None = None
+    ) -> _FramesStream:
         assert self.chunk_frames is not None  # plan_stream ran on this shape
         return _FramesStream(self.chunk_frames, self.value_range, self.device)
 

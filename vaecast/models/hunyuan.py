@@ -26,6 +26,7 @@ unclamped, as `vae.decode` gives them.
 A tile decode keeps no state on the module (no cache, no hooks of ours), so decodes
 may share one VAE: each holds only its own pending latents and last tile's tail.
 
+The decoder is `DiffusersDecoder` with this family's spec (`FAMILY`):
 `HunyuanVideoDecoder.from_weights` loads a local diffusers folder;
 `HunyuanVideoDecoder(vae)` wraps an `AutoencoderKLHunyuanVideo` loaded some other way.
 diffusers is imported only when a model is loaded, so `import vaecast` never needs it.
@@ -33,43 +34,20 @@ diffusers is imported only when a model is loaded, so `import vaecast` never nee
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from vaecast.models.causal_tiles import CausalTileDecoder, CausalTiles, missing_scheme_lines
-from vaecast.models.diffusers_family import DiffusersFamily
-
-# What vaecast drives of the model beyond diffusers' public API, on the versions whose
-# `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1).
-FAMILY = DiffusersFamily(
-    "hunyuan-video",
-    "AutoencoderKLHunyuanVideo",
-    "diffusers>=0.42,<0.43",
-    attributes=(
-        "_temporal_tiled_decode",
-        "tiled_decode",
-        "blend_t",
-        "post_quant_conv",
-        "decoder",
-        "use_tiling",
-        "use_framewise_decoding",
-        "tile_sample_min_height",
-        "tile_sample_min_width",
-        "tile_sample_min_num_frames",
-        "tile_sample_stride_num_frames",
-        "spatial_compression_ratio",
-        "temporal_compression_ratio",
-    ),
-    config_keys=("latent_channels", "scaling_factor"),
-    signatures={
-        "tiled_decode": ("z", "return_dict"),
-        "blend_t": ("a", "b", "blend_extent"),
-        "decoder.forward": ("hidden_states",),
-    },
-    weights_of="HunyuanVideo",
+from vaecast.models.causal_tiles import (
+    SCHEME_ATTRIBUTES,
+    CausalTiles,
+    TileChunking,
+    missing_scheme_lines,
+    per_tile_decoder,
 )
+from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
+from vaecast.models.streaming import Prepare
+
 # The lines of `_temporal_tiled_decode` that fix the scheme: which frame a later tile
 # drops, and that it is blended with the previous tile as diffusers stores it.
 SCHEME_LINES = (
@@ -78,52 +56,52 @@ SCHEME_LINES = (
 )
 
 
-def check_internals(vae: Any) -> None:
-    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    FAMILY.check(vae, lambda vae: missing_scheme_lines(vae, SCHEME_LINES))
+def decode_step(vae: Any, device: torch.device) -> Prepare:
+    """pipeline_hunyuan_video.py's decode step, its expression for bit parity."""
+    scaling_factor = vae.config.scaling_factor
+    return lambda latents: latents.to(device).to(vae.dtype) / scaling_factor
 
 
-def load_vae(weights: str | Path | None) -> Any:
-    """`AutoencoderKLHunyuanVideo` from a local diffusers folder (the model's or its `vae/`)."""
-    return FAMILY.load(weights)
+def chunking(vae: Any, device: torch.device, prepare: Prepare) -> TileChunking:
+    """A chunk per temporal tile; `vae.decode` is always the decode streamed, so
+    `use_framewise_decoding` (on by default for this VAE) is turned on should a VAE
+    come with it off."""
+    vae.use_framewise_decoding = True
+    return TileChunking(
+        CausalTiles.of(vae, drop="first", model=FAMILY.model),
+        latent_channels=int(vae.config.latent_channels),
+        spatial_scale=int(vae.spatial_compression_ratio),
+        prepare=prepare,
+        decode_tile=per_tile_decoder(
+            vae,
+            lambda latents: vae.tiled_decode(latents, return_dict=True).sample,
+            lambda latents: vae.decoder(vae.post_quant_conv(latents)),
+        ),
+        blend=vae.blend_t,
+    )
 
 
-class HunyuanVideoDecoder(CausalTileDecoder):
+# What vaecast drives of the model beyond diffusers' public API, on the versions whose
+# `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1).
+FAMILY = DiffusersFamily(
+    "hunyuan-video",
+    "AutoencoderKLHunyuanVideo",
+    "diffusers>=0.42,<0.43",
+    attributes=(*SCHEME_ATTRIBUTES, "post_quant_conv"),
+    config_keys=("latent_channels", "scaling_factor"),
+    signatures={
+        "tiled_decode": ("z", "return_dict"),
+        "blend_t": ("a", "b", "blend_extent"),
+        "decoder.forward": ("hidden_states",),
+    },
+    weights_of="HunyuanVideo",
+    more_checks=lambda vae: missing_scheme_lines(vae, SCHEME_LINES),
+    decode_step=decode_step,
+    chunking=chunking,
+)
+
+
+class HunyuanVideoDecoder(DiffusersDecoder):
     """HunyuanVideo's VAE decoder under the chunk contract: a chunk per temporal tile."""
 
-    name = "hunyuan-video"
-    value_range = (-1.0, 1.0)
-
-    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
-        check_internals(vae)
-        self.device = torch.device(device)
-        self.vae = vae.to(self.device).eval().requires_grad_(False)
-        vae.use_framewise_decoding = True
-        self.tiles = CausalTiles.of(vae, drop="first", model=self.name)
-        self.latent_channels = int(vae.config.latent_channels)
-        self.spatial_scale = int(vae.spatial_compression_ratio)
-        self._scaling_factor = vae.config.scaling_factor
-
-    @classmethod
-    def from_weights(
-        cls, weights: str | Path | None, device: str | torch.device = "cpu"
-    ) -> HunyuanVideoDecoder:
-        """Load the VAE from a local diffusers folder with `load_vae`."""
-        return cls(load_vae(weights), device)
-
-    def prepare(self, latents: torch.Tensor) -> torch.Tensor:
-        # pipeline_hunyuan_video.py's expression, for bit parity with its decode.
-        return latents.to(self.device).to(self.vae.dtype) / self._scaling_factor
-
-    def decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
-        # The per-tile branch of `_temporal_tiled_decode` (and `_decode`'s below the
-        # tile length).
-        vae = self.vae
-        min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
-        min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
-        if vae.use_tiling and (latents.shape[-1] > min_width or latents.shape[-2] > min_height):
-            return vae.tiled_decode(latents, return_dict=True).sample
-        return vae.decoder(vae.post_quant_conv(latents))
-
-    def blend(self, a: torch.Tensor, b: torch.Tensor, blend_extent: int) -> torch.Tensor:
-        return self.vae.blend_t(a, b, blend_extent)
+    family = FAMILY

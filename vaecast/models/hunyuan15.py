@@ -44,6 +44,7 @@ to its end, waits for the next block included). The carried state is the decode'
 holds a full set of activations and the attention's keys on the device; serializing
 behaves like one decode slot for this model rather than failing a job.
 
+The decoder is `DiffusersDecoder` with this family's spec (`FAMILY`):
 `HunyuanVideo15Decoder.from_weights` loads a local diffusers folder;
 `HunyuanVideo15Decoder(vae)` wraps an `AutoencoderKLHunyuanVideo15` loaded some other
 way. diffusers is imported only when a model is loaded, so `import vaecast` never needs
@@ -53,56 +54,75 @@ it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from vaecast.models.base import DecodePlan, StreamPlan, causal_plan, causal_stream_plan
-from vaecast.models.diffusers_family import DiffusersFamily, vae_lock
-from vaecast.models.hunyuan15_stream import DecoderState, check_decoder, decode_step
-from vaecast.models.streaming import CausalStream, StreamingDecoder
+from vaecast.models import hunyuan15_stream
+from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily, vae_lock
+from vaecast.models.hunyuan15_stream import DecoderState, check_decoder
+from vaecast.models.streaming import CausalChunking, CausalStream, Prepare
 from vaecast.models.weights_io import WeightsError
 
-# What vaecast drives of the model beyond diffusers' public API. The class arrived in
-# diffusers 0.36; the stream pass repeats its 0.42.1 forwards, and `check_internals`
-# checks the structure they rely on.
-FAMILY = DiffusersFamily(
-    "hunyuan-video-1.5",
-    "AutoencoderKLHunyuanVideo15",
-    "diffusers>=0.36,<0.43",
-    attributes=(
-        "decoder",
-        "use_tiling",
-        "tile_latent_min_height",
-        "tile_latent_min_width",
-        "tile_sample_min_height",
-        "tile_sample_min_width",
-        "tile_overlap_factor",
-        "blend_v",
-        "blend_h",
-        "tiled_decode",
-        "enable_tiling",
-        "spatial_compression_ratio",
-        "temporal_compression_ratio",
-    ),
-    config_keys=("latent_channels", "scaling_factor"),
-    weights_of="a HunyuanVideo 1.5 model",
-)
 
-_Plan = TypeVar("_Plan", DecodePlan, StreamPlan)
+def load_vae(weights: str | Path | None, spatial_tiling: bool = False) -> Any:
+    """`AutoencoderKLHunyuanVideo15` from a local diffusers folder (the model's or its
+    `vae/`); `spatial_tiling` decodes as a pipeline does after `vae.enable_tiling()`
+    (diffusers' default tiles)."""
+    vae = FAMILY.load(weights)
+    if spatial_tiling:
+        vae.enable_tiling()
+    return vae
 
 
-def check_internals(vae: Any) -> None:
-    """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-    FAMILY.check(vae, lambda vae: check_decoder(vae.decoder) if hasattr(vae, "decoder") else [])
+def decode_step(vae: Any, device: torch.device) -> Prepare:
+    """Exactly the pipelines' expression, the cast to the VAE's dtype first, for bit
+    parity with a pipeline's decode."""
+    scaling_factor = vae.config.scaling_factor
+    return lambda latents: latents.to(device, vae.dtype) / scaling_factor
 
 
-def load_vae(weights: str | Path | None) -> Any:
-    """`AutoencoderKLHunyuanVideo15` from a local diffusers folder (the model's or its `vae/`)."""
-    return FAMILY.load(weights)
+def chunking(vae: Any, device: torch.device, prepare: Prepare) -> CausalChunking:
+    """A chunk per latent frame: 1 frame for latent 0, then 4 (the decoder's) each;
+    tiled where the VAE's tiling (as it is now) applies to the latents."""
+    # Geometry from the architecture: 2x in space per upsampler, 2x in time per
+    # temporal one; refuse a config that says otherwise.
+    upsamplers = [
+        upsampler
+        for block in vae.decoder.up_blocks
+        if block.upsamplers is not None
+        for upsampler in block.upsamplers
+    ]
+    spatial_scale = 2 ** len(upsamplers)
+    temporal_scale = 2 ** sum(bool(u.add_temporal_upsample) for u in upsamplers)
+    ratios = (int(vae.spatial_compression_ratio), int(vae.temporal_compression_ratio))
+    if ratios != (spatial_scale, temporal_scale):
+        raise WeightsError(
+            f"unsupported HunyuanVideo 1.5 geometry: its decoder upsamples "
+            f"{spatial_scale}x in space and {temporal_scale}x in time, its "
+            f"config says {ratios[0]}x and {ratios[1]}x"
+        )
+    tiling = SpatialTiling.of(vae)
+    lock = vae_lock(vae)
+
+    def applies(height: int, width: int) -> SpatialTiling | None:
+        return tiling if tiling is not None and tiling.applies(height, width) else None
+
+    def frame_size(height: int, width: int) -> tuple[int, int] | None:
+        tiles = applies(height, width)
+        return None if tiles is None else tiles.output_size(height, width, spatial_scale)
+
+    return CausalChunking(
+        latent_channels=int(vae.config.latent_channels),
+        spatial_scale=spatial_scale,
+        temporal_scale=temporal_scale,
+        open=lambda shape: _HunyuanVideo15Stream(
+            vae, prepare, applies(shape[3], shape[4]), lock, device
+        ),
+        frame_size=frame_size,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,135 +186,61 @@ class SpatialTiling:
         return rows, columns
 
 
-class HunyuanVideo15Decoder(StreamingDecoder):
-    """HunyuanVideo 1.5's VAE decoder under the chunk contract: 1 frame for latent 0, then
-    4 per latent."""
-
-    name = "hunyuan-video-1.5"
-    value_range = (-1.0, 1.0)
-
-    def __init__(self, vae: Any, device: str | torch.device = "cpu") -> None:
-        check_internals(vae)
-        self.device = torch.device(device)
-        self.vae = vae.to(self.device).eval().requires_grad_(False)
-        self.latent_channels = int(vae.config.latent_channels)
-        # Geometry from the architecture: 2x in space per upsampler, 2x in time per
-        # temporal one; refuse a config that says otherwise.
-        upsamplers = [
-            upsampler
-            for block in vae.decoder.up_blocks
-            if block.upsamplers is not None
-            for upsampler in block.upsamplers
-        ]
-        self.spatial_scale = 2 ** len(upsamplers)
-        self.temporal_scale = 2 ** sum(bool(u.add_temporal_upsample) for u in upsamplers)
-        ratios = (int(vae.spatial_compression_ratio), int(vae.temporal_compression_ratio))
-        if ratios != (self.spatial_scale, self.temporal_scale):
-            raise WeightsError(
-                f"unsupported HunyuanVideo 1.5 geometry: its decoder upsamples "
-                f"{self.spatial_scale}x in space and {self.temporal_scale}x in time, its "
-                f"config says {ratios[0]}x and {ratios[1]}x"
-            )
-        self.tiling = SpatialTiling.of(vae)
-        self._lock = vae_lock(vae)
-
-    @classmethod
-    def from_weights(
-        cls,
-        weights: str | Path | None,
-        device: str | torch.device = "cpu",
-        spatial_tiling: bool = False,
-    ) -> HunyuanVideo15Decoder:
-        """Load the VAE from a local diffusers folder with `load_vae`; `spatial_tiling`
-        decodes as a pipeline does after `vae.enable_tiling()` (diffusers' default tiles)."""
-        vae = load_vae(weights)
-        if spatial_tiling:
-            vae.enable_tiling()
-        return cls(vae, device)
-
-    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
-        plan = causal_plan(
-            latent_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
-        )
-        return self._tiled_size(plan, latent_shape)
-
-    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
-        plan = causal_stream_plan(
-            first_block_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
-        )
-        return self._tiled_size(plan, first_block_shape)
-
-    def _tiled_size(self, plan: _Plan, latent_shape: Sequence[int]) -> _Plan:
-        """`plan` with `tiled_decode`'s frame size where the VAE tiles these latents."""
-        height, width = int(latent_shape[3]), int(latent_shape[4])
-        if self.tiling is None or not self.tiling.applies(height, width):
-            return plan
-        size = self.tiling.output_size(height, width, self.spatial_scale)
-        return replace(plan, height=size[0], width=size[1])
-
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> _HunyuanVideo15Stream:
-        height, width = first_block_shape[3], first_block_shape[4]
-        tiled = self.tiling is not None and self.tiling.applies(height, width)
-        return _HunyuanVideo15Stream(self, self.tiling if tiled else None)
-
-    def latents_in(self, latent: torch.Tensor) -> torch.Tensor:
-        """Pipeline-space latents as the decoder takes them."""
-        # Exactly the pipelines' expression (the cast to the VAE's dtype came first, in
-        # `CausalStream`), for bit parity with a pipeline's decode.
-        return latent / self.vae.config.scaling_factor
-
-    def step(self, z: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        """One untiled step: `decoder(z)`'s frames for the latent frames in `z`."""
-        return decode_step(self.vae.decoder, z, state)
-
-    def tiled_step(
-        self, z: torch.Tensor, tiling: SpatialTiling, states: dict[tuple[int, int], DecoderState]
-    ) -> torch.Tensor:
-        """One step of `tiled_decode`: each tile's frames, blended and cropped."""
-        vae = self.vae
-        _, _, _, height, width = z.shape
-        stride_h, stride_w = tiling.latent_strides
-        blend_height, blend_width = tiling.blend_extents
-        row_limit_height, row_limit_width = tiling.row_limits
-        rows = []
-        for i in range(0, height, stride_h):
-            row = []
-            for j in range(0, width, stride_w):
-                tile = z[:, :, :, i : i + tiling.latent_height, j : j + tiling.latent_width]
-                state = states.setdefault((i, j), DecoderState())
-                row.append(self.step(tile, state))
-            rows.append(row)
-        result_rows = []
-        for i, row in enumerate(rows):
-            result_row = []
-            for j, tile in enumerate(row):
-                if i > 0:
-                    tile = vae.blend_v(rows[i - 1][j], tile, blend_height)
-                if j > 0:
-                    tile = vae.blend_h(row[j - 1], tile, blend_width)
-                result_row.append(tile[:, :, :, :row_limit_height, :row_limit_width])
-            result_rows.append(torch.cat(result_row, dim=-1))
-        return torch.cat(result_rows, dim=-2)
+def tiled_step(
+    vae: Any, z: torch.Tensor, tiling: SpatialTiling, states: dict[tuple[int, int], DecoderState]
+) -> torch.Tensor:
+    """One step of `tiled_decode`: each tile's frames, blended and cropped."""
+    _, _, _, height, width = z.shape
+    stride_h, stride_w = tiling.latent_strides
+    blend_height, blend_width = tiling.blend_extents
+    row_limit_height, row_limit_width = tiling.row_limits
+    rows = []
+    for i in range(0, height, stride_h):
+        row = []
+        for j in range(0, width, stride_w):
+            tile = z[:, :, :, i : i + tiling.latent_height, j : j + tiling.latent_width]
+            state = states.setdefault((i, j), DecoderState())
+            row.append(hunyuan15_stream.decode_step(vae.decoder, tile, state))
+        rows.append(row)
+    result_rows = []
+    for i, row in enumerate(rows):
+        result_row = []
+        for j, tile in enumerate(row):
+            if i > 0:
+                tile = vae.blend_v(rows[i - 1][j], tile, blend_height)
+            if j > 0:
+                tile = vae.blend_h(row[j - 1], tile, blend_width)
+            result_row.append(tile[:, :, :, :row_limit_height, :row_limit_width])
+        result_rows.append(torch.cat(result_row, dim=-1))
+    return torch.cat(result_rows, dim=-2)
 
 
 class _HunyuanVideo15Stream(CausalStream):
     """Its state: each tile's carried conv frames and attention keys (one tile when
     untiled); it holds the VAE's lock throughout."""
 
-    def __init__(self, decoder: HunyuanVideo15Decoder, tiling: SpatialTiling | None) -> None:
-        super().__init__(decoder.device, decoder.vae.dtype)
-        self._decoder = decoder
+    def __init__(
+        self,
+        vae: Any,
+        prepare: Prepare,
+        tiling: SpatialTiling | None,
+        lock: threading.Lock,
+        device: torch.device,
+    ) -> None:
+        super().__init__(device, vae.dtype)
+        self._vae = vae
+        self._prepare = prepare
         self._tiling = tiling
         self._state = DecoderState()
         self._tiles: dict[tuple[int, int], DecoderState] = {}
-        self._lock: threading.Lock | None = decoder._lock
-        self._lock.acquire()
+        self._lock: threading.Lock | None = lock
+        lock.acquire()
 
     def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
-        z = self._decoder.latents_in(latent)
+        z = self._prepare(latent)
         if self._tiling is None:
-            return self._decoder.step(z, self._state)
-        return self._decoder.tiled_step(z, self._tiling, self._tiles)
+            return hunyuan15_stream.decode_step(self._vae.decoder, z, self._state)
+        return tiled_step(self._vae, z, self._tiling, self._tiles)
 
     def close(self) -> None:
         super().close()
@@ -305,3 +251,42 @@ class _HunyuanVideo15Stream(CausalStream):
         if self._lock is not None:
             self._lock, lock = None, self._lock
             lock.release()
+
+
+# What vaecast drives of the model beyond diffusers' public API. The class arrived in
+# diffusers 0.36; the stream pass repeats its 0.42.1 forwards, and `check_internals`
+# checks the structure they rely on.
+FAMILY = DiffusersFamily(
+    "hunyuan-video-1.5",
+    "AutoencoderKLHunyuanVideo15",
+    "diffusers>=0.36,<0.43",
+    attributes=(
+        "decoder",
+        "use_tiling",
+        "tile_latent_min_height",
+        "tile_latent_min_width",
+        "tile_sample_min_height",
+        "tile_sample_min_width",
+        "tile_overlap_factor",
+        "blend_v",
+        "blend_h",
+        "tiled_decode",
+        "enable_tiling",
+        "spatial_compression_ratio",
+        "temporal_compression_ratio",
+    ),
+    config_keys=("latent_channels", "scaling_factor"),
+    weights_of="a HunyuanVideo 1.5 model",
+    more_checks=lambda vae: check_decoder(vae.decoder) if hasattr(vae, "decoder") else [],
+    decode_step=decode_step,
+    chunking=chunking,
+    loader=load_vae,
+    load_options=("spatial_tiling",),
+)
+
+
+class HunyuanVideo15Decoder(DiffusersDecoder):
+    """HunyuanVideo 1.5's VAE decoder under the chunk contract: 1 frame for latent 0, then
+    4 per latent."""
+
+    family = FAMILY

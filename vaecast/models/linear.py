@@ -47,7 +47,9 @@ class LinearDecoder(StreamingDecoder):
             first_block_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE
         )
 
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> _LinearStream:
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None = None
+    ) -> _LinearStream:
         return _LinearStream(self.device)
 
 

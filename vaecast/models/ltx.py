@@ -50,6 +50,7 @@ process-wide lock, since the generator is shared.
 Otherwise a tile decode keeps no state on the module (no cache, no hooks of ours), so
 decodes may share one VAE: each holds only its own pending latents and last tile's tail.
 
+Each decoder is `DiffusersDecoder` with its family's spec (`LTX_VIDEO`, `LTX_2`):
 `from_weights` loads a local diffusers folder; `LTXVideoDecoder(vae)` and
 `LTX2VideoDecoder(vae)` wrap a VAE loaded some other way. diffusers is imported only
 when a model is loaded, so `import vaecast` never needs it.
@@ -59,35 +60,27 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any, ClassVar, Self
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
-from vaecast.models.causal_tiles import CausalTileDecoder, CausalTiles, missing_scheme_lines
-from vaecast.models.diffusers_family import DiffusersFamily
+from vaecast.models.causal_tiles import (
+    SCHEME_ATTRIBUTES,
+    CausalTiles,
+    TileChunking,
+    TileDecoder,
+    missing_scheme_lines,
+    per_tile_decoder,
+)
+from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
 from vaecast.models.layouts import PackedTokens
+from vaecast.models.streaming import Prepare
 
 # What vaecast drives of both models beyond diffusers' public API, on the versions
 # whose `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1); each
-# decoder's signatures are its own (`_ltx_family`).
-LTX_ATTRIBUTES = (
-    "_temporal_tiled_decode",
-    "tiled_decode",
-    "blend_t",
-    "decoder",
-    "latents_mean",
-    "latents_std",
-    "use_tiling",
-    "use_framewise_decoding",
-    "tile_sample_min_height",
-    "tile_sample_min_width",
-    "tile_sample_min_num_frames",
-    "tile_sample_stride_num_frames",
-    "spatial_compression_ratio",
-    "temporal_compression_ratio",
-)
+# family's signatures are its own.
+LTX_ATTRIBUTES = (*SCHEME_ATTRIBUTES, "latents_mean", "latents_std")
 LTX_CONFIG_KEYS = (
     "latent_channels",
     "scaling_factor",
@@ -100,173 +93,135 @@ SCHEME_LINES = (
     "decoded = decoded[:, :, :-1, :, :]",
     "tile = self.blend_t(row[i - 1], tile, blend_num_frames)",
 )
+
+
 # The seed of the device's default generator (which diffusers' noise injection draws
 # from) while a tile decodes.
 NOISE_SEED = 0
 _NOISE_LOCK = threading.Lock()
+# (vae, latents, temb) -> frames: a family's spatially tiled decode, or its decoder's.
+_Call = Callable[[Any, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-def _ltx_family(
-    model: str, class_name: str, signatures: dict[str, tuple[str, ...]], weights_of: str
-) -> DiffusersFamily:
-    return DiffusersFamily(
-        model,
-        class_name,
-        "diffusers>=0.42,<0.43",
-        attributes=LTX_ATTRIBUTES,
-        config_keys=LTX_CONFIG_KEYS,
-        signatures=signatures,
-        weights_of=weights_of,
-    )
+def ltx_video_decode_step(vae: Any, device: torch.device) -> Prepare:
+    """pipeline_ltx.py's `_denormalize_latents` on its float32 latents, step for step,
+    then its cast to the VAE's dtype."""
 
-
-class _LTXFamilyDecoder(CausalTileDecoder):
-    """What LTX-Video's and LTX-2's decoders share: all but the latents' normalization
-    and the decoder's arguments."""
-
-    name: str
-    value_range = (-1.0, 1.0)
-    spec: ClassVar[DiffusersFamily]
-    class_name: ClassVar[str]
-
-    def __init__(
-        self, vae: Any, device: str | torch.device = "cpu", decode_timestep: float = 0.0
-    ) -> None:
-        self.check_internals(vae)
-        self.device = torch.device(device)
-        self.vae = vae.to(self.device).eval().requires_grad_(False)
-        vae.use_framewise_decoding = True
-        self.tiles = CausalTiles.of(vae, drop="last", model=self.name)
-        self.latent_channels = int(vae.config.latent_channels)
-        self.spatial_scale = int(vae.spatial_compression_ratio)
-        self.decode_timestep = float(decode_timestep)
-        # The pipelines' `timestep` argument to `vae.decode`: None unless conditioned.
-        self._temb: torch.Tensor | None = None
-        if vae.config.timestep_conditioning:
-            self._temb = torch.tensor([self.decode_timestep], device=self.device, dtype=vae.dtype)
-        noise = vae.config.decoder_inject_noise
-        self._injects_noise = any(noise) if isinstance(noise, list | tuple) else bool(noise)
-
-    @classmethod
-    def check_internals(cls, vae: Any) -> None:
-        """Raise `WeightsError` if `vae` lacks the diffusers internals this decoder drives."""
-        cls.spec.check(vae, lambda vae: missing_scheme_lines(vae, SCHEME_LINES))
-
-    @classmethod
-    def load_vae(cls, weights: str | Path | None) -> Any:
-        """The VAE from a local diffusers folder (the model's or its `vae/`)."""
-        return cls.spec.load(weights)
-
-    @classmethod
-    def from_weights(
-        cls,
-        weights: str | Path | None,
-        device: str | torch.device = "cpu",
-        decode_timestep: float = 0.0,
-    ) -> Self:
-        """Load the VAE from a local diffusers folder with `load_vae`."""
-        return cls(cls.load_vae(weights), device, decode_timestep)
-
-    def decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
-        if not self._injects_noise:
-            return self._decode_tile(latents)
-        with _NOISE_LOCK, _seeded(self.device):
-            return self._decode_tile(latents)
-
-    def _decode_tile(self, latents: torch.Tensor) -> torch.Tensor:
-        # The per-tile branch of `_temporal_tiled_decode` (and `_decode`'s below the
-        # tile length).
-        vae = self.vae
-        min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
-        min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
-        if vae.use_tiling and (latents.shape[-1] > min_width or latents.shape[-2] > min_height):
-            return self._tiled_decode(latents)
-        return self._decoder(latents)
-
-    def _tiled_decode(self, latents: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def _decoder(self, latents: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def blend(self, a: torch.Tensor, b: torch.Tensor, blend_extent: int) -> torch.Tensor:
-        return self.vae.blend_t(a, b, blend_extent)
-
-
-class LTXVideoDecoder(_LTXFamilyDecoder):
-    """LTX-Video's VAE decoder under the chunk contract: a chunk per temporal tile.
-
-    Its pipeline's latents are packed tokens: `latent_layout` unpacks them with the
-    VAE's own compression ratios.
-    """
-
-    name = "ltx-video"
-    spec = _ltx_family(
-        name,
-        "AutoencoderKLLTXVideo",
-        {
-            "tiled_decode": ("z", "temb", "return_dict"),
-            "blend_t": ("a", "b", "blend_extent"),
-            "decoder.forward": ("hidden_states", "temb"),
-        },
-        "LTX-Video",
-    )
-    class_name = spec.class_name
-
-    def __init__(
-        self, vae: Any, device: str | torch.device = "cpu", decode_timestep: float = 0.0
-    ) -> None:
-        super().__init__(vae, device, decode_timestep)
-        self.latent_layout = PackedTokens(
-            spatial_scale=self.spatial_scale, temporal_scale=self.tiles.temporal_scale
-        )
-
-    def prepare(self, latents: torch.Tensor) -> torch.Tensor:
-        # pipeline_ltx.py's `_denormalize_latents` on its float32 latents, step for
-        # step, then its cast to the VAE's dtype.
-        vae = self.vae
-        latents = latents.to(self.device, torch.float32)
+    def prepare(latents: torch.Tensor) -> torch.Tensor:
+        latents = latents.to(device, torch.float32)
         mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
         std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
         latents = latents * std / vae.config.scaling_factor + mean
         return latents.to(vae.dtype)
 
-    def _tiled_decode(self, latents: torch.Tensor) -> torch.Tensor:
-        return self.vae.tiled_decode(latents, self._temb, return_dict=True).sample
-
-    def _decoder(self, latents: torch.Tensor) -> torch.Tensor:
-        return self.vae.decoder(latents, self._temb)
+    return prepare
 
 
-class LTX2VideoDecoder(_LTXFamilyDecoder):
+def ltx2_decode_step(vae: Any, device: torch.device) -> Prepare:
+    """pipeline_ltx2.py denormalized them already; its decode casts them only."""
+    return lambda latents: latents.to(device).to(vae.dtype)
+
+
+def _tile_chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., TileChunking]:
+    """The chunking of LTX family `model`, whose per-tile paths are `tiled` and `untiled`."""
+
+    def chunking(
+        vae: Any, device: torch.device, prepare: Prepare, decode_timestep: float = 0.0
+    ) -> TileChunking:
+        """A chunk per temporal tile, decoded at `decode_timestep` where the VAE is
+        timestep-conditioned; turns `use_framewise_decoding` on, so that `vae.decode`
+        is the decode it streams."""
+        vae.use_framewise_decoding = True
+        # The pipelines' `timestep` argument to `vae.decode`: None unless conditioned.
+        temb = None
+        if vae.config.timestep_conditioning:
+            temb = torch.tensor([float(decode_timestep)], device=device, dtype=vae.dtype)
+        decode_tile = per_tile_decoder(
+            vae, lambda z: tiled(vae, z, temb), lambda z: untiled(vae, z, temb)
+        )
+        noise = vae.config.decoder_inject_noise
+        if any(noise) if isinstance(noise, list | tuple) else bool(noise):
+            decode_tile = _with_seeded_noise(decode_tile, device)
+        return TileChunking(
+            CausalTiles.of(vae, drop="last", model=model),
+            latent_channels=int(vae.config.latent_channels),
+            spatial_scale=int(vae.spatial_compression_ratio),
+            prepare=prepare,
+            decode_tile=decode_tile,
+            blend=vae.blend_t,
+        )
+
+    return chunking
+
+
+def _with_seeded_noise(decode_tile: TileDecoder, device: torch.device) -> TileDecoder:
+    def seeded(latents: torch.Tensor) -> torch.Tensor:
+        with _NOISE_LOCK, _seeded(device):
+            return decode_tile(latents)
+
+    return seeded
+
+
+LTX_VIDEO = DiffusersFamily(
+    "ltx-video",
+    "AutoencoderKLLTXVideo",
+    "diffusers>=0.42,<0.43",
+    attributes=LTX_ATTRIBUTES,
+    config_keys=LTX_CONFIG_KEYS,
+    signatures={
+        "tiled_decode": ("z", "temb", "return_dict"),
+        "blend_t": ("a", "b", "blend_extent"),
+        "decoder.forward": ("hidden_states", "temb"),
+    },
+    weights_of="LTX-Video",
+    more_checks=lambda vae: missing_scheme_lines(vae, SCHEME_LINES),
+    decode_step=ltx_video_decode_step,
+    chunking=_tile_chunking(
+        "ltx-video",
+        lambda vae, z, temb: vae.tiled_decode(z, temb, return_dict=True).sample,
+        lambda vae, z, temb: vae.decoder(z, temb),
+    ),
+    # Packed tokens, unpacked with the VAE's own compression ratios.
+    layout=lambda vae: PackedTokens(
+        spatial_scale=int(vae.spatial_compression_ratio),
+        temporal_scale=int(vae.temporal_compression_ratio),
+    ),
+)
+LTX_2 = DiffusersFamily(
+    "ltx-2",
+    "AutoencoderKLLTX2Video",
+    "diffusers>=0.42,<0.43",
+    attributes=LTX_ATTRIBUTES,
+    config_keys=LTX_CONFIG_KEYS,
+    signatures={
+        "tiled_decode": ("z", "temb", "causal", "return_dict"),
+        "blend_t": ("a", "b", "blend_extent"),
+        "decoder.forward": ("hidden_states", "temb", "causal"),
+    },
+    weights_of="LTX-2",
+    more_checks=lambda vae: missing_scheme_lines(vae, SCHEME_LINES),
+    decode_step=ltx2_decode_step,
+    # causal=None, as `vae.decode(latents, timestep)` passes it: the decoder's own.
+    chunking=_tile_chunking(
+        "ltx-2",
+        lambda vae, z, temb: vae.tiled_decode(z, temb, causal=None, return_dict=True).sample,
+        lambda vae, z, temb: vae.decoder(z, temb, causal=None),
+    ),
+)
+
+
+class LTXVideoDecoder(DiffusersDecoder):
+    """LTX-Video's VAE decoder under the chunk contract: a chunk per temporal tile.
+    Its pipeline's latents are packed tokens (`latent_layout`)."""
+
+    family = LTX_VIDEO
+
+
+class LTX2VideoDecoder(DiffusersDecoder):
     """LTX-2's video VAE decoder under the chunk contract: a chunk per temporal tile.
+    Its pipeline returns the video latents unpacked and denormalized (BCTHW)."""
 
-    Its pipeline returns the video latents unpacked and denormalized (BCTHW).
-    """
-
-    name = "ltx-2"
-    spec = _ltx_family(
-        name,
-        "AutoencoderKLLTX2Video",
-        {
-            "tiled_decode": ("z", "temb", "causal", "return_dict"),
-            "blend_t": ("a", "b", "blend_extent"),
-            "decoder.forward": ("hidden_states", "temb", "causal"),
-        },
-        "LTX-2",
-    )
-    class_name = spec.class_name
-
-    def prepare(self, latents: torch.Tensor) -> torch.Tensor:
-        # pipeline_ltx2.py denormalized them already; its decode casts them only.
-        return latents.to(self.device).to(self.vae.dtype)
-
-    def _tiled_decode(self, latents: torch.Tensor) -> torch.Tensor:
-        # causal=None, as `vae.decode(latents, timestep)` passes it: the decoder's own.
-        return self.vae.tiled_decode(latents, self._temb, causal=None, return_dict=True).sample
-
-    def _decoder(self, latents: torch.Tensor) -> torch.Tensor:
-        return self.vae.decoder(latents, self._temb, causal=None)
+    family = LTX_2
 
 
 @contextlib.contextmanager

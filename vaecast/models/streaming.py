@@ -9,18 +9,20 @@ however its blocks were split.
 
 `CausalStream` is that state for decoders whose latent frame k decodes, given what
 frames before it left behind, to its own frames (`tiny`, `taehv`, `wan2.1`,
-`linear`): each latent frame is decoded as soon as it arrives and its chunk is
-published at once. The temporal tiler has its own (`vaecast/models/bidirectional_windows.py`).
+`hunyuan-video-1.5`, `linear`): each latent frame is decoded as soon as it arrives and
+its chunk is published at once; `CausalChunking` is that scheme as a diffusers family's
+chunking (`vaecast/models/diffusers_family.py`). The other schemes have their own
+modules (`frame_batches.py`, `causal_tiles.py`, `bidirectional_windows.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -31,11 +33,19 @@ from vaecast.models.base import (
     DecodedChunk,
     DecodePlan,
     StreamPlan,
+    causal_plan,
+    causal_stream_plan,
     check_next_block,
 )
 
 if TYPE_CHECKING:
     from vaecast.codecs.colour import Yuv420Frames
+
+
+_Plan = TypeVar("_Plan", DecodePlan, StreamPlan)
+# Pipeline-space latents (BCTHW, as they arrive: any device and dtype) to what a VAE's
+# decode takes: its pipeline's decode step.
+Prepare = Callable[[torch.Tensor], torch.Tensor]
 
 
 class Emit(Protocol):
@@ -69,9 +79,12 @@ class StreamingDecoder(ChunkedDecoder):
     A subclass gives `plan`, `plan_stream` and `open_stream`.
     """
 
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> LatentStream:
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None
+    ) -> LatentStream:
         """A new decode's state, for a stream whose first block (already checked
-        against `plan_stream`) has this shape."""
+        against `plan_stream`) has this shape; `latent_frames` is the length when it is
+        known from the start (a whole tensor), else None (a stream)."""
         raise NotImplementedError
 
     def decode_chunks(self, latents: torch.Tensor, on_chunk: ChunkCallback) -> None:
@@ -102,7 +115,9 @@ class StreamingDecoder(ChunkedDecoder):
                 if stream is None:
                     chunks.stream_plan = self.plan_stream(shape)
                     first = shape
-                    stream = self.open_stream(shape)
+                    stream = self.open_stream(
+                        shape, None if whole_shape is None else whole_shape[2]
+                    )
                 else:
                     check_next_block(shape, first)
                 received += shape[2]
@@ -257,3 +272,39 @@ class CausalStream:
             emit(group[0], yuv420)
         else:
             emit(torch.cat(group, dim=2))
+
+
+@dataclass(frozen=True, slots=True)
+class CausalChunking:
+    """A diffusers family's chunking for a causal decoder: a chunk per latent frame
+    (`causal_plan`), each decode a `CausalStream` that `open` makes."""
+
+    latent_channels: int
+    spatial_scale: int
+    temporal_scale: int
+    # (first block shape) -> a new decode's stream.
+    open: Callable[[tuple[int, ...]], LatentStream]
+    # (latent height, width) -> the frame size where it is not `spatial_scale` times
+    # the latents' (a VAE's spatial tiles), else None.
+    frame_size: Callable[[int, int], tuple[int, int] | None] = lambda height, width: None
+
+    def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
+        plan = causal_plan(
+            latent_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
+        )
+        return self._sized(plan, latent_shape)
+
+    def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
+        plan = causal_stream_plan(
+            first_block_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
+        )
+        return self._sized(plan, first_block_shape)
+
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None
+    ) -> LatentStream:
+        return self.open(first_block_shape)
+
+    def _sized(self, plan: _Plan, latent_shape: Sequence[int]) -> _Plan:
+        size = self.frame_size(int(latent_shape[3]), int(latent_shape[4]))
+        return plan if size is None else replace(plan, height=size[0], width=size[1])

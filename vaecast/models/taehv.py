@@ -242,7 +242,9 @@ class TAEHVDecoder(StreamingDecoder):
             self.latents_per_chunk,
         )
 
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> _TAEHVStream:
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None = None
+    ) -> _TAEHVStream:
         return _TAEHVStream(self._net, self.device, self.latents_per_chunk)
 
 

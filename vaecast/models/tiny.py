@@ -244,5 +244,7 @@ class TinyDecoder(StreamingDecoder):
             first_block_shape, self.latent_channels, SPATIAL_SCALE, TEMPORAL_SCALE
         )
 
-    def open_stream(self, first_block_shape: tuple[int, ...]) -> TinyStream:
+    def open_stream(
+        self, first_block_shape: tuple[int, ...], latent_frames: int | None = None
+    ) -> TinyStream:
         return TinyStream(self._net, self.device)
