@@ -1,7 +1,9 @@
-"""The `ltx-video` and `ltx-2` decoders: chunks bit-identical to their pipelines' decode through
-the VAE's temporal tiling, the real pipelines' frames from their own latents, streams of any
-split, the PSNR of the tiling against the untiled decode, timestep conditioning and noise
-injection, loading without the hub, and the diffusers internals they drive."""
+"""The `ltx-video` and `ltx-2` decoders: chunks bit-identical to their pipelines' default
+(whole-clip) decode with nothing changed on the VAE, exact windows for longer clips, the
+reach derived from the architecture against a perturbed latent's, the real pipelines' frames
+from their own latents, streams of any split, the VAE's temporal tiles where it is set to
+them (and their PSNR against the whole clip), timestep conditioning and noise injection,
+loading without the hub, and the diffusers internals they drive."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from vaecast.errors import InvalidRequestError
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
 from vaecast.models.layouts import BCTHW, PackedTokens, layout_of
 from vaecast.models.ltx import LTX2VideoDecoder, LTXVideoDecoder
+from vaecast.models.ltx_reach import Reach, temporal_reach, temporal_scale
 from vaecast.models.registry import diffusers_model, get_decoder
 from vaecast.models.weights_io import WeightsError
 
@@ -78,15 +81,6 @@ def pipeline_decode(vae: Any, latents: torch.Tensor, decode_timestep: float = 0.
         return vae.decode(latents.to(vae.dtype), timestep, return_dict=False)[0]
 
 
-def untiled_decode(decoder: Decoder, latents: torch.Tensor) -> torch.Tensor:
-    vae = decoder.vae
-    vae.use_framewise_decoding = False
-    try:
-        return pipeline_decode(vae, latents)
-    finally:
-        vae.use_framewise_decoding = True
-
-
 def collect(decoder: Decoder, z: torch.Tensor) -> list[DecodedChunk]:
     chunks: list[DecodedChunk] = []
     decoder.decode_chunks(
@@ -105,17 +99,20 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     ("frames", "chunk_frames"),
     [
         (1, (1,)),
-        (2, (9,)),  # the longest one plain decode takes
-        (3, (9, 8)),  # tiles of 3 latents every 1: two tiles
-        (4, (9, 8, 8)),
-        (7, (9, 8, 8, 8, 8, 8)),  # the last tile (one latent) keeps nothing and is skipped
+        (2, (9,)),
+        (3, (17,)),  # chunks of 3 latents: 17 frames, then 24
+        (4, (17, 8)),
+        (7, (17, 24, 8)),
     ],
 )
-def test_chunks_are_the_pipelines_decode_bit_for_bit(
+def test_chunks_are_the_pipelines_default_decode_bit_for_bit(
     model: str, vae: Any, decoder: Decoder, frames: int, chunk_frames: tuple[int, ...]
 ) -> None:
+    """As `from_pretrained` leaves the VAE (`use_framewise_decoding` off, and left so): its
+    decode is the whole clip's, and a clip shorter than a window is that decode."""
     z = latents(model, frames, seed=frames)
     chunks = collect(decoder, z)
+    assert not vae.use_framewise_decoding
     expected = pipeline_decode(vae, z)
     assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), expected)
     plan = decoder.plan(z.shape)
@@ -129,11 +126,83 @@ def test_chunks_are_the_pipelines_decode_bit_for_bit(
 
 
 @pytest.mark.parametrize(
+    "sizes", [[1] * 24, [5, 19], [13, 11], [24]], ids=["1s", "5+19", "13+11", "whole"]
+)
+def test_windows_are_the_whole_clips_decode(model: str, vae: Any, sizes: list[int]) -> None:
+    """Windows committing 3 latents, the reach (10 or 8 latents) each side: the frames are the
+    whole clip's within float rounding, every split of a stream gives the same chunks, and
+    each window is decoded once the latents its commit needs have arrived."""
+    decoder = DECODERS[model](vae, window_latents=3)
+    reach = decoder.chunking.windows.reach
+    assert reach == {"ltx-video": Reach(10, 10), "ltx-2": Reach(8, 8)}[model]
+    z = latents(model, 24, seed=24)
+    chunks: list[DecodedChunk] = []
+    published_at: list[int] = []
+    received = 0
+
+    def blocks() -> Iterator[torch.Tensor]:
+        nonlocal received
+        for block in z.split(sizes, dim=2):
+            received += block.shape[2]
+            yield block
+
+    def on_chunk(chunk: DecodedChunk) -> None:
+        chunks.append(DecodedChunk(chunk.frames.clone(), chunk.index, chunk.total, 0))
+        published_at.append(received)
+
+    plan = decoder.decode_stream(blocks(), on_chunk)
+    assert plan == decoder.plan(z.shape) and plan.chunk_frames == (17,) + (24,) * 7
+    streamed = torch.cat([c.frames for c in chunks], dim=2)
+    assert torch.equal(streamed, decoder.decode(z))  # a stream's windows are the whole's
+    torch.testing.assert_close(streamed, pipeline_decode(vae, z), rtol=0, atol=1e-5)
+    # Chunk i (latents 3i..3i+3) needs latents up to 3i + 3 + after; the rest wait for the end.
+    needed = [min(3 * i + 3 + reach.after, 24) for i in range(plan.chunks)]
+    ends = np.cumsum(sizes)
+    assert published_at == [next(int(n) for n in ends if n >= k) for k in needed]
+
+
+def tiled_vae(model: str) -> Any:
+    """A VAE set to its temporal tiles, as a user sets it for a pipeline."""
+    vae = VAES[model]().eval()
+    vae.use_framewise_decoding = True
+    return vae
+
+
+@pytest.mark.parametrize(
+    ("frames", "chunk_frames"),
+    [
+        (1, (1,)),
+        (2, (9,)),  # the longest one plain decode takes
+        (3, (9, 8)),  # tiles of 3 latents every 1: two tiles
+        (4, (9, 8, 8)),
+        (7, (9, 8, 8, 8, 8, 8)),  # the last tile (one latent) keeps nothing and is skipped
+    ],
+)
+def test_a_vae_set_to_temporal_tiles_streams_them_bit_for_bit(
+    model: str, frames: int, chunk_frames: tuple[int, ...]
+) -> None:
+    vae = tiled_vae(model)
+    decoder = DECODERS[model](vae)
+    z = latents(model, frames, seed=frames)
+    chunks = collect(decoder, z)
+    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), pipeline_decode(vae, z))
+    assert tuple(c.frame_count for c in chunks) == chunk_frames
+    assert decoder.plan(z.shape).chunk_frames == chunk_frames
+    # Asked for by name, of a VAE left at the whole clip: the same tiles, nothing changed.
+    untouched = VAES[model]().eval()
+    asked = DECODERS[model](untouched, temporal_tiling=True)
+    assert torch.equal(asked.decode(z), decoder.decode(z))
+    assert not untouched.use_framewise_decoding
+
+
+@pytest.mark.parametrize(
     "sizes", [[1] * 5, [3, 2], [4, 1], [1, 4]], ids=["1s", "3+2", "4+1", "1+4"]
 )
-def test_streams_of_any_split_are_the_whole_decode(
-    model: str, vae: Any, decoder: Decoder, sizes: list[int]
+def test_temporal_tiles_stream_each_tile_once_its_latents_are_in(
+    model: str, sizes: list[int]
 ) -> None:
+    vae = tiled_vae(model)
+    decoder = DECODERS[model](vae)
     z = latents(model, 5, seed=3)
     chunks: list[DecodedChunk] = []
     published_at: list[int] = []
@@ -160,16 +229,88 @@ def test_streams_of_any_split_are_the_whole_decode(
     assert stream_plan.frames_for(5) == plan.frames == 33
 
 
-def test_temporal_tiling_against_the_untiled_decode(model: str, decoder: Decoder) -> None:
-    """The PSNR the module docstring states: the pipelines decode whole clips by default."""
+def test_temporal_tiling_against_the_whole_clip_decode(model: str, decoder: Decoder) -> None:
+    """The PSNR the module docstring states for the tiles, against the pipelines' default."""
+    tiles = DECODERS[model](VAES[model]().eval(), temporal_tiling=True)
     measured = []
     for frames in (4, 7, 13):
         z = latents(model, frames, height=4, width=4, seed=frames)
-        measured.append(psnr(decoder.decode(z), untiled_decode(decoder, z)))
+        measured.append(psnr(tiles.decode(z), decoder.decode(z)))
     low, high = {"ltx-video": (17.0, 19.5), "ltx-2": (15.5, 17.5)}[model]
     assert all(low < value < high for value in measured), measured
     z = latents(model, 2, seed=2)  # one plain decode: no tiling at all
-    assert torch.equal(decoder.decode(z), untiled_decode(decoder, z))
+    assert torch.equal(tiles.decode(z), decoder.decode(z))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"decoder_layers_per_block": (2, 1, 2, 1, 1)},
+        {"decoder_spatio_temporal_scaling": (True, False, True, False)},
+        {"decoder_causal": True},
+    ],
+    ids=["tests'", "deeper", "two upsamplers", "causal"],
+)
+def test_the_reach_bounds_a_perturbed_latents_reach(model: str, config: dict[str, Any]) -> None:
+    """The reach derived from the architecture against the frames one latent really
+    changes: never less, and at most two latents more (the alignment slack)."""
+    if model == "ltx-2" and "decoder_spatio_temporal_scaling" in config:
+        config = {"decoder_spatio_temporal_scaling": (True, False, True)}
+    vae = (ltx_vae(**config) if model == "ltx-video" else _ltx2_vae(**config)).eval()
+    reach = temporal_reach(vae.decoder)
+    assert isinstance(reach, Reach), reach
+    scale = temporal_scale(vae.decoder)  # the decoder's own, whatever the encoder's
+    z = latents(model, 40, height=2, width=2, seed=1)
+    temb = torch.tensor([0.0]) if vae.config.timestep_conditioning else None
+    arguments = (temb,) if model == "ltx-video" else (temb, None)
+    with torch.no_grad():
+        base = vae.decoder(z, *arguments)
+        nudged = z.clone()
+        nudged[:, :, 20] += 1.0
+        changed = (vae.decoder(nudged, *arguments) - base).abs().amax(dim=(0, 1, 3, 4)) > 0
+    frames = torch.nonzero(changed).flatten()
+    first, last = -(-int(frames[0]) // scale), -(-int(frames[-1]) // scale)  # their latents
+    # A frame reads `before` latents back: so latent 20 reaches that far forward.
+    assert last - 20 <= reach.before <= last - 20 + 2, (last, reach)
+    assert 20 - first <= reach.after <= 20 - first + 2, (first, reach)
+
+
+def _ltx2_vae(**overrides: Any) -> AutoencoderKLLTX2Video:
+    vae = ltx2_vae()
+    config = dict(vae.config) | overrides
+    torch.manual_seed(0)
+    return AutoencoderKLLTX2Video.from_config(config)
+
+
+def test_a_decoder_whose_reach_is_not_shown_is_decoded_whole(
+    model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    vae = VAES[model]().eval()
+    vae.decoder.conv_act = torch.nn.GELU()  # a kind of module the walk does not know
+    decoder = DECODERS[model](vae, window_latents=3)
+    assert decoder.chunking.windows.reach is None
+    assert f"{model}: decoding each clip whole before streaming it" in caplog.text
+    assert "decoder.conv_act (GELU, whose reach over time is not known)" in caplog.text
+    z = latents(model, 20, seed=20)
+    published_at: list[int] = []
+    received = 0
+
+    def blocks() -> Iterator[torch.Tensor]:
+        nonlocal received
+        for block in z.split(1, dim=2):
+            received += 1
+            yield block
+
+    chunks: list[torch.Tensor] = []
+
+    def on_chunk(chunk: DecodedChunk) -> None:
+        chunks.append(chunk.frames.clone())
+        published_at.append(received)
+
+    decoder.decode_stream(blocks(), on_chunk)
+    assert set(published_at) == {20}  # all at the end: one decode of the whole clip
+    assert torch.equal(torch.cat(chunks, dim=2), pipeline_decode(vae, z))
 
 
 def test_spatial_tiling_is_the_models_own(model: str) -> None:
@@ -201,11 +342,11 @@ def test_the_pipelines_frames_from_its_own_latents(case: Any) -> None:
     z = layout_of(decoder).bind(case.params).to_bcthw(run.latents)
     chunks: list[torch.Tensor] = []
     decoder.decode_chunks(z, lambda c: chunks.append(c.frames.clone()))
-    assert [c.shape[2] for c in chunks] == [9, 8, 8]
+    assert [c.shape[2] for c in chunks] == [17, 8]
     video = torch.cat(chunks, dim=2)
     frames = run.pipeline.video_processor.postprocess_video(video, output_type="np")[0]
     assert frames.shape == run.frames.shape == (25, 32, 32, 3)
-    np.testing.assert_array_equal(frames, run.frames)  # exact: the same decode, tile by tile
+    np.testing.assert_array_equal(frames, run.frames)  # exact: the same whole-clip decode
 
 
 def test_ltx_video_latents_are_packed_tokens() -> None:
@@ -262,8 +403,8 @@ def test_is_a_chunked_decoder(model: str, decoder: Decoder) -> None:
         CHANNELS[model],
         (-1, 1),
     )
-    assert (decoder.chunking.spatial_scale, decoder.chunking.tiles.temporal_scale) == (8, 8)
-    assert decoder.vae.use_framewise_decoding  # turned on: `vae.decode` is what it streams
+    assert (decoder.chunking.spatial_scale, decoder.chunking.windows.temporal_scale) == (8, 8)
+    assert not decoder.vae.use_framewise_decoding  # left as loaded: the whole clip's decode
 
 
 def test_bad_latents_are_refused(model: str, decoder: Decoder) -> None:
@@ -322,7 +463,6 @@ def test_loads_from_a_local_diffusers_folder(model: str, tmp_path: Path, layout:
     assert torch.equal(decoded, pipeline_decode(loaded.vae, z))
     # The same weights, but read into unaligned (memory-mapped) storage, where a linear
     # kernel may round differently (the timestep embedder does, by ~1e-7).
-    vae.use_framewise_decoding = True
     torch.testing.assert_close(decoded, pipeline_decode(vae.eval(), z), rtol=0, atol=1e-5)
 
 

@@ -1,29 +1,34 @@
-"""`ltx-video` and `ltx-2`: the LTX-Video and LTX-2 video VAE decoders, streamed
-through their own temporal tiles.
+"""`ltx-video` and `ltx-2`: the LTX-Video and LTX-2 video VAE decoders, streamed exactly
+as their pipelines decode.
 
 The models are diffusers' `AutoencoderKLLTXVideo` (`LTXPipeline`) and
 `AutoencoderKLLTX2Video` (`LTX2Pipeline`) (Apache-2.0; architectures by Lightricks):
 128 latent channels, 32x in space and 8x in time for the released models (read from
-the VAE's config). Both decode a whole clip at once by default; their
-`_temporal_tiled_decode` (`use_framewise_decoding`) decodes tiles of 3 latents every
-1, each on its own (its last frame dropped after tile 0), blends each with the tile
-before over 8 frames by `blend_t`, and keeps 8 frames per tile (9 for the first).
-`CausalTileStream` (`vaecast/models/causal_tiles.py`) runs that scheme tile by tile and
-publishes each tile's frames as soon as it is decoded: latent T = 13 gives chunks of
-9 then eleven of 8 frames (97 in all), and a stream decodes tile i once latents up to
-i + 3 have arrived. So these decoders turn the VAE's `use_framewise_decoding` on:
-`vae.decode` is then the decode they stream, and the chunks concatenate to it bit for
-bit (tested, one thread on CPU); each tile goes through the VAE's own per-tile path
-(`tiled_decode` where its `use_tiling` applies to the tile, else `decoder`). The tile
-sizes are read from the VAE when the decoder is built.
-
-The temporal tiling is an approximation of the whole-clip decode the pipelines use by
-default, which is not streamable (the decoder is not causal: every frame depends on
-the whole clip): each tile sees 3 latents of context instead of the clip. Measured
-against the untiled `vae.decode` on the tiny random test VAEs (`tests/models/test_ltx.py`,
-4 to 13 latent frames), the tiled decode is at 16 to 19 dB PSNR over the [-1, 1] range
-(LTX-Video 17 to 19, LTX-2 16 to 17); random weights spread each frame over the clip
-far more than trained ones, and the released models' figure is not measured here.
+the VAE's config). What `vae.decode` does is what the stream is, with no attribute of
+the VAE changed:
+- by default (`from_pretrained` leaves `use_framewise_decoding` off) both decode the
+  whole clip at once. Their decoders are not causal, but each frame depends only on
+  latents within a reach derived from the architecture at load
+  (`vaecast/models/ltx_reach.py`: 25 latent frames each side for LTX-Video's released
+  VAE, 23 for LTX-2's). The stream decodes windows of latents with that margin each
+  side and keeps the frames no latent outside the window can change
+  (`vaecast/models/margin_windows.py`), in chunks of 3 latents (17 frames, then 24 each).
+  A clip no longer than one window (every usual length: 121 frames are 16 latents) is
+  decoded whole, exactly `vae.decode`, and its chunks follow at once; a longer one in
+  windows that commit `window_latents` each (by default twice the margins, so the
+  margins cost at most half again), its frames `vae.decode`'s within float rounding. A
+  decoder whose reach cannot be shown (a module the walk does not know) is decoded
+  whole, with one log line.
+- with `use_framewise_decoding` on (set by the user before the decoder is built, or
+  `temporal_tiling=True`), their `_temporal_tiled_decode` decodes tiles of 3 latents
+  every 1, each on its own (its last frame dropped after tile 0), blends each with the
+  tile before over 8 frames by `blend_t`, and keeps 8 frames per tile (9 for the first).
+  `CausalTileStream` (`vaecast/models/causal_tiles.py`) runs that scheme tile by tile
+  and publishes each tile's frames as soon as it is decoded, bit for bit that decode:
+  an earlier first fragment, but not the whole-clip decode (16 to 19 dB PSNR from it on
+  the tests' random VAEs).
+Either way each window or tile goes through the VAE's own path (`tiled_decode` where
+its `use_tiling` applies, else `decoder`).
 
 Latents are taken as each pipeline returns them with `output_type="latent"`:
 - `ltx-video`: packed tokens (B, F*H*W, C), still normalized; the upload converts them
@@ -43,12 +48,12 @@ pipelines add none either, so this is their decode; at any other timestep they m
 reproduce, so such a decode is not bit-equal to the pipeline's. A VAE whose decoder
 injects noise (`decoder_inject_noise`) draws it from the device's
 default generator in diffusers; vaecast seeds that generator with a fixed seed for
-each tile (restoring it after), so a decode is deterministic and a stream equals a
-whole decode, but the noise is not the pipeline's. Those tile decodes hold one
+each window or tile (restoring it after), so a decode is deterministic and a stream
+equals a whole decode, but the noise is not the pipeline's. Those decodes hold one
 process-wide lock, since the generator is shared.
 
-Otherwise a tile decode keeps no state on the module (no cache, no hooks of ours), so
-decodes may share one VAE: each holds only its own pending latents and last tile's tail.
+Otherwise a decode keeps no state on the module (no cache, no hooks of ours), so
+decodes may share one VAE: each holds only its own pending latents (and last tile's tail).
 
 Each decoder is `DiffusersDecoder` with its family's spec (`LTX_VIDEO`, `LTX_2`):
 `from_weights` loads a local diffusers folder; `LTXVideoDecoder(vae)` and
@@ -59,6 +64,8 @@ when a model is loaded, so `import vaecast` never needs it.
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -75,7 +82,10 @@ from vaecast.models.causal_tiles import (
 )
 from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
 from vaecast.models.layouts import PackedTokens
+from vaecast.models.ltx_reach import Reach, temporal_reach, temporal_scale
+from vaecast.models.margin_windows import MarginChunking, MarginWindows
 from vaecast.models.streaming import Prepare
+from vaecast.models.weights_io import WeightsError
 
 # What vaecast drives of both models beyond diffusers' public API, on the versions
 # whose `_temporal_tiled_decode` is the scheme we reproduce (checked in 0.42.1); each
@@ -95,6 +105,9 @@ SCHEME_LINES = (
 )
 
 
+# Latent frames per chunk of the exact stream: 17 frames, then 24 (a second at 24 fps).
+CHUNK_LATENTS = 3
+log = logging.getLogger(__name__)
 # The seed of the device's default generator (which diffusers' noise injection draws
 # from) while a tile decodes.
 NOISE_SEED = 0
@@ -122,36 +135,74 @@ def ltx2_decode_step(vae: Any, device: torch.device) -> Prepare:
     return lambda latents: latents.to(device).to(vae.dtype)
 
 
-def _tile_chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., TileChunking]:
+def _chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., Any]:
     """The chunking of LTX family `model`, whose per-tile paths are `tiled` and `untiled`."""
 
     def chunking(
-        vae: Any, device: torch.device, prepare: Prepare, decode_timestep: float = 0.0
-    ) -> TileChunking:
-        """A chunk per temporal tile, decoded at `decode_timestep` where the VAE is
-        timestep-conditioned; turns `use_framewise_decoding` on, so that `vae.decode`
-        is the decode it streams."""
-        vae.use_framewise_decoding = True
+        vae: Any,
+        device: torch.device,
+        prepare: Prepare,
+        decode_timestep: float = 0.0,
+        temporal_tiling: bool | None = None,
+        window_latents: int | None = None,
+    ) -> MarginChunking | TileChunking:
+        """The VAE's decode, streamed: its whole-clip decode in exact windows, or its
+        temporal tiles where `temporal_tiling` (default: the VAE's own
+        `use_framewise_decoding`) says so; decoded at `decode_timestep` where the VAE
+        is timestep-conditioned. `window_latents` overrides the latents each window
+        commits."""
         # The pipelines' `timestep` argument to `vae.decode`: None unless conditioned.
         temb = None
         if vae.config.timestep_conditioning:
             temb = torch.tensor([float(decode_timestep)], device=device, dtype=vae.dtype)
-        decode_tile = per_tile_decoder(
+        decode = per_tile_decoder(
             vae, lambda z: tiled(vae, z, temb), lambda z: untiled(vae, z, temb)
         )
         noise = vae.config.decoder_inject_noise
         if any(noise) if isinstance(noise, list | tuple) else bool(noise):
-            decode_tile = _with_seeded_noise(decode_tile, device)
-        return TileChunking(
-            CausalTiles.of(vae, drop="last", model=model),
-            latent_channels=int(vae.config.latent_channels),
-            spatial_scale=int(vae.spatial_compression_ratio),
-            prepare=prepare,
-            decode_tile=decode_tile,
-            blend=vae.blend_t,
-        )
+            decode = _with_seeded_noise(decode, device)
+        latent_channels = int(vae.config.latent_channels)
+        spatial_scale = int(vae.spatial_compression_ratio)
+        tiles = vae.use_framewise_decoding if temporal_tiling is None else temporal_tiling
+        if tiles:
+            return TileChunking(
+                CausalTiles.of(vae, drop="last", model=model),
+                latent_channels=latent_channels,
+                spatial_scale=spatial_scale,
+                prepare=prepare,
+                decode_tile=decode,
+                blend=vae.blend_t,
+            )
+        windows = _windows(model, vae, window_latents)
+        return MarginChunking(windows, latent_channels, spatial_scale, prepare, decode)
 
     return chunking
+
+
+def _windows(model: str, vae: Any, window_latents: int | None) -> MarginWindows:
+    """Exact windows for the VAE's decoder, from the reach derived from it."""
+    scale = int(vae.temporal_compression_ratio)
+    if temporal_scale(vae.decoder) != scale:
+        raise WeightsError(
+            f"unsupported {model} geometry: its decoder upsamples "
+            f"{temporal_scale(vae.decoder)}x in time, its config says {scale}x"
+        )
+    found = temporal_reach(vae.decoder)
+    reach: Reach | None = None
+    if isinstance(found, Reach):
+        reach = found
+    else:
+        log.warning(
+            "%s: decoding each clip whole before streaming it, exactly: its decoder's reach "
+            "over time cannot be shown (%s)",
+            model,
+            "; ".join(found),
+        )
+    if window_latents is None:
+        # Margins of at most half the committed latents.
+        margins = 0 if reach is None else reach.before + reach.after
+        window_latents = CHUNK_LATENTS * max(1, math.ceil(2 * margins / CHUNK_LATENTS))
+    return MarginWindows(scale, CHUNK_LATENTS, window_latents, reach)
 
 
 def _with_seeded_noise(decode_tile: TileDecoder, device: torch.device) -> TileDecoder:
@@ -176,7 +227,7 @@ LTX_VIDEO = DiffusersFamily(
     weights_of="LTX-Video",
     more_checks=lambda vae: missing_scheme_lines(vae, SCHEME_LINES),
     decode_step=ltx_video_decode_step,
-    chunking=_tile_chunking(
+    chunking=_chunking(
         "ltx-video",
         lambda vae, z, temb: vae.tiled_decode(z, temb, return_dict=True).sample,
         lambda vae, z, temb: vae.decoder(z, temb),
@@ -202,7 +253,7 @@ LTX_2 = DiffusersFamily(
     more_checks=lambda vae: missing_scheme_lines(vae, SCHEME_LINES),
     decode_step=ltx2_decode_step,
     # causal=None, as `vae.decode(latents, timestep)` passes it: the decoder's own.
-    chunking=_tile_chunking(
+    chunking=_chunking(
         "ltx-2",
         lambda vae, z, temb: vae.tiled_decode(z, temb, causal=None, return_dict=True).sample,
         lambda vae, z, temb: vae.decoder(z, temb, causal=None),
@@ -211,15 +262,16 @@ LTX_2 = DiffusersFamily(
 
 
 class LTXVideoDecoder(DiffusersDecoder):
-    """LTX-Video's VAE decoder under the chunk contract: a chunk per temporal tile.
-    Its pipeline's latents are packed tokens (`latent_layout`)."""
+    """LTX-Video's VAE decoder under the chunk contract: its decode, in exact windows
+    (or temporal tiles). Its pipeline's latents are packed tokens (`latent_layout`)."""
 
     family = LTX_VIDEO
 
 
 class LTX2VideoDecoder(DiffusersDecoder):
-    """LTX-2's video VAE decoder under the chunk contract: a chunk per temporal tile.
-    Its pipeline returns the video latents unpacked and denormalized (BCTHW)."""
+    """LTX-2's video VAE decoder under the chunk contract: its decode, in exact windows
+    (or temporal tiles). Its pipeline returns the video latents unpacked and denormalized
+    (BCTHW)."""
 
     family = LTX_2
 

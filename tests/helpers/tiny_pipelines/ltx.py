@@ -2,12 +2,10 @@
 configurations), without their text encoders: called with `prompt_embeds` and
 `prompt_attention_mask`.
 
-Both VAEs have the released models' temporal geometry (8x in time, so 3-latent
-temporal tiles every latent) at 8x in space, and `build()` turns their
-`use_framewise_decoding` on (diffusers' default is off, and it is not in the VAE's
-config): the pipeline then decodes through the VAE's temporal tiling, which is what
-`ltx-video` and `ltx-2` stream (and set on the VAE they load). 25 frames are 4 latent
-frames: chunks of 9, 8 and 8 frames.
+Both VAEs have the released models' temporal geometry (8x in time) at 8x in space, and
+are left as diffusers builds them (`use_framewise_decoding` off): the pipeline decodes the
+whole clip at once, which is what `ltx-video` and `ltx-2` stream. 25 frames are 4 latent
+frames: chunks of 17 and 8 frames.
 
 The LTX-Video VAE is timestep-conditioned (as LTX-Video's later releases), decoded at
 the pipeline's default `decode_timestep` of 0, where the pipeline adds no noise; its
@@ -83,8 +81,6 @@ def ltx_video() -> LTXPipeline:
         caption_channels=TEXT_DIM,
     )
     vae = ltx_vae()
-    # As the `ltx-video` decoder sets it: the pipeline decodes the way vaecast streams.
-    vae.use_framewise_decoding = True
     return LTXPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=vae,
@@ -161,8 +157,6 @@ def ltx2() -> LTX2Pipeline:
         rope_type="split",
     )
     vae = ltx2_vae()
-    # As the `ltx-2` decoder sets it: the pipeline decodes the way vaecast streams.
-    vae.use_framewise_decoding = True
     torch.manual_seed(0)
     audio_vae = AutoencoderKLLTX2Audio(
         base_channels=4,
