@@ -77,3 +77,26 @@ async def test_bad_audio_is_422_before_any_decode(start_server: StartServer, bod
         assert response.status == 422
         assert (await response.json())["error"]["message"] == message
     assert server.manager.jobs == {}
+
+
+async def test_audio_latents_need_a_model_with_a_sound_decoder(start_server: StartServer):
+    """The tests' default model decodes no audio latents: a 422 that says what would."""
+    server = await start_server()
+    body = safetensors_bytes(latents=LATENTS, audio_latents=torch.zeros(1, 8, 4, 16))
+    async with server.client.post("/v1/videos", data=body) as response:
+        assert response.status == 422
+        message = (await response.json())["error"]["message"]
+    assert message.startswith("model 'linear' decodes no audio_latents here: it has no sound")
+    assert "serve LTX-2 from its pipeline's folder" in message
+    both = safetensors_bytes(
+        metadata={"audio_sample_rate": "16000"},
+        latents=LATENTS,
+        audio=torch.zeros(2, 100),
+        audio_latents=torch.zeros(1, 8, 4, 16),
+    )
+    async with server.client.post("/v1/videos", data=both) as response:
+        assert response.status == 422
+        assert (await response.json())["error"]["message"] == (
+            "send 'audio' (a waveform) or 'audio_latents' (the model decodes them), not both"
+        )
+    assert server.manager.jobs == {}

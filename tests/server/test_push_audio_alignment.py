@@ -280,3 +280,23 @@ async def test_each_fragment_of_a_frames_push_carries_its_own_audio(
     audio, _ = heard(data)
     assert abs(len(audio) - end) < AAC_FRAME_SAMPLES
     assert loudness(audio, 0, end) > 0.15
+
+
+async def test_a_pushed_block_of_audio_latents_is_refused_with_where_they_go(
+    start_server: StartServer,
+):
+    server = await start_server()
+    producer = await Producer(server, 16, 16_000, 2).open()
+    body = safetensors_bytes(
+        latents=producer.latents[:, :, :1].contiguous(), audio_latents=torch.zeros(1, 8, 4, 16)
+    )
+    async with server.client.post(
+        producer.session["push"]["url"],
+        data=body,
+        headers={"X-Push-Token": producer.session["push"]["token"]},
+    ) as response:
+        assert response.status == 422
+        assert (await response.json())["error"]["message"] == (
+            "a pushed block takes 'audio' (its waveform), not audio_latents: upload the whole "
+            "clip's audio latents with its latents (POST /v1/videos)"
+        )

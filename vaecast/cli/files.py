@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import errno
 
+import torch
+
 from vaecast.cli.decode_file import decode_to_file
 from vaecast.cli.decode_options import (
     DEFAULTS,
@@ -23,6 +25,7 @@ from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import InvalidRequestError, VaecastError
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
 from vaecast.models.layouts import layout_of
+from vaecast.models.sound import decode_sound, sound_of
 from vaecast.params import parse_fps
 from vaecast.pipeline.run import VideoOutput
 
@@ -97,6 +100,9 @@ def run_decode(args: argparse.Namespace) -> int:
             latent_file.audio, latent_file.metadata.get(AUDIO_RATE_KEY)
         )
         soundtrack = Soundtrack(waveform, sample_rate)
+    if latent_file.audio_latents is not None:  # decoded as the server decodes them
+        sound = decode_sound(sound_of(decoder), models[0], latent_file.audio_latents)
+        soundtrack = Soundtrack(*check_audio(torch.from_numpy(sound[0]), str(sound[1])))
     settings = encoder_settings(args)
     check_encoder(settings, fps)  # one line before the decode, not a traceback after it
     output = VideoOutput(fps, settings, soundtrack)

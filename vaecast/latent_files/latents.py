@@ -62,6 +62,8 @@ class LatentFile:
     metadata: dict[str, str] = field(default_factory=dict)
     audio: torch.Tensor | None = None  # as uploaded; checked by `check_audio`
     dtype: torch.dtype = torch.float32  # of the latents as uploaded, before conversion
+    # Audio latents for the model's sound decoder (`vaecast.models.sound`), as uploaded.
+    audio_latents: torch.Tensor | None = None
 
 
 def declared_bytes(shape: Sequence[int], itemsize: int, limit: int) -> int | None:

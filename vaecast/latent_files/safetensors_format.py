@@ -1,4 +1,5 @@
-"""Reading a safetensors latent file: tensor `latents`, optionally `audio`, and metadata.
+"""Reading a safetensors latent file: tensor `latents`, optionally `audio` (a waveform) or
+`audio_latents` (for the model to decode), and metadata.
 
 The header is parsed by `vaecast.safetensors_header` (bounded cost) and the
 `latents` entry checked against the bytes it spans and against the caller's shape
@@ -42,6 +43,7 @@ from vaecast.latent_files.latents import (
     finish_latents,
 )
 from vaecast.models.layouts import shape_text
+from vaecast.models.sound import AUDIO_LATENTS_KEY
 from vaecast.safetensors_header import CORRUPT, SafetensorsHeader
 
 _MAX_NAMES_LISTED = 10
@@ -135,21 +137,30 @@ def load_safetensors(
     begin, _ = entry["data_offsets"]  # type: ignore[index]
     tensor = _tensor(data, header.data_start + begin, shape, torch_dtype)
     latents = finish_latents(bound.to_bcthw(tensor), role)
-    audio = None
-    audio_entry = entries.get(AUDIO_KEY)
-    if audio_entry is not None:
-        assert isinstance(audio_entry, dict)  # _validate checked every entry
-        audio_dtype = _DTYPES.get(audio_entry["dtype"])
-        if audio_dtype is None:
-            raise InvalidRequestError(
-                f"audio dtype {audio_entry['dtype']!r} is not supported; send F32, F16, BF16 or F64"
-            )
-        audio_begin, _ = audio_entry["data_offsets"]
-        # A copy: the soundtrack is small, and a view would pin nothing it needs.
-        audio = _tensor(
-            data, header.data_start + audio_begin, tuple(audio_entry["shape"]), audio_dtype
-        ).clone()
-    return LatentFile(latents, metadata, audio, dtype=torch_dtype)
+    audio = _float_tensor(data, header, AUDIO_KEY)
+    audio_latents = _float_tensor(data, header, AUDIO_LATENTS_KEY)
+    if audio is not None and audio_latents is not None:
+        raise InvalidRequestError(
+            f"send {AUDIO_KEY!r} (a waveform) or {AUDIO_LATENTS_KEY!r} (the model decodes "
+            "them), not both"
+        )
+    return LatentFile(latents, metadata, audio, dtype=torch_dtype, audio_latents=audio_latents)
+
+
+def _float_tensor(data: Buffer, header: SafetensorsHeader, key: str) -> torch.Tensor | None:
+    """The tensor `key` beside the latents (a soundtrack, or audio latents), a copy: it is
+    small, and a view would pin the upload for nothing."""
+    entry = header.entries.get(key)
+    if entry is None:
+        return None
+    assert isinstance(entry, dict)  # _validate checked every entry
+    dtype = _DTYPES.get(entry["dtype"])
+    if dtype is None:  # a known one that is not a float is refused by its own check
+        raise InvalidRequestError(
+            f"{key} dtype {entry['dtype']!r} is not supported; send F32, F16, BF16 or F64"
+        )
+    begin, _ = entry["data_offsets"]
+    return _tensor(data, header.data_start + begin, tuple(entry["shape"]), dtype).clone()
 
 
 def _latents_entry(

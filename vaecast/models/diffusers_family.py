@@ -40,6 +40,7 @@ import torch
 from vaecast.errors import WeightsError
 from vaecast.models.base import DecodePlan, StreamPlan
 from vaecast.models.layouts import LatentLayout
+from vaecast.models.sound import SoundDecoder
 from vaecast.models.streaming import LatentStream, Prepare, StreamingDecoder
 from vaecast.models.weights_io import diffusers_class, load_diffusers_folder
 
@@ -95,6 +96,9 @@ class DiffusersFamily:
     # `load_options` are the decoder options it takes.
     loader: Callable[..., Any] | None = None
     load_options: tuple[str, ...] = ()
+    # (weights, device) -> the sound decoder the same weights hold (LTX-2's audio VAE
+    # and vocoder, beside its VAE in the pipeline's folder), or None.
+    sound: Callable[[str | Path, torch.device], SoundDecoder | None] | None = None
 
     def missing(self, vae: Any, more: Callable[[Any], list[str]] | None = None) -> list[str]:
         """What of the internals `vae` lacks, as the error names them: its attributes,
@@ -162,6 +166,8 @@ class DiffusersDecoder(StreamingDecoder):
     """
 
     family: ClassVar[DiffusersFamily]
+    # Decodes the audio latents the pipeline makes beside the video's, where it has them.
+    sound: SoundDecoder | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -170,8 +176,15 @@ class DiffusersDecoder(StreamingDecoder):
             cls.name = family.model
             cls.value_range = family.value_range
 
-    def __init__(self, vae: Any, device: str | torch.device = "cpu", **options: Any) -> None:
+    def __init__(
+        self,
+        vae: Any,
+        device: str | torch.device = "cpu",
+        sound: SoundDecoder | None = None,
+        **options: Any,
+    ) -> None:
         family = self.family
+        self.sound = sound
         assert family.decode_step is not None and family.chunking is not None
         family.check(vae)
         self.device = torch.device(device)
@@ -202,9 +215,15 @@ class DiffusersDecoder(StreamingDecoder):
     def from_weights(
         cls, weights: str | Path | None, device: str | torch.device = "cpu", **options: Any
     ) -> Self:
-        """Load the VAE with `load_vae` and build the decoder on it."""
-        load_options = {key: options.pop(key) for key in cls.family.load_options if key in options}
-        return cls(cls.load_vae(weights, **load_options), device, **options)
+        """Load the VAE with `load_vae` and build the decoder on it, with the sound
+        decoder the same folder holds (where the family has one)."""
+        family = cls.family
+        load_options = {key: options.pop(key) for key in family.load_options if key in options}
+        vae = cls.load_vae(weights, **load_options)
+        sound = None
+        if family.sound is not None and weights is not None:
+            sound = family.sound(weights, torch.device(device))
+        return cls(vae, device, sound, **options)
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         return self.chunking.plan(latent_shape)

@@ -82,6 +82,7 @@ from vaecast.models.causal_tiles import (
 )
 from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
 from vaecast.models.layouts import PackedTokens
+from vaecast.models.ltx2_sound import LTX2Sound
 from vaecast.models.ltx_reach import Reach, temporal_reach, temporal_scale
 from vaecast.models.margin_windows import MarginChunking, MarginWindows
 from vaecast.models.streaming import Prepare
@@ -252,6 +253,8 @@ LTX_2 = DiffusersFamily(
     weights_of="LTX-2",
     more_checks=lambda vae: missing_scheme_lines(vae, SCHEME_LINES),
     decode_step=ltx2_decode_step,
+    # Its audio VAE and vocoder, where the folder is the pipeline's.
+    sound=lambda weights, device: LTX2Sound.from_folder(weights, device),
     # causal=None, as `vae.decode(latents, timestep)` passes it: the decoder's own.
     chunking=_chunking(
         "ltx-2",

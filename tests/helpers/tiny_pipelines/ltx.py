@@ -181,8 +181,10 @@ def ltx2() -> LTX2Pipeline:
         in_channels=audio_vae.config.output_channels * audio_vae.config.mel_bins,
         hidden_channels=32,
         out_channels=2,
-        upsample_kernel_sizes=[4, 4],
-        upsample_factors=[2, 2],
+        # 10 x 4 x 4 = the mel hop (160): a waveform at the audio VAE's 16 kHz, as the
+        # released vocoder's 240x makes 24 kHz from its 100 mel frames a second.
+        upsample_kernel_sizes=[20, 8, 8],
+        upsample_factors=[10, 4, 4],
         resnet_kernel_sizes=[3],
         resnet_dilations=[[1, 3, 5]],
         leaky_relu_negative_slope=0.1,

@@ -160,7 +160,8 @@ UPLOAD_PARAMS = (
 LATENT_FILE = {
     **BINARY,
     "description": "a safetensors file (tensor `latents`, BCTHW or CTHW, optional "
-    "`audio`) or a .npy array (never unpickled); anything else is 415",
+    "`audio` (a waveform) or `audio_latents` (for a model with a sound decoder: LTX-2)) or "
+    "a .npy array (never unpickled); anything else is 415",
 }
 LATENT_FORM = {
     "type": "object",

@@ -44,6 +44,7 @@ from vaecast.job.transitions import JobInput
 from vaecast.latent_files import AUDIO_RATE_KEY, LatentFile, check_audio, load_latents
 from vaecast.latent_files.frames import load_frames
 from vaecast.models.layouts import layout_of
+from vaecast.models.sound import AUDIO_LATENTS_KEY
 from vaecast.pipeline.run import TimedAudio
 from vaecast.push_ledger import (
     SEQ_HEADER,
@@ -268,6 +269,11 @@ class PushSession:
                 f"the session's first block was {dtype_name(self._dtype)}"
             )
         merged = {**latent_file.metadata, **params}
+        if latent_file.audio_latents is not None:
+            raise InvalidRequestError(
+                f"a pushed block takes 'audio' (its waveform), not {AUDIO_LATENTS_KEY}: "
+                "upload the whole clip's audio latents with its latents (POST /v1/videos)"
+            )
         audio = None
         if latent_file.audio is not None:
             waveform = self._check_audio(latent_file.audio, merged.get(AUDIO_RATE_KEY))

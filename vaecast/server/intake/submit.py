@@ -30,6 +30,7 @@ async def read_request(
         manager.check_latent_shape,
         manager.layout_for,
         manager.check_names,
+        manager.sound_for,
     )
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from vaecast.codecs.aac import MAX_SAMPLE_RATE_HZ, MIN_SAMPLE_RATE_HZ
@@ -46,6 +47,7 @@ from vaecast.latent_files.latents import echo
 from vaecast.models.crop import check_crop_size
 from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, MAX_GEOMETRY_VALUE, BoundLayout, LatentLayout
+from vaecast.models.sound import AUDIO_LATENTS_KEY, SoundDecoder, decode_sound
 from vaecast.params import parse_fps, parse_int
 from vaecast.pipeline.run import AudioFormat
 from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME, ServerConfig
@@ -106,11 +108,13 @@ async def read_decode_request(
     check_shape: ShapeCheck,
     layout_for: Callable[[str], LatentLayout] = lambda model: BCTHW,
     check_names: Callable[[str | None, str | None], None] = lambda model, preview: None,
+    sound_for: Callable[[str], SoundDecoder | None] = lambda model: None,
 ) -> DecodeRequest | BatchRequest | PushRequest | LiveDemoRequest:
     """The request a POST makes: a push session, a demo, or an upload of latents read in
     the layout of the model they are for (`layout_for`, by name); a batch of several
     videos makes a `BatchRequest`. `check_names(model, preview)` refuses what a demo
-    names before it is rendered."""
+    names before it is rendered. Audio latents are decoded to the soundtrack here, by the
+    model's `sound_for` decoder, while the upload is read."""
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
         if body.get("input") == JobInput.PUSH:
@@ -137,6 +141,14 @@ async def read_decode_request(
         soundtracks: list[Soundtrack | None] = [None] * batch
         if latent_file.audio is not None:
             soundtracks = _soundtracks(latent_file.audio, batch, params.get(AUDIO_RATE_KEY))
+        if latent_file.audio_latents is not None:
+            if batch != 1:
+                raise InvalidRequestError(
+                    f"{AUDIO_LATENTS_KEY} are taken with one video's latents; these hold {batch}"
+                )
+            model = params.get("model") or config.default_model
+            waveform, rate = decode_sound(sound_for(model), model, latent_file.audio_latents)
+            soundtracks = _soundtracks(torch.from_numpy(waveform), 1, str(rate))
         return latent_file.latents, params, soundtracks
 
     # Parsing and checking (a full pass for NaN/Inf) take seconds on a large upload.

@@ -37,6 +37,7 @@ from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.models.crop import CroppedDecoder
 from vaecast.models.frames import FramesDecoder
 from vaecast.models.layouts import BCTHW, LatentLayout, layout_of
+from vaecast.models.sound import SoundDecoder, sound_of
 from vaecast.pipeline.encoder_spares import SpareEncoders
 from vaecast.pipeline.run import Stages, Workers
 from vaecast.server.config import ServerConfig
@@ -220,6 +221,10 @@ class JobManager:
         served here: the job's own model check then refuses it)."""
         decoder = self.decoders.get(model)
         return BCTHW if decoder is None else layout_of(decoder)
+
+    def sound_for(self, model: str) -> SoundDecoder | None:
+        """Model `model`'s sound decoder (its audio latents' waveform), if it has one."""
+        return sound_of(self.decoders.get(model))
 
     def check_stream_shape(
         self, job: Job, latent_frames: int, block_shape: tuple[int, ...]
