@@ -64,7 +64,8 @@ def vae() -> AutoencoderKLHunyuanVideo15:
 
 @pytest.fixture(scope="module")
 def decoder(vae: AutoencoderKLHunyuanVideo15) -> HunyuanVideo15Decoder:
-    return HunyuanVideo15Decoder(vae)
+    """The causal pass a latent frame at a time (the default steps 4 after the first)."""
+    return HunyuanVideo15Decoder(vae, block_latents=1)
 
 
 def latents(frames: int, height: int = 3, width: int = 5, seed: int = 0) -> torch.Tensor:
@@ -216,7 +217,7 @@ def test_reproduces_the_pipelines_frames(case: TinyPipelineCase) -> None:
     decoder = HunyuanVideo15Decoder(run.pipeline.vae)
     z = layout_of(decoder).bind(case.params).to_bcthw(run.latents)
     chunks = collect(decoder, z)
-    assert len(chunks) >= 3
+    assert len(chunks) >= 2
     video = torch.cat([c.frames for c in chunks], dim=2)
     # The video processor's postprocess: (x / 2 + 0.5).clamp(0, 1), then THWC.
     frames = (video / 2 + 0.5).clamp(0, 1)[0].permute(1, 2, 3, 0).numpy()
@@ -403,3 +404,19 @@ def test_vaecast_imports_without_diffusers(monkeypatch: pytest.MonkeyPatch) -> N
     assert str(error.value) == (
         "the hunyuan-video-1.5 decoder needs diffusers>=0.36,<0.43: pip install 'vaecast[real]'"
     )
+
+
+def test_blocks_of_latents_are_the_pipelines_decode_too(vae: AutoencoderKLHunyuanVideo15) -> None:
+    """By default latent 0 is a chunk of its own, then blocks of 4 latent frames, each one
+    step of the causal pass (its attention masked within the block): the same frames, in
+    any split of a stream."""
+    decoder = HunyuanVideo15Decoder(vae)
+    z = latents(10, 2, 3, seed=10)
+    chunks = collect(decoder, z)
+    assert [c.frame_count for c in chunks] == [1, 16, 16, 4]
+    assert decoder.plan(z.shape).chunk_frames == (1, 16, 16, 4)
+    whole = torch.cat([c.frames for c in chunks], dim=2)
+    assert torch.allclose(whole, pipeline_decode(vae, z), rtol=0, atol=ATOL)
+    assert torch.equal(stream(decoder, z, [3, 1, 6]), whole)
+    plan = decoder.plan_stream(z[:, :, :1].shape)
+    assert (plan.first_chunk_frames, plan.chunk_frames) == (1, 16)

@@ -53,12 +53,13 @@ def whole_vae() -> AutoencoderKLMochi:
 
 @pytest.fixture(scope="module")
 def causal(whole_vae: AutoencoderKLMochi) -> MochiDecoder:
-    return MochiDecoder(whole_vae)
+    """The causal pass a latent frame at a time (the default steps 4 after the first)."""
+    return MochiDecoder(whole_vae, block_latents=1)
 
 
 def streams_causally(decoder: MochiDecoder) -> bool:
     """Whether it streams a latent frame at a time (causal), not the frame-wise batches."""
-    return decoder.chunking.batches.size == 1
+    return decoder.chunking.batches.first == 1
 
 
 def latents(frames: int, height: int = 2, width: int = 2, seed: int = 0) -> torch.Tensor:
@@ -302,7 +303,7 @@ def test_the_pipelines_frames_from_its_latents() -> None:
     run = run_case(case)
     decoder = MochiDecoder(run.pipeline.vae)
     chunks = collect(decoder, run.latents)
-    assert [c.frame_count for c in chunks] == [1, 6, 6, 6, 6]
+    assert [c.frame_count for c in chunks] == [1, 24]  # latent 0, then a block of 4
     video = torch.cat([c.frames for c in chunks], dim=2)
     frames = run.pipeline.video_processor.postprocess_video(video, output_type="np")[0]
     assert frames.shape == run.frames.shape == (25, 16, 16, 3)
@@ -418,3 +419,35 @@ def test_vaecast_imports_without_diffusers(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setitem(sys.modules, "diffusers", None)  # what an absent package looks like
     with pytest.raises(WeightsError, match=r"the mochi decoder needs diffusers>=0\.35,<0\.43"):
         MochiDecoder.from_weights("x")
+
+
+def test_blocks_of_latents_are_the_whole_clip_decode_too(whole_vae: AutoencoderKLMochi) -> None:
+    """By default latent 0 is a chunk of its own, then blocks of 4 latent frames, each one
+    step of the causal pass: the same frames, in any split of a stream."""
+    decoder = MochiDecoder(whole_vae)
+    z = latents(10, seed=10)
+    chunks = collect(decoder, z)
+    assert [c.frame_count for c in chunks] == [1, 24, 24, 6]
+    assert decoder.plan(z.shape).chunk_frames == (1, 24, 24, 6)
+    whole = torch.cat([c.frames for c in chunks], dim=2)
+    torch.testing.assert_close(whole, pipeline_decode(whole_vae, z), rtol=0, atol=1e-5)
+    published: list[int] = []
+    received = 0
+
+    def blocks() -> Iterator[torch.Tensor]:
+        nonlocal received
+        for block in z.split([3, 1, 6], dim=2):
+            received += block.shape[2]
+            yield block
+
+    streamed: list[torch.Tensor] = []
+
+    def on_chunk(chunk: DecodedChunk) -> None:
+        streamed.append(chunk.frames.clone())
+        published.append(received)
+
+    decoder.decode_stream(blocks(), on_chunk)
+    assert torch.equal(torch.cat(streamed, dim=2), whole)
+    assert published == [3, 10, 10, 10]  # latent 0 at once; each block once it is whole
+    plan = decoder.plan_stream(z[:, :, :1].shape)
+    assert (plan.first_chunk_frames, plan.chunk_frames) == (1, 24)

@@ -238,15 +238,18 @@ def causal_plan(
     spatial_scale: int,
     temporal_scale: int,
     latents_per_chunk: int = 1,
+    first_chunk_latents: int | None = None,
 ) -> DecodePlan:
     """The plan of a causal decoder in Wan 2.1's convention: latent frame 0 decodes to
     one frame and each later one to `temporal_scale`, one chunk per
-    `latents_per_chunk` latent frames."""
+    `latents_per_chunk` latent frames (the first chunk: `first_chunk_latents`, by
+    default as many)."""
     _, _, t, h, w = check_latent_shape(latent_shape, latent_channels)
     per_latent = [1] + [temporal_scale] * (t - 1)
-    chunk_frames = tuple(
-        sum(per_latent[i : i + latents_per_chunk]) for i in range(0, t, latents_per_chunk)
-    )
+    first = latents_per_chunk if first_chunk_latents is None else first_chunk_latents
+    starts = [0, *range(first, t, latents_per_chunk)] if t > first else [0]
+    ends = [*starts[1:], t]
+    chunk_frames = tuple(sum(per_latent[a:b]) for a, b in zip(starts, ends, strict=True))
     return DecodePlan(height=h * spatial_scale, width=w * spatial_scale, chunk_frames=chunk_frames)
 
 
@@ -256,14 +259,16 @@ def causal_stream_plan(
     spatial_scale: int,
     temporal_scale: int,
     latents_per_chunk: int = 1,
+    first_chunk_latents: int | None = None,
 ) -> StreamPlan:
     """`causal_plan`'s convention for a stream: the first chunk holds frame 0's one
     frame and `temporal_scale` for each other latent frame of its group."""
     _, _, _, h, w = check_latent_shape(first_block_shape, latent_channels)
+    first = latents_per_chunk if first_chunk_latents is None else first_chunk_latents
     return StreamPlan(
         height=h * spatial_scale,
         width=w * spatial_scale,
-        first_chunk_frames=1 + temporal_scale * (latents_per_chunk - 1),
+        first_chunk_frames=1 + temporal_scale * (first - 1),
         chunk_frames=temporal_scale * latents_per_chunk,
         frames_per_latent=temporal_scale,
         group_opening_frames=1,

@@ -50,20 +50,29 @@ class FrameBatches:
     over, as `frame_batch_size * i + (0 if i == 0 else remaining_frames)` writes it;
     otherwise (Mochi) the last batch is the short one. A stream does not know T until
     it ends: until then it takes the first batch to hold `size + stream_remainder`.
+    `first` (Mochi's causal pass) makes the first batch that many latent frames, and the
+    rest follow in batches of `size`: a first chunk as early as one latent allows.
     """
 
     size: int
     remainder_first: bool
     stream_remainder: int = 0
+    first: int | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError(f"a batch holds at least 1 latent frame, got {self.size}")
         if not 0 <= self.stream_remainder < self.size:
             raise ValueError(f"stream_remainder must be in [0, {self.size})")
+        if self.first is not None and (self.first < 1 or self.remainder_first):
+            raise ValueError("a first batch of its own is at least 1 frame, the rest after it")
 
     def sizes(self, latent_frames: int) -> tuple[int, ...]:
         """The batch sizes of `latent_frames` latent frames, in order."""
+        if self.first is not None:
+            first = min(self.first, latent_frames)
+            rest = FrameBatches(self.size, False).sizes(latent_frames - first)
+            return (first, *rest)
         full, rest = divmod(latent_frames, self.size)
         if not self.remainder_first:
             return (self.size,) * full + ((rest,) if rest else ())
@@ -73,6 +82,8 @@ class FrameBatches:
 
     def stream_size(self, index: int) -> int:
         """Batch `index`'s size in a stream whose end is not known yet."""
+        if index == 0 and self.first is not None:
+            return self.first
         if index == 0 and self.remainder_first:
             return self.size + self.stream_remainder
         return self.size

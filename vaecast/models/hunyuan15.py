@@ -1,4 +1,4 @@
-"""`hunyuan-video-1.5`: HunyuanVideo 1.5's video VAE decoder, a chunk per latent frame.
+"""`hunyuan-video-1.5`: HunyuanVideo 1.5's video VAE decoder, streamed causally in blocks.
 
 The model is diffusers' `AutoencoderKLHunyuanVideo15` (Apache-2.0; architecture by the
 Hunyuan team, Tencent). Both of its pipelines (`HunyuanVideo15Pipeline`,
@@ -8,11 +8,14 @@ whole-clip `decoder(z)` (spatially tiled by `tiled_decode` only when the VAE's t
 is enabled and the latents are larger than a tile). Its decoder is causal in time
 (causal 3-D convs, channel-only RMS norms, a mid-block attention masked to earlier
 frames, temporal upsamplers that treat the first frame apart), so
-`vaecast/models/hunyuan15_stream.py` runs it a latent frame at a time, carrying each
-causal conv's last input frames and the attention's earlier keys and values between
-steps, and each latent frame's frames are published as soon as they are decoded:
-latent frame 0 gives 1 frame, each later one 4 (the real model: 4x in time, 16x in
-space, 32 latent channels; all read from the VAE). The work is one decode's: each
+`vaecast/models/hunyuan15_stream.py` runs it a few latent frames at a time, carrying
+each causal conv's last input frames and the attention's earlier keys and values
+between steps: latent frame 0 alone (1 frame, published at once), then blocks of
+`block_latents` (4 by default: 16 frames a chunk), each published as soon as it is
+decoded (the real model: 4x in time, 16x in space, 32 latent channels; all read from
+the VAE). A step over several frames costs less per frame than one per frame (the
+figures are in `benchmarks/results/models.md`); `block_latents=1` gives a chunk per
+latent frame. The work is one decode's: each
 step's attention scores only the keys its queries may see, where `decoder(z)` builds
 a full (T*h*w)^2 mask. (On a CPU, PyTorch runs a conv over few frames of a *small*
 tensor with its slow reference kernel rather than oneDNN, so a tiny model streams 2-3x
@@ -66,6 +69,10 @@ from vaecast.models.hunyuan15_stream import DecoderState, check_decoder
 from vaecast.models.streaming import CausalChunking, CausalStream, Prepare
 from vaecast.models.weights_io import WeightsError
 
+# Latent frames per step and chunk after latent 0's: the causal pass spends less per
+# frame on blocks (measured: benchmarks/results/models.md).
+BLOCK_LATENTS = 4
+
 
 def load_vae(weights: str | Path | None, spatial_tiling: bool = False) -> Any:
     """`AutoencoderKLHunyuanVideo15` from a local diffusers folder (the model's or its
@@ -84,9 +91,14 @@ def decode_step(vae: Any, device: torch.device) -> Prepare:
     return lambda latents: latents.to(device, vae.dtype) / scaling_factor
 
 
-def chunking(vae: Any, device: torch.device, prepare: Prepare) -> CausalChunking:
-    """A chunk per latent frame: 1 frame for latent 0, then 4 (the decoder's) each;
-    tiled where the VAE's tiling (as it is now) applies to the latents."""
+def chunking(
+    vae: Any, device: torch.device, prepare: Prepare, block_latents: int = BLOCK_LATENTS
+) -> CausalChunking:
+    """Latent 0's frame alone, then a chunk per `block_latents` latent frames (4 frames
+    each), each block one step of the causal pass; tiled where the VAE's tiling (as it
+    is now) applies to the latents."""
+    if block_latents < 1:
+        raise ValueError(f"block_latents must be at least 1, got {block_latents}")
     # Geometry from the architecture: 2x in space per upsampler, 2x in time per
     # temporal one; refuse a config that says otherwise.
     upsamplers = [
@@ -119,9 +131,10 @@ def chunking(vae: Any, device: torch.device, prepare: Prepare) -> CausalChunking
         spatial_scale=spatial_scale,
         temporal_scale=temporal_scale,
         open=lambda shape: _HunyuanVideo15Stream(
-            vae, prepare, applies(shape[3], shape[4]), lock, device
+            vae, prepare, applies(shape[3], shape[4]), lock, device, block_latents
         ),
         frame_size=frame_size,
+        block_latents=block_latents,
     )
 
 
@@ -226,8 +239,9 @@ class _HunyuanVideo15Stream(CausalStream):
         tiling: SpatialTiling | None,
         lock: threading.Lock,
         device: torch.device,
+        block_latents: int,
     ) -> None:
-        super().__init__(device, vae.dtype)
+        super().__init__(device, vae.dtype, block_latents=block_latents)
         self._vae = vae
         self._prepare = prepare
         self._tiling = tiling

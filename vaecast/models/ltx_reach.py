@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+from vaecast.models.margin_windows import Reach
 
 # What the walk reads, by class: LTX-Video's and LTX-2's blocks.
 CONVS = frozenset({"LTXVideoCausalConv3d", "LTX2VideoCausalConv3d"})
@@ -43,14 +44,6 @@ POSITION_LOCAL = frozenset(
 )
 # The timestep embedding's own modules: they see the timestep, never a frame.
 TIME_EMBEDDER = "time_embedder"
-
-
-@dataclass(frozen=True, slots=True)
-class Reach:
-    """Latent frames a decoded frame may depend on, before and after its own latent."""
-
-    before: int
-    after: int
 
 
 def temporal_reach(decoder: Any) -> Reach | list[str]:

@@ -33,11 +33,18 @@ from dataclasses import dataclass
 import torch
 
 from vaecast.models.base import DecodePlan, StreamPlan, check_latent_shape
-from vaecast.models.ltx_reach import Reach
 from vaecast.models.streaming import Emit, Prepare
 
 # (B, C, L, h, w) latents to (B, 3, (L - 1) * r + 1, H, W) frames.
 WindowDecoder = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """Latent frames a decoded frame may depend on, before and after its own latent."""
+
+    before: int
+    after: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""`mochi`: the Mochi 1 video VAE decoder, a chunk per latent frame, exact.
+"""`mochi`: the Mochi 1 video VAE decoder, streamed exactly: latent 0, then blocks of latents.
 
 The model is diffusers' `AutoencoderKLMochi` (Apache-2.0; architecture by Genmo), as
 `MochiPipeline` decodes with it. Each latent frame decodes to 6 frames (temporal
@@ -14,9 +14,12 @@ is not the whole clip's (24 to 26 dB PSNR against it on random tiny weights).
 
 This decoder streams the default path (`causal=True`, the default where the model's
 structure allows it): the decoder is causal in time throughout, so
-`vaecast.models.mochi_stream` runs it a latent frame at a time, carrying each causal
-conv's last input frames, and each latent frame's 6 frames are final as soon as it has
-arrived (1 for the first, after the 5 dropped). The chunks are `vae.decode`'s whole-clip
+`vaecast.models.mochi_stream` runs it a few latent frames at a time, carrying each
+causal conv's last input frames: latent frame 0 alone (1 frame, after the 5 dropped,
+published at once), then blocks of `block_latents` (4 by default: 24 frames a chunk),
+each final as soon as its latents have arrived (`block_latents=1`: a chunk per latent
+frame; a step over several frames costs less per frame, see
+`benchmarks/results/models.md`). The chunks are `vae.decode`'s whole-clip
 frames to float rounding (1e-6, tested at 1e-5), with the VAE's spatial tiling too
 (`vae.enable_tiling()`: each tile carries its own caches and the tiles of each frame are
 blended as `tiled_decode` blends them). A decoder whose structure is not the one that
@@ -54,6 +57,9 @@ from vaecast.models.streaming import Prepare
 from vaecast.models.weights_io import WeightsError
 
 log = logging.getLogger(__name__)
+# Latent frames per step and chunk of the causal pass after latent 0's: it spends less
+# per frame on blocks (measured: benchmarks/results/models.md).
+BLOCK_LATENTS = 4
 
 
 def decode_step(vae: Any, device: torch.device) -> Prepare:
@@ -70,16 +76,22 @@ def decode_step(vae: Any, device: torch.device) -> Prepare:
 
 
 def chunking(
-    vae: Any, device: torch.device, prepare: Prepare, causal: bool | None = None
+    vae: Any,
+    device: torch.device,
+    prepare: Prepare,
+    causal: bool | None = None,
+    block_latents: int = BLOCK_LATENTS,
 ) -> BatchChunking:
-    """A chunk per latent frame, the whole-clip decode's (causal), or a chunk per
-    frame-wise batch.
+    """Latent 0's frame, then a chunk per `block_latents` latent frames, each block one
+    step of the whole-clip decode's causal pass; or a chunk per frame-wise batch.
 
     `causal=None` streams causally where `mochi_stream.check_decoder` accepts the
     decoder, frame-wise otherwise; `False` streams frame-wise and turns
     `use_framewise_decoding` on for the VAE, so that `vae.decode` decodes as it streams.
     The batch size and `drop_last_temporal_frames` are read from the VAE here.
     """
+    if block_latents < 1:
+        raise ValueError(f"block_latents must be at least 1, got {block_latents}")
     problems = mochi_stream.check_decoder(vae.decoder) if causal is not False else []
     if causal and problems:
         raise WeightsError(f"mochi cannot stream this decoder causally: {'; '.join(problems)}")
@@ -110,8 +122,11 @@ def chunking(
             frames = frames[:, :, dropped:]
         return frames, cache
 
+    batches = FrameBatches(block_latents, False, first=1)
+    if not streams_causally:
+        batches = FrameBatches(int(vae.num_latent_frames_batch_size), False)
     return BatchChunking(
-        FrameBatches(1 if streams_causally else int(vae.num_latent_frames_batch_size), False),
+        batches,
         latent_channels=int(vae.config.latent_channels),
         spatial_scale=int(vae.spatial_compression_ratio),
         batch_frames=batch_frames,

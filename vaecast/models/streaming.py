@@ -218,35 +218,64 @@ class _Chunks:
 class CausalStream:
     """A causal decode's state: latent frame k gives 1 frame for k = 0 and
     `temporal_scale` after, and a chunk is committed every `latents_per_chunk` latent
-    frames (the rest when the latents end). A subclass gives `step` and extends
-    `close` to drop what it keeps."""
+    frames (the rest when the latents end). With `block_latents` above 1, `step` is
+    given latent 0 alone and then blocks of that many latent frames (the last may be
+    shorter), each block's frames one chunk: a decoder whose step takes several frames
+    at once through the same carried state spends less per frame, and its first chunk
+    still comes after one latent. A subclass gives `step` and extends `close` to drop
+    what it keeps."""
 
     def __init__(
-        self, device: torch.device, dtype: torch.dtype, latents_per_chunk: int = 1
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        latents_per_chunk: int = 1,
+        block_latents: int = 1,
     ) -> None:
+        if block_latents > 1 and latents_per_chunk != 1:
+            raise ValueError("blocks are chunks of their own: latents_per_chunk must be 1")
         self._device = device
         self._dtype = dtype
         self._latents_per_chunk = latents_per_chunk
+        self._block_latents = block_latents
+        self._pending: list[torch.Tensor] = []  # latent frames waiting for their block
         self._group: list[torch.Tensor] = []
         self._group_yuv420: Yuv420Frames | None = None
         self._next = 0
 
     def step(self, latent: torch.Tensor, index: int) -> torch.Tensor:
-        """Decode latent frame `index`, (B, C, 1, h, w), contiguous and freshly
-        allocated, into its BCTHW frames."""
+        """Decode latent frames `index ..` ((B, C, n, h, w), contiguous and freshly
+        allocated; n is 1 unless `block_latents` is larger) into their BCTHW frames."""
         raise NotImplementedError
 
     def push(self, block: torch.Tensor, emit: Emit) -> None:
+        if self._block_latents > 1:
+            self._pending += block.to(self._device, self._dtype).split(1, dim=2)
+            while self._pending and len(self._pending) >= self._block_size():
+                self._step_block(self._block_size(), emit)
+            return
         for latent in self._latents(block):
             self._add(self.step(latent, self._next), emit)
+
+    def _block_size(self) -> int:
+        return 1 if self._next == 0 else self._block_latents
+
+    def _step_block(self, size: int, emit: Emit) -> None:
+        # A fresh contiguous tensor whatever blocks the frames came in (see `_latents`).
+        latents = torch.cat(self._pending[:size], dim=2)
+        del self._pending[:size]
+        frames = self.step(latents, self._next)
+        del latents
+        self._next += size
+        emit(frames)
 
     def _latents(self, block: torch.Tensor) -> Iterator[torch.Tensor]:
         """The block's latent frames, one (B, C, 1, h, w) at a time, as `step` takes them."""
         block = block.to(self._device, self._dtype)
         for t in range(block.shape[2]):
             # Each step gets its own contiguous copy, whatever block the frame came in,
-            # so a whole decode and any split of a stream hand the model the same
-            # tensor, strides and alignment included (kernels may choose by them).
+            # so a whole decode and any split of a stream hand the model the same tensor,
+            # strides and alignment included (kernels may choose by them).
             yield block[:, :, t : t + 1].clone(memory_format=torch.contiguous_format)
 
     def _add(self, frames: torch.Tensor, emit: Emit, yuv420: Yuv420Frames | None = None) -> None:
@@ -258,10 +287,13 @@ class CausalStream:
             self._commit(emit)
 
     def finish(self, latent_frames: int, emit: Emit) -> None:
+        if self._pending:
+            self._step_block(len(self._pending), emit)
         if self._group:
             self._commit(emit)
 
     def close(self) -> None:
+        self._pending = []
         self._group = []
         self._group_yuv420 = None
 
@@ -276,27 +308,40 @@ class CausalStream:
 
 @dataclass(frozen=True, slots=True)
 class CausalChunking:
-    """A diffusers family's chunking for a causal decoder: a chunk per latent frame
-    (`causal_plan`), each decode a `CausalStream` that `open` makes."""
+    """A diffusers family's chunking for a causal decoder: latent 0's chunk, then a
+    chunk per `block_latents` latent frames (`causal_plan`), each decode a
+    `CausalStream` that `open` makes with those blocks."""
 
     latent_channels: int
     spatial_scale: int
     temporal_scale: int
     # (first block shape) -> a new decode's stream.
     open: Callable[[tuple[int, ...]], LatentStream]
+    # Latent frames per chunk after latent 0's own (the stream's `block_latents`).
+    block_latents: int = 1
     # (latent height, width) -> the frame size where it is not `spatial_scale` times
     # the latents' (a VAE's spatial tiles), else None.
     frame_size: Callable[[int, int], tuple[int, int] | None] = lambda height, width: None
 
     def plan(self, latent_shape: Sequence[int]) -> DecodePlan:
         plan = causal_plan(
-            latent_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
+            latent_shape,
+            self.latent_channels,
+            self.spatial_scale,
+            self.temporal_scale,
+            self.block_latents,
+            first_chunk_latents=1,
         )
         return self._sized(plan, latent_shape)
 
     def plan_stream(self, first_block_shape: Sequence[int]) -> StreamPlan:
         plan = causal_stream_plan(
-            first_block_shape, self.latent_channels, self.spatial_scale, self.temporal_scale
+            first_block_shape,
+            self.latent_channels,
+            self.spatial_scale,
+            self.temporal_scale,
+            self.block_latents,
+            first_chunk_latents=1,
         )
         return self._sized(plan, first_block_shape)
 
