@@ -223,14 +223,16 @@ def test_missing_or_changed_internals_fail_at_load(vae: AutoencoderKLHunyuanVide
         HunyuanVideoDecoder(DropsLast(**TINY_CONFIG))
 
 
-def test_framewise_decoding_is_turned_on() -> None:
-    """So that `vae.decode` is always the decode the chunks concatenate to."""
+def test_a_vae_set_to_the_whole_clip_is_decoded_whole_and_left_so() -> None:
+    """`vae.decode` is the decode the chunks concatenate to, however the user set it."""
     vae = random_vae(2)
     vae.use_framewise_decoding = False
     decoder = HunyuanVideoDecoder(vae)
-    assert vae.use_framewise_decoding
+    assert not vae.use_framewise_decoding
     z = latents(6, seed=6)
-    assert torch.equal(decoder.decode(z), pipeline_decode(vae, z))
+    chunks = collect(decoder, z)
+    assert [c.frame_count for c in chunks] == [9, 12]
+    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), pipeline_decode(vae, z))
 
 
 @pytest.mark.parametrize("layout", ["vae folder", "pipeline folder"])

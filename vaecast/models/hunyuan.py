@@ -14,9 +14,10 @@ T = 13 gives chunks of 13, 12, 12, 12 frames (49 in all), and a stream decodes t
 i once latents up to 3i + 5 have arrived. Each tile goes through the VAE's own
 per-tile path (`tiled_decode` where its `use_tiling` applies to the tile, else
 `post_quant_conv` and `decoder`), so the chunks concatenate to `vae.decode` bit for
-bit (tested, one thread on CPU). The decoder turns `use_framewise_decoding` on should
-a VAE come with it off, so that `vae.decode` is always the decode it streams; the
-tile sizes are read from the VAE when the decoder is built.
+bit (tested, one thread on CPU); the tile sizes are read from the VAE when the decoder
+is built. A VAE a user set to `use_framewise_decoding = False` decodes the whole clip in
+one call, which this decoder does too, exactly, publishing its chunks when it is done
+(`vaecast/models/margin_windows.py` with no reach shown): nothing on the VAE is changed.
 
 Latents come in pipeline space (`output_type="latent"`: BCTHW, 16 channels, 8x in
 space, 4x in time) and are scaled exactly as `pipeline_hunyuan_video.py` writes it,
@@ -46,8 +47,11 @@ from vaecast.models.causal_tiles import (
     per_tile_decoder,
 )
 from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
+from vaecast.models.margin_windows import MarginChunking, MarginWindows
 from vaecast.models.streaming import Prepare
 
+# Latent frames per chunk of a whole-clip decode: 1 + 4 * 2 = 9 frames, then 12, as its tiles.
+WHOLE_CLIP_CHUNK_LATENTS = 3
 # The lines of `_temporal_tiled_decode` that fix the scheme: which frame a later tile
 # drops, and that it is blended with the previous tile as diffusers stores it.
 SCHEME_LINES = (
@@ -62,21 +66,26 @@ def decode_step(vae: Any, device: torch.device) -> Prepare:
     return lambda latents: latents.to(device).to(vae.dtype) / scaling_factor
 
 
-def chunking(vae: Any, device: torch.device, prepare: Prepare) -> TileChunking:
-    """A chunk per temporal tile; `vae.decode` is always the decode streamed, so
-    `use_framewise_decoding` (on by default for this VAE) is turned on should a VAE
-    come with it off."""
-    vae.use_framewise_decoding = True
+def chunking(vae: Any, device: torch.device, prepare: Prepare) -> TileChunking | MarginChunking:
+    """As the VAE decodes now: a chunk per temporal tile (`use_framewise_decoding`, on
+    by default for this VAE), or the whole clip at once, its chunks at the end."""
+    latent_channels = int(vae.config.latent_channels)
+    spatial_scale = int(vae.spatial_compression_ratio)
+    decode_tile = per_tile_decoder(
+        vae,
+        lambda latents: vae.tiled_decode(latents, return_dict=True).sample,
+        lambda latents: vae.decoder(vae.post_quant_conv(latents)),
+    )
+    if not vae.use_framewise_decoding:
+        chunk = WHOLE_CLIP_CHUNK_LATENTS  # no reach: one window, the whole clip
+        windows = MarginWindows(int(vae.temporal_compression_ratio), chunk, chunk, reach=None)
+        return MarginChunking(windows, latent_channels, spatial_scale, prepare, decode_tile)
     return TileChunking(
         CausalTiles.of(vae, drop="first", model=FAMILY.model),
-        latent_channels=int(vae.config.latent_channels),
-        spatial_scale=int(vae.spatial_compression_ratio),
+        latent_channels=latent_channels,
+        spatial_scale=spatial_scale,
         prepare=prepare,
-        decode_tile=per_tile_decoder(
-            vae,
-            lambda latents: vae.tiled_decode(latents, return_dict=True).sample,
-            lambda latents: vae.decoder(vae.post_quant_conv(latents)),
-        ),
+        decode_tile=decode_tile,
         blend=vae.blend_t,
     )
 
