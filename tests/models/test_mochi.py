@@ -59,7 +59,8 @@ def causal(whole_vae: AutoencoderKLMochi) -> MochiDecoder:
 
 def streams_causally(decoder: MochiDecoder) -> bool:
     """Whether it streams a latent frame at a time (causal), not the frame-wise batches."""
-    return decoder.chunking.batches.first == 1
+    batches = getattr(decoder.chunking, "batches", None)
+    return batches is not None and batches.first == 1
 
 
 def latents(frames: int, height: int = 2, width: int = 2, seed: int = 0) -> torch.Tensor:
@@ -189,20 +190,29 @@ def test_causal_with_spatial_tiling_is_the_vaes_tiled_whole_clip_decode() -> Non
     assert torch.allclose(streamed, expected, rtol=0, atol=1e-5)
 
 
-def test_a_structure_the_causal_pass_does_not_know_streams_framewise_and_says_so(
+def test_a_structure_the_causal_pass_does_not_know_is_decoded_whole_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Exact still: the whole clip at once, its chunks at the end; nothing on the VAE
+    changed."""
     vae = tiny_vae()
-    vae.decoder.block_out.attentions[0] = torch.nn.Identity()  # an attention over time
+    # Where an attention over time (and its norm) would be: the pass knows none.
+    vae.decoder.block_out.norms[0] = torch.nn.Identity()
+    vae.decoder.block_out.attentions[0] = torch.nn.Identity()
     with pytest.raises(WeightsError, match="mochi cannot stream this decoder causally"):
         MochiDecoder(vae, causal=True)
     with caplog.at_level("WARNING", logger="vaecast.models.mochi"):
         decoder = MochiDecoder(vae)
-    assert not streams_causally(decoder) and vae.use_framewise_decoding
+    assert not streams_causally(decoder) and not vae.use_framewise_decoding
     (record,) = caplog.records
     assert record.getMessage().startswith(
-        "mochi: streaming frame-wise, not exactly the whole-clip decode (decoder.block_out"
+        "mochi: decoding each clip whole before streaming it, exactly: the causal pass does "
+        "not know this decoder (decoder.block_out"
     )
+    z = latents(6, seed=6)
+    chunks = collect(decoder, z)
+    assert [c.frame_count for c in chunks] == [19, 12]  # latents 0-3, then 4-5
+    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), pipeline_decode(vae, z))
 
 
 def test_framewise_against_the_whole_clip_decode(vae: AutoencoderKLMochi) -> None:

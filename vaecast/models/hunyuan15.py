@@ -14,7 +14,7 @@ between steps: latent frame 0 alone (1 frame, published at once), then blocks of
 `block_latents` (4 by default: 16 frames a chunk), each published as soon as it is
 decoded (the real model: 4x in time, 16x in space, 32 latent channels; all read from
 the VAE). A step over several frames costs less per frame than one per frame (the
-figures are in `benchmarks/results/models.md`); `block_latents=1` gives a chunk per
+figures are in `benchmarks/results/design_notes.md`); `block_latents=1` gives a chunk per
 latent frame. The work is one decode's: each
 step's attention scores only the keys its queries may see, where `decoder(z)` builds
 a full (T*h*w)^2 mask. (On a CPU, PyTorch runs a conv over few frames of a *small*
@@ -70,7 +70,7 @@ from vaecast.models.streaming import CausalChunking, CausalStream, Prepare
 from vaecast.models.weights_io import WeightsError
 
 # Latent frames per step and chunk after latent 0's: the causal pass spends less per
-# frame on blocks (measured: benchmarks/results/models.md).
+# frame on blocks (measured: benchmarks/results/design_notes.md).
 BLOCK_LATENTS = 4
 
 

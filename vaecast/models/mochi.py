@@ -19,13 +19,14 @@ causal conv's last input frames: latent frame 0 alone (1 frame, after the 5 drop
 published at once), then blocks of `block_latents` (4 by default: 24 frames a chunk),
 each final as soon as its latents have arrived (`block_latents=1`: a chunk per latent
 frame; a step over several frames costs less per frame, see
-`benchmarks/results/models.md`). The chunks are `vae.decode`'s whole-clip
+`benchmarks/results/design_notes.md`). The chunks are `vae.decode`'s whole-clip
 frames to float rounding (1e-6, tested at 1e-5), with the VAE's spatial tiling too
 (`vae.enable_tiling()`: each tile carries its own caches and the tiles of each frame are
 blended as `tiled_decode` blends them). A decoder whose structure is not the one that
-pass repeats (`mochi_stream.check_decoder`) is streamed frame-wise instead, saying so in
-one log line: `causal=False` turns `use_framewise_decoding` on for the VAE (so that
-`vae.decode` decodes as it streams), drives that loop from outside
+pass repeats (`mochi_stream.check_decoder`) is decoded whole, exactly, and its chunks
+published at the end, saying so in one log line. `causal=False` streams the frame-wise
+path instead: it turns `use_framewise_decoding` on for the VAE (so that `vae.decode`
+decodes as it streams), drives that loop from outside
 (`vaecast/models/frame_batches.py`) and publishes each batch: 7 frames for the first,
 12 for each next, bit for bit the frame-wise `vae.decode`.
 
@@ -53,12 +54,13 @@ import torch
 from vaecast.models import mochi_stream
 from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
 from vaecast.models.frame_batches import BatchChunking, FrameBatches, SpatialTiles
+from vaecast.models.margin_windows import MarginChunking, MarginWindows
 from vaecast.models.streaming import Prepare
 from vaecast.models.weights_io import WeightsError
 
 log = logging.getLogger(__name__)
 # Latent frames per step and chunk of the causal pass after latent 0's: it spends less
-# per frame on blocks (measured: benchmarks/results/models.md).
+# per frame on blocks (measured: benchmarks/results/design_notes.md).
 BLOCK_LATENTS = 4
 
 
@@ -81,14 +83,15 @@ def chunking(
     prepare: Prepare,
     causal: bool | None = None,
     block_latents: int = BLOCK_LATENTS,
-) -> BatchChunking:
+) -> BatchChunking | MarginChunking:
     """Latent 0's frame, then a chunk per `block_latents` latent frames, each block one
     step of the whole-clip decode's causal pass; or a chunk per frame-wise batch.
 
     `causal=None` streams causally where `mochi_stream.check_decoder` accepts the
-    decoder, frame-wise otherwise; `False` streams frame-wise and turns
-    `use_framewise_decoding` on for the VAE, so that `vae.decode` decodes as it streams.
-    The batch size and `drop_last_temporal_frames` are read from the VAE here.
+    decoder, and otherwise decodes each clip whole, exactly, before streaming it (one
+    log line says why); `False` streams frame-wise and turns `use_framewise_decoding`
+    on for the VAE, so that `vae.decode` decodes as it streams. The batch size and
+    `drop_last_temporal_frames` are read from the VAE here.
     """
     if block_latents < 1:
         raise ValueError(f"block_latents must be at least 1, got {block_latents}")
@@ -96,6 +99,23 @@ def chunking(
     if causal and problems:
         raise WeightsError(f"mochi cannot stream this decoder causally: {'; '.join(problems)}")
     streams_causally = causal is not False and not problems
+    frames_per_latent = int(vae.temporal_compression_ratio)
+    # `_decode` drops these leading frames once the decode has at least
+    # `temporal_compression_ratio` frames, which every decode has.
+    dropped = frames_per_latent - 1 if vae.drop_last_temporal_frames else 0
+    if problems and dropped:  # latent 0 is then one frame: the whole clip's windows fit
+        log.warning(
+            "mochi: decoding each clip whole before streaming it, exactly: the causal "
+            "pass does not know this decoder (%s)",
+            "; ".join(problems),
+        )
+        return MarginChunking(
+            MarginWindows(frames_per_latent, block_latents, block_latents, reach=None),
+            int(vae.config.latent_channels),
+            int(vae.spatial_compression_ratio),
+            prepare,
+            lambda latents: vae.decode(latents, return_dict=False)[0],
+        )
     if problems:
         log.warning(
             "mochi: streaming frame-wise, not exactly the whole-clip decode (%s)",
@@ -103,10 +123,6 @@ def chunking(
         )
     if not streams_causally:
         vae.use_framewise_decoding = True
-    frames_per_latent = int(vae.temporal_compression_ratio)
-    # `_decode` drops these leading frames once the decode has at least
-    # `temporal_compression_ratio` frames, which every decode has.
-    dropped = frames_per_latent - 1 if vae.drop_last_temporal_frames else 0
 
     def batch_frames(index: int, latent_frames: int) -> int:
         frames = latent_frames * frames_per_latent
