@@ -7,16 +7,20 @@ Per model, with the model's real architecture (the diffusers class's default con
 is the published model's; Wan 2.2 TI2V-5B's and LTX-2's published VAE configs where the
 defaults are another model's) and seeded random weights, saved with `save_pretrained` to a
 cache folder and loaded from it by `get_decoder(name, weights=FOLDER)`, as a server loads
-it; latents are seeded N(0, 1) in the pipeline's own layout, small enough that one decode
-takes seconds on a 2-core CPU (`ModelSpec.latent_shape`, in the results):
+it; latents are seeded N(0, 1) in the pipeline's own layout, of 33 frames (37 for Mochi,
+whose latents stand for 6 frames), at 256x256 where one decode takes well under a minute
+on a 2-core CPU (ltx-video, ltx-2), else at the largest square that does (128x128; 64x64
+for HunyuanVideo 1.5 and Mochi, whose real decoders take half a minute there; Wan 2.1's
+takes 2.5 minutes at 256x256): where per-call overhead no longer hides what a decode
+costs (`ModelSpec.latent_shape`, in the results):
 
 - geometry: latent channels, spatial and temporal compression, and the frames per chunk
   of the benchmarked latents, from the decoder's plan (checked against the chunks);
 - exactness: the decoder's chunks, concatenated, against `vae.decode` as the pipeline's
   decode step calls it with the VAE as the decoder sets it up (max abs difference; PSNR,
   over frames clamped to `value_range`, where not bit-identical), and against the VAE as
-  a pipeline loads it where the decoder changes its decode path (LTX's and Mochi's
-  frame-wise decoding: their PSNR is the cost of streaming them);
+  a pipeline loads it where the decoder changes its decode path (none of the built-in
+  decoders does by default: the column then says "same path");
 - TTFF ratio: `vaecast serve`'s time to the first fragment over HTTP (a real subprocess
   on 127.0.0.1 --port 0: request sent to the first moof + mdat received; the client then
   cancels the job with DELETE, which returns once its decode has stopped) over the same
@@ -295,7 +299,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLWan",
             "diffusers/pipelines/wan/pipeline_wan.py",
             _wan_step,
-            (16, 3, 8, 8),
+            (16, 9, 16, 16),
             config={
                 "latents_mean": _stats(16, 5, -0.2, 0.1),
                 "latents_std": _stats(16, 7, 0.5, 0.1),
@@ -306,7 +310,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLWan",
             "diffusers/pipelines/wan/pipeline_wan.py",
             _wan_step,
-            (48, 3, 4, 4),
+            (48, 9, 8, 8),
             config={
                 **WAN22_CONFIG,
                 "latents_mean": _stats(48, 5, -0.2, 0.1),
@@ -319,7 +323,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLMiniMaxH3",
             "diffusers/modular_pipelines/minimax_h3/decoders.py",
             _minimax_step,
-            (24, 8, 2, 2),
+            (24, 9, 16, 16),
             config={
                 "latents_mean": _stats(24, 5, -0.2, 0.1),
                 "latents_std": _stats(24, 4, 0.6, 0.1),
@@ -332,14 +336,14 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLHunyuanVideo",
             "diffusers/pipelines/hunyuan_video/pipeline_hunyuan_video.py",
             _hunyuan_step,
-            (16, 10, 4, 4),
+            (16, 9, 16, 16),
         ),
         ModelSpec(
             "hunyuan-video-1.5",
             "AutoencoderKLHunyuanVideo15",
             "diffusers/pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5.py",
             _hunyuan_step,
-            (32, 3, 2, 2),
+            (32, 9, 4, 4),
             spatial_scale=16,
         ),
         ModelSpec(
@@ -347,7 +351,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLLTXVideo",
             "diffusers/pipelines/ltx/pipeline_ltx.py",
             _ltx_step,
-            (128, 4, 2, 2),
+            (128, 5, 8, 8),
             buffers={
                 "latents_mean": _stats(128, 5, -0.2, 0.1),
                 "latents_std": _stats(128, 4, 0.6, 0.1),
@@ -362,7 +366,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLLTX2Video",
             "diffusers/pipelines/ltx2/pipeline_ltx2.py",
             _ltx2_step,
-            (128, 4, 2, 2),
+            (128, 5, 8, 8),
             config=LTX2_CONFIG,
             buffers={
                 "latents_mean": _stats(128, 5, -0.2, 0.1),
@@ -376,7 +380,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLCogVideoX",
             "diffusers/pipelines/cogvideo/pipeline_cogvideox.py",
             _cogvideox_step,
-            (16, 7, 4, 4),
+            (16, 9, 16, 16),
             pack=_btchw,
             needs_geometry=False,
         ),
@@ -385,7 +389,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLMochi",
             "diffusers/pipelines/mochi/pipeline_mochi.py",
             _mochi_step,
-            (12, 5, 4, 4),
+            (12, 7, 8, 8),
             config={
                 "latents_mean": _stats(12, 5, -0.2, 0.1),
                 "latents_std": _stats(12, 4, 0.6, 0.1),
