@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import one_torch_thread
-from tests.helpers.tiny_pipelines import SEED
+from tests.helpers.tiny_pipelines import run_case
 from tests.helpers.tiny_pipelines.ltx import CASES
 from vaecast.errors import InvalidRequestError
 from vaecast.models.ltx2_sound import LTX2Sound
@@ -18,18 +18,12 @@ CASE = next(case for case in CASES if case.model == "ltx-2")
 
 def test_the_waveform_is_the_pipelines_audio_output() -> None:
     with one_torch_thread():
-        pipeline = CASE.build()
-        pipeline.set_progress_bar_config(disable=True)
-        outputs = []
-        for output_type in ("latent", "np"):
-            generator = torch.Generator().manual_seed(SEED)
-            with torch.no_grad():
-                outputs.append(
-                    pipeline(**CASE.call_kwargs, output_type=output_type, generator=generator)
-                )
+        run = run_case(CASE)
+        pipeline = run.pipeline
         sound = LTX2Sound(pipeline.audio_vae, pipeline.vocoder)
-        waveform, rate = sound.decode(outputs[0].audio)
-    expected = outputs[1].audio[0].float().numpy()
+        assert run.audio_latents is not None and run.audio is not None
+        waveform, rate = sound.decode(run.audio_latents)
+    expected = run.audio
     assert rate == pipeline.vocoder.config.output_sampling_rate == 16_000
     assert waveform.shape == expected.shape and waveform.shape[0] == 2
     np.testing.assert_array_equal(waveform, expected)

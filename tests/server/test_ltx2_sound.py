@@ -21,7 +21,7 @@ import torch
 
 from tests.helpers import one_torch_thread, safetensors_bytes
 from tests.helpers.serve_process import vaecast_serve
-from tests.helpers.tiny_pipelines import SEED
+from tests.helpers.tiny_pipelines import run_case
 from tests.helpers.tiny_pipelines.ltx import CASES
 from vaecast.models.ltx import LTX2VideoDecoder
 from vaecast.models.ltx2_sound import LTX2Sound
@@ -44,24 +44,16 @@ class Made:
 def made(tmp_path_factory: pytest.TempPathFactory) -> Made:
     folder = tmp_path_factory.mktemp("ltx2")
     with one_torch_thread():
-        pipeline = CASE.build()
-        pipeline.set_progress_bar_config(disable=True)
-        outputs = []
-        for output_type in ("latent", "np"):
-            generator = torch.Generator().manual_seed(SEED)
-            with torch.no_grad():
-                outputs.append(
-                    pipeline(**CASE.call_kwargs, output_type=output_type, generator=generator)
-                )
-        pipeline.save_pretrained(folder)
-    latent, decoded = outputs
+        run = run_case(CASE)
+        run.pipeline.save_pretrained(folder)
+    assert run.audio_latents is not None and run.audio is not None
     return Made(
         folder,
-        latent.frames,
-        latent.audio,
-        int(decoded.frames.shape[1]),
-        decoded.audio[0].float().numpy(),
-        int(pipeline.vocoder.config.output_sampling_rate),
+        run.latents,
+        run.audio_latents,
+        run.frames.shape[0],
+        run.audio,
+        int(run.pipeline.vocoder.config.output_sampling_rate),
     )
 
 

@@ -83,8 +83,8 @@ from vaecast.models.causal_tiles import (
 from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
 from vaecast.models.layouts import PackedTokens
 from vaecast.models.ltx2_sound import LTX2Sound
-from vaecast.models.ltx_reach import Reach, temporal_reach, temporal_scale
-from vaecast.models.margin_windows import MarginChunking, MarginWindows
+from vaecast.models.ltx_reach import temporal_reach, temporal_scale
+from vaecast.models.margin_windows import MarginChunking, MarginWindows, Reach
 from vaecast.models.streaming import Prepare
 from vaecast.models.weights_io import WeightsError
 

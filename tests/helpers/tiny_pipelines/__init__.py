@@ -40,6 +40,10 @@ class CaseRun:
     pipeline: Any
     latents: torch.Tensor  # exactly what output_type="latent" returned
     frames: np.ndarray  # (T, H, W, 3) float in [0, 1], what output_type="np" returned
+    # A pipeline that makes sound too (LTX-2): its audio latents, then its waveform
+    # (channels, samples) as output_type="np" returned it; None for the others.
+    audio_latents: torch.Tensor | None = None
+    audio: np.ndarray | None = None
 
 
 def run_case(case: TinyPipelineCase) -> CaseRun:
@@ -50,7 +54,15 @@ def run_case(case: TinyPipelineCase) -> CaseRun:
     for output_type in ("latent", "np"):
         generator = torch.Generator().manual_seed(SEED)
         with torch.no_grad():
-            result = pipeline(**case.call_kwargs, output_type=output_type, generator=generator)
-        outputs.append(result.frames)
-    latents, frames = outputs
-    return CaseRun(pipeline, latents, np.asarray(frames[0], dtype=np.float32))
+            outputs.append(
+                pipeline(**case.call_kwargs, output_type=output_type, generator=generator)
+            )
+    latent, decoded = outputs
+    audio = getattr(decoded, "audio", None)
+    return CaseRun(
+        pipeline,
+        latent.frames,
+        np.asarray(decoded.frames[0], dtype=np.float32),
+        getattr(latent, "audio", None),
+        None if audio is None else audio[0].float().numpy(),
+    )
