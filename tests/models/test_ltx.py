@@ -22,7 +22,7 @@ from tests.helpers import one_torch_thread
 from tests.helpers.tiny_pipelines import run_case
 from tests.helpers.tiny_pipelines.ltx import CASES, LTX2_CHANNELS, LTX_CHANNELS, ltx2_vae, ltx_vae
 from vaecast.errors import InvalidRequestError
-from vaecast.models.base import ChunkedDecoder, DecodedChunk
+from vaecast.models.base import ChunkedDecoder, DecodedChunk, DecodePlan
 from vaecast.models.layouts import BCTHW, PackedTokens, layout_of
 from vaecast.models.ltx import LTX2VideoDecoder, LTXVideoDecoder
 from vaecast.models.ltx_reach import Reach, temporal_reach, temporal_scale
@@ -89,6 +89,29 @@ def collect(decoder: Decoder, z: torch.Tensor) -> list[DecodedChunk]:
     return chunks
 
 
+def stream_in_blocks(
+    decoder: Decoder, z: torch.Tensor, sizes: list[int]
+) -> tuple[DecodePlan, torch.Tensor, list[int]]:
+    """`z` streamed in blocks of `sizes`: the plan, the frames, and for each chunk how many
+    latent frames had arrived when it was published."""
+    frames: list[torch.Tensor] = []
+    published_at: list[int] = []
+    received = 0
+
+    def blocks() -> Iterator[torch.Tensor]:
+        nonlocal received
+        for block in z.split(sizes, dim=2):
+            received += block.shape[2]
+            yield block
+
+    def on_chunk(chunk: DecodedChunk) -> None:
+        frames.append(chunk.frames.clone())
+        published_at.append(received)
+
+    plan = decoder.decode_stream(blocks(), on_chunk)
+    return plan, torch.cat(frames, dim=2), published_at
+
+
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """Over the [-1, 1] range (peak to peak 2)."""
     mse = float(((a.double() - b.double()) ** 2).mean())
@@ -136,23 +159,8 @@ def test_windows_are_the_whole_clips_decode(model: str, vae: Any, sizes: list[in
     reach = decoder.chunking.windows.reach
     assert reach == {"ltx-video": Reach(10, 10), "ltx-2": Reach(8, 8)}[model]
     z = latents(model, 24, seed=24)
-    chunks: list[DecodedChunk] = []
-    published_at: list[int] = []
-    received = 0
-
-    def blocks() -> Iterator[torch.Tensor]:
-        nonlocal received
-        for block in z.split(sizes, dim=2):
-            received += block.shape[2]
-            yield block
-
-    def on_chunk(chunk: DecodedChunk) -> None:
-        chunks.append(DecodedChunk(chunk.frames.clone(), chunk.index, chunk.total, 0))
-        published_at.append(received)
-
-    plan = decoder.decode_stream(blocks(), on_chunk)
+    plan, streamed, published_at = stream_in_blocks(decoder, z, sizes)
     assert plan == decoder.plan(z.shape) and plan.chunk_frames == (17,) + (24,) * 7
-    streamed = torch.cat([c.frames for c in chunks], dim=2)
     assert torch.equal(streamed, decoder.decode(z))  # a stream's windows are the whole's
     torch.testing.assert_close(streamed, pipeline_decode(vae, z), rtol=0, atol=1e-5)
     # Chunk i (latents 3i..3i+3) needs latents up to 3i + 3 + after; the rest wait for the end.
@@ -204,23 +212,9 @@ def test_temporal_tiles_stream_each_tile_once_its_latents_are_in(
     vae = tiled_vae(model)
     decoder = DECODERS[model](vae)
     z = latents(model, 5, seed=3)
-    chunks: list[DecodedChunk] = []
-    published_at: list[int] = []
-    received = 0
-
-    def blocks() -> Iterator[torch.Tensor]:
-        nonlocal received
-        for block in z.split(sizes, dim=2):
-            received += block.shape[2]
-            yield block
-
-    def on_chunk(chunk: DecodedChunk) -> None:
-        chunks.append(DecodedChunk(chunk.frames.clone(), chunk.index, chunk.total, 0))
-        published_at.append(received)
-
-    plan = decoder.decode_stream(blocks(), on_chunk)
+    plan, streamed, published_at = stream_in_blocks(decoder, z, sizes)
     assert plan == decoder.plan(z.shape)
-    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), pipeline_decode(vae, z))
+    assert torch.equal(streamed, pipeline_decode(vae, z))
     # Tile i needs latents [i, i + 3): out as soon as a block brings the last of them.
     needed = [min(index + 3, 5) for index in range(plan.chunks)]
     assert published_at == [next(n for n in np.cumsum(sizes) if n >= k) for k in needed]
@@ -293,24 +287,9 @@ def test_a_decoder_whose_reach_is_not_shown_is_decoded_whole(
     assert f"{model}: decoding each clip whole before streaming it" in caplog.text
     assert "decoder.conv_act (GELU, whose reach over time is not known)" in caplog.text
     z = latents(model, 20, seed=20)
-    published_at: list[int] = []
-    received = 0
-
-    def blocks() -> Iterator[torch.Tensor]:
-        nonlocal received
-        for block in z.split(1, dim=2):
-            received += 1
-            yield block
-
-    chunks: list[torch.Tensor] = []
-
-    def on_chunk(chunk: DecodedChunk) -> None:
-        chunks.append(chunk.frames.clone())
-        published_at.append(received)
-
-    decoder.decode_stream(blocks(), on_chunk)
+    _, streamed, published_at = stream_in_blocks(decoder, z, [1] * 20)
     assert set(published_at) == {20}  # all at the end: one decode of the whole clip
-    assert torch.equal(torch.cat(chunks, dim=2), pipeline_decode(vae, z))
+    assert torch.equal(streamed, pipeline_decode(vae, z))
 
 
 def test_spatial_tiling_is_the_models_own(model: str) -> None:
