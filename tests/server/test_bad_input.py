@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
 import pickle
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -245,6 +249,40 @@ async def test_each_bad_upload_gets_its_status_and_reason(start_server: StartSer
         assert len(decode_mp4(await response.read())) == 5
     # No bad request left a job behind.
     assert [job.record.status for job in server.manager.jobs.values()] == ["completed"]
+
+
+async def curl_post(url: str, flag: str, path, out) -> int:
+    """POST the file at `path` with the real curl and `flag`; the HTTP status."""
+    command = ["curl", "-sS", "--max-time", "60", "-o", str(out), "-w", "%{http_code}"]
+    answer = await asyncio.to_thread(
+        subprocess.run,
+        [*command, flag, f"@{path}", url],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=90,
+    )
+    return int(answer.stdout)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl binary")
+async def test_a_file_sent_with_curl_d_is_refused_with_a_pointer_at_data_binary(
+    start_server: StartServer, tmp_path
+):
+    """`curl -d @file` drops the file's line breaks; the refusal says what to send."""
+    server = await start_server()
+    path, out = tmp_path / "z.safetensors", tmp_path / "answer"
+    body = safetensors_bytes(latents=smooth_latents(frames=2, height=4, width=4))
+    assert b"\n" in body  # a file that curl -d changes
+    path.write_bytes(body)
+    url = f"{server.url}/v1/videos/stream"
+    assert await curl_post(url, "-d", path, out) == 415
+    assert json.loads(out.read_bytes())["error"]["message"].endswith(
+        "; sent as a form (curl -d strips line breaks from a file): send the file's bytes "
+        "as they are, with curl --data-binary @file"
+    )
+    assert await curl_post(url, "--data-binary", path, out) == 200
+    assert len(decode_mp4(out.read_bytes())) == 5
 
 
 async def test_upload_over_the_size_limit_is_413_without_reading_it_all(start_server):

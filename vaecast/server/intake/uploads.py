@@ -39,6 +39,8 @@ from vaecast.errors import (
     InvalidRequestError,
     MalformedRequestError,
     PayloadTooLargeError,
+    UnsupportedMediaError,
+    VaecastError,
 )
 from vaecast.job.transitions import JobInput
 from vaecast.latent_files import AUDIO_RATE_KEY, check_audio, load_latents
@@ -57,6 +59,11 @@ from vaecast.server.intake.live_demo import LiveDemoRequest
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, PushKind, PushRequest
 
 FILE_FIELDS = ("file", "latents")
+FORM_URLENCODED = "application/x-www-form-urlencoded"
+CURL_DATA_HINT = (
+    "sent as a form (curl -d strips line breaks from a file): send the file's bytes as "
+    "they are, with curl --data-binary @file"
+)
 READ_CHUNK_BYTES = 256 * 1024
 MAX_FORM_PARTS = 32
 MAX_JSON_BYTES = 64 * 1024
@@ -152,7 +159,10 @@ async def read_decode_request(
         return latent_file.latents, params, soundtracks
 
     # Parsing and checking (a full pass for NaN/Inf) take seconds on a large upload.
-    latents, params, soundtracks = await asyncio.to_thread(load_and_check)
+    try:
+        latents, params, soundtracks = await asyncio.to_thread(load_and_check)
+    except (UnsupportedMediaError, InvalidRequestError) as error:
+        raise _with_form_hint(error, request.content_type) from None
     videos = tuple(
         DecodeRequest(
             latents=latents[entry : entry + 1],
@@ -165,6 +175,20 @@ async def read_decode_request(
         for entry, soundtrack in enumerate(soundtracks)
     )
     return videos[0] if len(videos) == 1 else BatchRequest(videos)
+
+
+def _with_form_hint(error: VaecastError, content_type: str) -> VaecastError:
+    """The error, with a pointer at `--data-binary` where the body came as a form.
+
+    `curl -d @z.safetensors` sends the file form-encoded, with every CR and LF byte
+    taken out: a file that then fails to parse most likely went that way.
+    (`--data-binary` also says form-urlencoded, but sends the bytes as they are.)"""
+    if content_type != FORM_URLENCODED:
+        return error
+    hinted = error.detached()
+    hinted.message = f"{error.message}; {CURL_DATA_HINT}"
+    hinted.args = (hinted.message,)
+    return hinted
 
 
 def _soundtracks(audio: Any, batch: int, rate: str | None) -> list[Soundtrack | None]:
