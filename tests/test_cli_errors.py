@@ -204,12 +204,21 @@ def test_each_class_of_decode_mistake_is_one_line(
     assert not (tmp_path / "x.mp4").exists()
 
 
-def test_a_bad_port_is_one_line():
-    line = one_error_line(vaecast("serve", "--port", "70000"))
-    assert (
-        line
-        == "vaecast serve: error: argument --port: a port is 0-65535 (0: any free one), got 70000"
-    )
+def test_a_bad_port_is_the_reason_and_where_help_is():
+    finished = vaecast("serve", "--port", "70000")
+    assert finished.returncode == 2
+    assert finished.stderr.splitlines() == [
+        "vaecast serve: error: argument --port: a port is 0-65535 (0: any free one), got 70000",
+        "(see vaecast serve --help)",
+    ]
+
+
+def test_a_usage_mistake_of_decode_is_two_lines_not_the_synopsis(latents: Path):
+    finished = vaecast("decode", str(latents), "-o", "x.mp4", "--fps")
+    assert finished.stderr.splitlines() == [
+        "vaecast decode: error: argument --fps: expected one argument",
+        "(see vaecast decode --help)",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,11 @@ def vaecast(*arguments: str) -> subprocess.CompletedProcess[str]:
 
 
 def one_error_line(finished: subprocess.CompletedProcess[str]) -> str:
-    """The one `error:` line of a command that ended with status 2 and no traceback."""
+    """The one `error:` line of a command that ended with status 2, with no traceback
+    and no synopsis."""
     assert finished.returncode == 2, finished
     assert "Traceback" not in finished.stderr, finished.stderr
+    assert "usage:" not in finished.stderr, finished.stderr
     errors = [line for line in finished.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, finished.stderr
     return errors[0]

@@ -1,4 +1,5 @@
-"""How `vaecast --help` shows each option's default, and the CLI reference with it.
+"""How the command talks back: `--help` with each option's default (as the CLI
+reference shows it), and a usage mistake as its reason alone.
 
 Apart from the parser (`vaecast.cli.parser`) because the documentation's CLI reference
 (docs/hooks/cli_reference.py) shows defaults the same way.
@@ -8,12 +9,36 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
+from typing import NoReturn
 
 # A help text that says its default already ("(default 1)", "; default $VAECAST_API_KEY"),
 # where the value may be a secret read from the environment or not a value at all.
 _DEFAULT_SAID = re.compile(r"(?:^|[(;,] ?)default\b")
 # What `vaecast.cli.checks.defaults_from_environment` appends: the default goes before it.
 _ENV_NOTE = re.compile(r" ?\(env [A-Z0-9_]+\)$")
+
+
+class ReasonOnly(argparse.ArgumentParser):
+    """A parser whose usage mistakes are the reason and a pointer at `--help`.
+
+    argparse prints the command's whole synopsis before the reason (27 lines for
+    `vaecast serve`), which buries the one line that matters. `error` is argparse's
+    documented hook for this; subcommands' parsers are made of the same class.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{help_pointer(self.prog)}\n")
+
+
+def help_pointer(command: str) -> str:
+    """The line under an error: where the options are listed."""
+    return f"(see {command} --help)"
+
+
+def print_usage_error(command: str, message: str) -> None:
+    """A usage mistake found outside argparse, said as `ReasonOnly` says its own."""
+    print(f"{command}: error: {message}\n{help_pointer(command)}", file=sys.stderr)
 
 
 class DefaultsShown(argparse.HelpFormatter):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vaecast.cli.checks import defaults_from_environment
 from vaecast.cli.decode_options import DEFAULT_MODEL, DEFAULTS, add_common_options, torch_device
-from vaecast.cli.help import DefaultsShown
+from vaecast.cli.help import DefaultsShown, ReasonOnly
 from vaecast.cli.option_types import at_least, option_type, port_number
 from vaecast.demo.scene_names import SCENE_NAMES
 from vaecast.log_format import FORMATS, LEVELS
@@ -46,9 +46,7 @@ def _runner(target: str) -> Callable[[argparse.Namespace], int]:
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The `vaecast` parser; each command's namespace has `run`, its runner."""
-    parser = argparse.ArgumentParser(
-        prog="vaecast", description=description, formatter_class=DefaultsShown
-    )
+    parser = ReasonOnly(prog="vaecast", description=description, formatter_class=DefaultsShown)
     parser.add_argument("--version", action="version", version=f"vaecast {VERSION}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
