@@ -1,4 +1,4 @@
-"""`vaecast decode`: the pipeline with a file as its sink, and a progress bar.
+"""`vaecast decode`: the pipeline with a file as its sink, and its progress shown.
 
 The MP4 is written to a temporary file beside the output and renamed into place
 only on success, so a failed or interrupted decode never leaves a truncated file
@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
 
+from vaecast.cli.progress import DecodeProgress
 from vaecast.codecs.fmp4_finish import DurationTally
 from vaecast.models.base import ChunkedDecoder, DecodePlan
-from vaecast.pipeline.run import FragmentDone, VideoOutput, WholeLatents, Workers, run_pipeline
+from vaecast.pipeline.run import VideoOutput, WholeLatents, Workers, run_pipeline
 
 
 def decode_to_file(
@@ -30,7 +29,7 @@ def decode_to_file(
 ) -> DecodePlan:
     """Decode `latents` (BCTHW) into the MP4 file `path`; the plan it followed."""
     plan = decoder.plan(latents.shape)
-    progress = _ProgressBar(plan.chunks, plan.frames)
+    progress = DecodeProgress(plan.chunks, plan.frames)
     fd, partial_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     partial = Path(partial_name)
     workers = Workers.for_slots(1)
@@ -85,33 +84,3 @@ class _FileSink:
         init = self._durations.finished_init()
         if init is not None:
             os.pwrite(self._file.fileno(), init, 0)
-
-
-class _ProgressBar:
-    WIDTH = 30
-
-    def __init__(self, chunks: int, frames: int) -> None:
-        self.chunks, self.frames = chunks, frames
-        self._since = time.perf_counter()
-
-    def started(self, content_type: str) -> None:
-        self.update(0, 0)
-
-    def fragment(self, done: FragmentDone) -> None:
-        self.update(done.index + 1, done.frame_start + done.frames)
-
-    def update(self, chunks_done: int, frames_done: int) -> None:
-        filled = self.WIDTH * chunks_done // self.chunks
-        elapsed = time.perf_counter() - self._since
-        rate = frames_done / elapsed if elapsed > 0 else 0.0
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        print(
-            f"\r[{bar}] {chunks_done}/{self.chunks} chunks {frames_done}/{self.frames} frames "
-            f"{rate:5.1f} fps",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def finish(self, ok: bool) -> None:
-        print("" if ok else " failed", file=sys.stderr, flush=True)
