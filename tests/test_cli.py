@@ -59,16 +59,46 @@ def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]):
     assert capsys.readouterr().out.strip() == f"vaecast {version('vaecast')}"
 
 
-@pytest.mark.parametrize("umask", [0o022, 0o077])
-def test_the_decoded_file_takes_the_umask(tmp_path: Path, umask: int):
-    latents = write_latents(tmp_path / "z.safetensors")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_the_files_the_commands_write_take_the_umask(tmp_path: Path, umask: int):
+    latents = tmp_path / "z.safetensors"
     output = tmp_path / "out.mp4"
     previous = os.umask(umask)
     try:
-        assert main(["decode", str(latents), "-o", str(output), "--model", "linear"]) == 0
+        scene = ["--scene", "shapes", "--frames", "5", "--width", "64", "--height", "48"]
+        assert main(["latents", *scene, "-o", str(latents)]) == 0
+        assert main(["decode", str(latents), "-o", str(output)]) == 0
     finally:
         os.umask(previous)
-    assert output.stat().st_mode & 0o777 == 0o666 & ~umask
+    for written in (latents, output):
+        assert written.stat().st_mode & 0o777 == 0o666 & ~umask, written
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.mp4", "z.safetensors"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_the_servers_files_take_the_umask(tmp_path: Path, umask: int):
+    """A spill file (mkstemp's would be 0600), a store's video file and its lock."""
+    from vaecast.server.stream.segment_file import SegmentFile
+    from vaecast.store.owners import OwnerLease
+
+    previous = os.umask(umask)
+    try:
+        spill = SegmentFile.spill(tmp_path)
+        stored = SegmentFile(tmp_path / "video.mp4", temporary=False)
+        stored.write(b"data", 0)
+        lease = OwnerLease(tmp_path / "store")
+    finally:
+        os.umask(previous)
+    files = [spill.path, stored.path, *(tmp_path / "store" / "owners").iterdir()]
+    try:
+        assert len(files) == 3
+        for written in files:
+            assert written.stat().st_mode & 0o777 == 0o666 & ~umask, written
+    finally:
+        spill.close()
+        stored.close()
+        lease.release()
+    assert not spill.path.exists()
 
 
 def test_decode_takes_the_encoder_quality(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

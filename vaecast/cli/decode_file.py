@@ -1,8 +1,7 @@
 """`vaecast decode`: the pipeline with a file as its sink, and its progress shown.
 
-The MP4 is written to a temporary file beside the output and renamed into place
-only on success, so a failed or interrupted decode never leaves a truncated file
-under the output's name (nor replaces a good one). Before the rename, the init segment
+The MP4 is written to a partial file beside the output and renamed into place only on
+success (`vaecast.cli.output_files`). Before the rename, the init segment
 at its start is rewritten to state the video's duration, which the fragments, written
 as they came, could not know (`vaecast.codecs.fmp4_finish`).
 """
@@ -12,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
 
+from vaecast.cli.output_files import new_partial
 from vaecast.cli.progress import DecodeProgress
 from vaecast.codecs.fmp4_finish import DurationTally
 from vaecast.models.base import ChunkedDecoder, DecodePlan
@@ -30,8 +29,7 @@ def decode_to_file(
     """Decode `latents` (BCTHW) into the MP4 file `path`; the plan it followed."""
     plan = decoder.plan(latents.shape)
     progress = DecodeProgress(plan.chunks, plan.frames)
-    fd, partial_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    partial = Path(partial_name)
+    fd, partial = new_partial(path)
     workers = Workers.for_slots(1)
     try:
         with os.fdopen(fd, "wb") as file:
@@ -41,9 +39,6 @@ def decode_to_file(
             )
             asyncio.run(pipeline)
             sink.state_duration()
-            # mkstemp makes the file 0600 whatever the umask; the output is an ordinary
-            # file, with the mode any other command would give it (0644 under umask 022).
-            os.fchmod(file.fileno(), 0o666 & ~_umask())
         os.replace(partial, path)
     except BaseException:
         progress.finish(ok=False)
@@ -54,13 +49,6 @@ def decode_to_file(
         workers.shutdown()
     progress.finish(ok=True)
     return plan
-
-
-def _umask() -> int:
-    """The process's umask (reading it means setting it: set it straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 class _FileSink:

@@ -20,6 +20,7 @@ from vaecast.cli.decode_options import (
     resolve_diffusers,
     weights_by_model,
 )
+from vaecast.cli.output_files import write_whole
 from vaecast.cli.start_checks import check_encoder, check_writable_folder
 from vaecast.codecs.stream import Soundtrack
 from vaecast.errors import InvalidRequestError, VaecastError
@@ -32,7 +33,7 @@ from vaecast.pipeline.run import VideoOutput
 
 def run_latents(args: argparse.Namespace) -> int:
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from vaecast.demo.soundtrack import DEFAULT_SAMPLE_RATE_HZ
     from vaecast.demo.sources import parse_scene_spec, read_video_file, scene_audio, scene_latents
@@ -68,7 +69,7 @@ def run_latents(args: argparse.Namespace) -> int:
         latents, fps = encode_video(video.pixels, device=args.device), video.fps
     tensors["latents"] = latents.cpu().contiguous()
     metadata["fps"] = str(fps)
-    save_file(tensors, str(args.output), metadata=metadata)
+    write_whole(args.output, save(tensors, metadata=metadata))
     sound = " with sound" if "audio" in tensors else ""
     print(f"wrote {args.output}: latents {tuple(latents.shape)}, {float(fps):g} fps{sound}")
     return 0

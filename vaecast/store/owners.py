@@ -28,7 +28,7 @@ class OwnerLease:
         folder.mkdir(parents=True, exist_ok=True)
         self.id = uuid.uuid4().hex
         self._path = folder / f"{self.id}.lock"
-        self._fd: int | None = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o600)
+        self._fd: int | None = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o666)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def release(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 import threading
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from vaecast.errors import GoneError
 
 SPILL_PREFIX = "vaecast-segments-"
+SPILL_NAME_TRIES = 100
 
 
 class SegmentFile:
@@ -30,11 +32,21 @@ class SegmentFile:
 
     @classmethod
     def spill(cls, folder: str | Path | None) -> SegmentFile:
-        """A new temporary file in `folder` (None: the system's temp dir); blocks."""
-        fd, name = tempfile.mkstemp(prefix=SPILL_PREFIX, suffix=".mp4", dir=folder)
-        file = cls(Path(name), temporary=True)
-        file._fd = fd
-        return file
+        """A new temporary file in `folder` (None: the system's temp dir); blocks.
+
+        Made as `mkstemp` makes one (a random name, created only if new), but with the
+        umask's mode like every file vaecast writes, where mkstemp's is 0600."""
+        where = Path(tempfile.gettempdir() if folder is None else folder)
+        for _ in range(SPILL_NAME_TRIES):
+            path = where / f"{SPILL_PREFIX}{secrets.token_hex(8)}.mp4"
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                continue
+            file = cls(path, temporary=True)
+            file._fd = fd
+            return file
+        raise FileExistsError(f"no free spill file name in {where}")
 
     def write(self, data: bytes, offset: int) -> None:
         fd = self._open()
@@ -63,7 +75,7 @@ class SegmentFile:
                 raise GoneError("the video was evicted")
             if self._fd is None:
                 try:
-                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                    self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
                 except FileNotFoundError:
                     raise GoneError("the video's file is gone") from None
             return self._fd
