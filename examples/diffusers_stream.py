@@ -23,8 +23,12 @@ import argparse
 from typing import Any
 
 import torch
+from size_flags import add_size_flags, chosen, given
 
 from vaecast.integrations.diffusers import stream, stream_decoded
+
+# Wan 2.1's published size.
+SIZES = {"num_frames": 81, "height": 480, "width": 832, "num_inference_steps": 30}
 
 
 def main() -> None:
@@ -34,10 +38,7 @@ def main() -> None:
     source.add_argument("--weights", metavar="DIR", help="a diffusers pipeline folder")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the vaecast server")
     parser.add_argument("--prompt", default="a red fox running through snow, cinematic")
-    parser.add_argument("--num-frames", type=int, default=81)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=832)
-    parser.add_argument("--steps", type=int, default=30)
+    add_size_flags(parser, SIZES)
     parser.add_argument("--videos", type=int, default=1, help="num_videos_per_prompt")
     parser.add_argument("--decode-here", action="store_true", help="decode here, push frames")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -48,19 +49,13 @@ def main() -> None:
     if args.tiny_random:
         import tiny_random
 
-        pipe, call = tiny_random.wan(), tiny_random.wan_call()
+        pipe, call = tiny_random.wan(), tiny_random.wan_call(**given(args, SIZES))
     else:
         from diffusers import DiffusionPipeline
 
         pipe = DiffusionPipeline.from_pretrained(args.weights, torch_dtype=torch.bfloat16)
         pipe.to(args.device)
-        call = {
-            "prompt": args.prompt,
-            "num_frames": args.num_frames,
-            "height": args.height,
-            "width": args.width,
-            "num_inference_steps": args.steps,
-        }
+        call = {"prompt": args.prompt, **chosen(args, SIZES)}
     device = "cpu" if args.tiny_random else args.device
     call["generator"] = torch.Generator(device).manual_seed(args.seed)
     call["num_videos_per_prompt"] = args.videos

@@ -25,8 +25,11 @@ import time
 from typing import Any
 
 import torch
+from size_flags import add_size_flags, chosen, given
 
 from vaecast.integrations.diffusers import stream_sections
+
+SIZES = {"num_frames": 129, "height": 512, "width": 512, "num_inference_steps": 30}
 
 
 def main() -> None:
@@ -37,10 +40,7 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the vaecast server")
     parser.add_argument("--image", help="the first frame (with --weights)")
     parser.add_argument("--prompt", default="the camera slowly orbits the scene")
-    parser.add_argument("--num-frames", type=int, default=129)
-    parser.add_argument("--height", type=int, default=512)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=30)
+    add_size_flags(parser, SIZES)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -49,7 +49,8 @@ def main() -> None:
     if args.tiny_random:
         import tiny_random
 
-        pipe, call = tiny_random.framepack(), tiny_random.framepack_call()
+        pipe = tiny_random.framepack()
+        call = tiny_random.framepack_call(**given(args, SIZES))
         device = "cpu"
     else:
         if args.image is None:
@@ -65,10 +66,7 @@ def main() -> None:
         call = {
             "image": PIL.Image.open(args.image).convert("RGB"),
             "prompt": args.prompt,
-            "num_frames": args.num_frames,
-            "height": args.height,
-            "width": args.width,
-            "num_inference_steps": args.steps,
+            **chosen(args, SIZES),
             "guidance_scale": 9.0,
             "sampling_type": "vanilla",
         }

@@ -27,8 +27,21 @@ import time
 from typing import Any
 
 import torch
+from size_flags import add_size_flags, chosen, given
 
 from vaecast.integrations.diffusers import stream_autoregressive
+
+# SkyReels-V2 DF 540P's long-video settings.
+SIZES = {
+    "num_frames": 257,
+    "base_num_frames": 97,
+    "overlap_history": 17,
+    "ar_step": 5,
+    "causal_block_size": 5,
+    "height": 544,
+    "width": 960,
+    "num_inference_steps": 30,
+}
 
 
 def main() -> None:
@@ -38,14 +51,7 @@ def main() -> None:
     source.add_argument("--weights", metavar="DIR", help="a SkyReels-V2 DF diffusers folder")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the vaecast server")
     parser.add_argument("--prompt", default="a sailboat crossing a stormy sea, cinematic")
-    parser.add_argument("--num-frames", type=int, default=257)
-    parser.add_argument("--base-num-frames", type=int, default=97)
-    parser.add_argument("--overlap-history", type=int, default=17)
-    parser.add_argument("--ar-step", type=int, default=5)
-    parser.add_argument("--causal-block-size", type=int, default=5)
-    parser.add_argument("--height", type=int, default=544)
-    parser.add_argument("--width", type=int, default=960)
-    parser.add_argument("--steps", type=int, default=30)
+    add_size_flags(parser, SIZES)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -54,7 +60,8 @@ def main() -> None:
     if args.tiny_random:
         import tiny_random
 
-        pipe, call = tiny_random.skyreels_df(), tiny_random.skyreels_call()
+        pipe = tiny_random.skyreels_df()
+        call = tiny_random.skyreels_call(**given(args, SIZES))
         device = "cpu"
     else:
         from diffusers import SkyReelsV2DiffusionForcingPipeline
@@ -66,14 +73,7 @@ def main() -> None:
         device = args.device
         call = {
             "prompt": args.prompt,
-            "num_frames": args.num_frames,
-            "base_num_frames": args.base_num_frames,
-            "overlap_history": args.overlap_history,
-            "ar_step": args.ar_step,
-            "causal_block_size": args.causal_block_size,
-            "height": args.height,
-            "width": args.width,
-            "num_inference_steps": args.steps,
+            **chosen(args, SIZES),
             "addnoise_condition": 20,
         }
     call["generator"] = torch.Generator(device).manual_seed(args.seed)

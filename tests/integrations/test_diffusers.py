@@ -513,20 +513,33 @@ def test_a_self_decoding_producer_pushes_the_pipelines_frames(served: Served, fa
 # The examples, as a user runs them.
 
 
+SIZED = ["--num-frames", "9", "--height", "32", "--width", "48", "--steps", "1"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("arguments", "videos", "frames"),
+    ("arguments", "videos", "frames", "size"),
     [
-        (["diffusers_stream.py", "--videos", "2"], 2, 13),
-        (["diffusers_stream.py", "--decode-here"], 1, 13),
-        (["skyreels_autoregressive.py"], 1, 25),
-        (["framepack_sections.py"], 1, 37),
+        (["diffusers_stream.py", "--videos", "2"], 2, 13, (16, 16)),
+        (["diffusers_stream.py", "--decode-here"], 1, 13, (16, 16)),
+        (["diffusers_stream.py", *SIZED], 1, 9, (48, 32)),
+        (["skyreels_autoregressive.py"], 1, 25, (16, 16)),
+        (["skyreels_autoregressive.py", "--num-frames", "21", "--width", "32"], 1, 21, (32, 16)),
+        (["framepack_sections.py"], 1, 37, (32, 32)),
     ],
-    ids=["diffusers_stream", "decode_here", "skyreels_autoregressive", "framepack_sections"],
+    ids=[
+        "diffusers_stream",
+        "decode_here",
+        "diffusers_stream_sized",
+        "skyreels_autoregressive",
+        "skyreels_sized",
+        "framepack_sections",
+    ],
 )
 def test_each_example_runs_against_a_real_server(
-    served: Served, arguments: list[str], videos: int, frames: int
+    served: Served, arguments: list[str], videos: int, frames: int, size: tuple[int, int]
 ):
+    """With --tiny-random, as a user runs them; a size flag given is the size made."""
     # The server decodes with the served tiny Wan VAE: the examples' must be it.
     assert same_vae(generators.tiny_random.wan_vae(), wan.wan21().vae)
     script, *options = arguments
@@ -555,3 +568,4 @@ def test_each_example_runs_against_a_real_server(
         served.fetch(f"/v1/videos/{job_id}/content")  # waits for the end
         job = served.job(job_id)
         assert job["status"] == "completed" and job["frames"] == frames, job
+        assert (job["width"], job["height"]) == size, job
