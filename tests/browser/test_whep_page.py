@@ -112,12 +112,22 @@ async def test_the_page_plays_a_push_session_over_whep(browser: Browser, server:
     session = await push_session(server)
     page = await open_webrtc_page(browser, server, session["id"])
     try:
+        # The status panel follows the job played over WebRTC.
+        await page.wait_for("document.getElementById('status').textContent === 'queued'", 10)
+        assert await page.evaluate("document.getElementById('job-id').textContent") == (
+            session["id"]
+        )
         await push_all(server, session)
         await page.wait_for(f"{STATS}.then(s => s.framesDecoded >= {FRAMES})", 30)
         stats = await page.evaluate(STATS)
         assert stats["codec"] == "h264"
         assert stats["framesDropped"] <= MAX_DROPPED, stats
         assert await page.evaluate("document.getElementById('video').videoWidth") == 832
+        await page.wait_for("document.getElementById('status').textContent === 'completed'", 10)
+        state = await page.evaluate("window.vaecast.state")
+        assert (state["jobId"], state["playback"]) == (session["id"], "webrtc")
+        assert state["chunksDone"] == state["chunksTotal"], state
+        assert state["framesDone"] == FRAMES, state
         assert_no_script_errors(page)
     finally:
         await browser.close_page(page)

@@ -59,9 +59,12 @@ function shownVideo() {
 }
 
 // Replaces the job shown; the previous one keeps running on the server.
-function show(job, clickedAt) {
+// `playsElsewhere`: "webrtc" where the WHEP player has the <video> (the session then
+// shows the job's state only).
+function show(job, clickedAt, playsElsewhere = null) {
   page.session?.close();
-  const session = new Session(job, { player, spare, clickedAt });
+  if (!playsElsewhere) stopWhep();
+  const session = new Session(job, { player, spare, clickedAt, playsElsewhere });
   page.session = session;
   page.requestErrors = [];
   session.addEventListener("change", render);
@@ -167,9 +170,18 @@ async function watchFromAddress() {
   if (address.get("player") === "webrtc") {
     page.whep = new WhepPlayer(player.video);
     page.whep.play(`${url}/whep`).catch((error) => ui.showError(`WebRTC: ${error.message}`));
+    show(await getJson(url), performance.now(), "webrtc");
     return;
   }
   show(await getJson(url), performance.now());
+}
+
+// A job picked from the list plays through the page's own player: the WebRTC one
+// hands the <video> back.
+function stopWhep() {
+  if (!page.whep) return;
+  page.whep.close();
+  page.whep = null;
 }
 
 setup();

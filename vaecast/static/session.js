@@ -112,12 +112,15 @@ export class Session extends EventTarget {
   #rateChunks = 0;      // chunks of the job (its final) heard: a rate needs two
   #firstChunkAt = null; // performance.now() when chunk 0 (the final's) was heard
 
-  constructor(job, { player, spare = null, clickedAt }) {
+  // `playsElsewhere`: another player (the WebRTC one) has the <video>; this session
+  // follows the job's state and events only, and leaves the video alone.
+  constructor(job, { player, spare = null, clickedAt, playsElsewhere = null }) {
     super();
     this.job = job;
     this.id = job.id;
     this.player = player; // in front: the job, or its preview
     this.spare = spare;   // behind: a preview's final, until the swap
+    this.playsElsewhere = playsElsewhere; // "webrtc", or null: this session plays it
     this.cancelled = false; // the user cancelled: the cut stream that follows is no fault
     this.state = { ...blankState(), jobId: job.id, clickedAt };
     if (job.variants && spare) {
@@ -157,6 +160,12 @@ export class Session extends EventTarget {
   // rejects: what goes wrong is recorded as the session's error.
   async start() {
     this.#applyJob(this.job);
+    if (this.playsElsewhere) {
+      this.state.playback = this.playsElsewhere;
+      this.#changed();
+      this.#followEvents();
+      return;
+    }
     this.#changed();
     this.player.setFront(true);
     this.spare?.setFront(false);
@@ -252,6 +261,7 @@ export class Session extends EventTarget {
     clearTimeout(this.#waitTimer);
     this.#abort.abort();
     this.#events?.close();
+    if (this.playsElsewhere) return;
     this.player.reset();
     this.player.setFront(true);
     this.spare?.reset();

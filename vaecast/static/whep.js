@@ -63,6 +63,7 @@ export class WhepPlayer {
     const session = this.session;
     this.session = null;
     this.pc?.close();
+    this.video.srcObject = null;
     if (session) await apiFetch(session, { method: "DELETE" }).catch(() => {});
   }
 }
