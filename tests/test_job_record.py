@@ -376,6 +376,7 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
         "error": None,
         "replica": None,
         "not_stored": None,
+        "partial": False,
     }
     assert summary_line(record) == (
         "id=job-latents model=tiny-vae status=completed frames=48/48 chunks=3/3 "
@@ -536,6 +537,22 @@ def test_running_job_cancelled() -> None:
     assert event["status"] == "cancelled"
     assert "decoded_chunks" not in event
     assert record.status is JobStatus.CANCELLED
+
+
+def test_a_cancel_that_keeps_the_video_so_far_says_so_and_keeps_it_in_a_snapshot() -> None:
+    from vaecast.job.snapshot import from_snapshot, snapshot
+
+    record = make_latents_record()
+    record.apply(Started(at=101.0))
+    kept = Ended(JobStatus.CANCELLED, Cancelled("cancelled by request"), at=102.0, partial=True)
+    event = record.apply(kept)
+    assert event is not None and event["partial"] is True
+    assert record.partial and job_object(record)["partial"] is True
+    again = from_snapshot(snapshot(record), record.events)
+    assert (again.status, again.partial) == (JobStatus.CANCELLED, True)
+    record = make_latents_record()
+    event = record.apply(Ended(JobStatus.FAILED, Cancelled("x"), at=102.0))
+    assert event is not None and "partial" not in event and not record.partial
 
 
 def test_started_with_replica_puts_it_in_the_event() -> None:
@@ -840,6 +857,7 @@ def test_to_json_of_a_fresh_push_session() -> None:
         "error": None,
         "replica": None,
         "not_stored": None,
+        "partial": False,
     }
 
 

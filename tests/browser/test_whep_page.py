@@ -114,8 +114,8 @@ async def test_the_page_plays_a_push_session_over_whep(browser: Browser, server:
     try:
         # The status panel follows the job played over WebRTC.
         await page.wait_for("document.getElementById('status').textContent === 'queued'", 10)
-        assert await page.evaluate("document.getElementById('job-id').textContent") == (
-            session["id"]
+        assert (
+            await page.evaluate("document.getElementById('job-id').textContent") == (session["id"])
         )
         await push_all(server, session)
         await page.wait_for(f"{STATS}.then(s => s.framesDecoded >= {FRAMES})", 30)

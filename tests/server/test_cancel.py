@@ -95,7 +95,8 @@ async def test_delete_stops_the_decode_and_ends_every_reader(
     assert spill_file is not None and spill_file.exists()
     # DELETE answers once the decoder has stopped, which is at the end of the chunk
     # it is computing: the held one, released here.
-    deleting = asyncio.create_task(server.client.delete(f"/v1/videos/{job_id}"))
+    # (keep=false: nothing of it is kept; tests/server/test_partial.py keeps it.)
+    deleting = asyncio.create_task(server.client.delete(f"/v1/videos/{job_id}?keep=false"))
     await until(lambda: server.manager.get(job_id).error is not None)
     decoder.gate.set()
     async with await deleting as response:

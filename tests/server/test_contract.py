@@ -84,7 +84,12 @@ def test_every_route_is_documented_and_every_documented_route_exists(make_app) -
 async def test_real_answers_are_what_the_document_says(start_server: StartServer) -> None:
     gated = GatedDecoder(hold_at=1)
     server = await start_server(
-        decoders={"gated": gated, "failing": FailingDecoder(fail_at=1), "linear": LinearDecoder()},
+        decoders={
+            "gated": gated,
+            "failing": FailingDecoder(fail_at=1),
+            "failing_at_once": FailingDecoder(fail_at=0),
+            "linear": LinearDecoder(),
+        },
         default_model="linear",
         limits=Limits(max_upload_bytes=200_000),
     )
@@ -150,13 +155,22 @@ async def test_real_answers_are_what_the_document_says(start_server: StartServer
     assert (await call("POST", f"{VIDEO}/whep", f"{url}/whep", **offer))[0] == 409
     assert (await call("DELETE", f"{VIDEO}/whep/{{session}}", f"{url}/whep/nope"))[0] == 404
 
-    # A job that fails: its object, and its content refused.
+    # A job that fails after its first chunk: its object, and its video so far kept.
     body = safetensors_bytes(latents=LATENTS)
     status, failing = await call("POST", "/v1/videos", "/v1/videos?model=failing", data=body)
     failed = await _ended(server, contract, failing["id"])
     assert failed["status"] == "failed" and failed["error"]["type"] == "decode_failed"
+    assert failed["partial"] is True
     failed_url = f"/v1/videos/{failing['id']}"
-    assert (await call("GET", content, f"{failed_url}/content"))[0] == 409
+    async with server.client.get(f"{failed_url}/content") as response:
+        contract.check("GET", content, response, await response.read())
+        assert (response.status, response.headers["X-Video-Partial"]) == (200, "true")
+    # One that fails before any: its content refused.
+    query = "/v1/videos?model=failing_at_once"
+    status, failing = await call("POST", "/v1/videos", query, data=body)
+    failed = await _ended(server, contract, failing["id"])
+    assert failed["status"] == "failed" and failed["partial"] is False
+    assert (await call("GET", content, f"/v1/videos/{failing['id']}/content"))[0] == 409
 
     # A push session: created with its token, blocks, the end, and its refusals.
     status, session = await call("POST", "/v1/videos", "/v1/videos", json={"input": "push"})

@@ -144,9 +144,10 @@ def test_what_a_blocking_reload_waits_for(msn: int, part: int | None, needed: in
     assert part_position(parts, False, msn, part) == needed
 
 
-async def start_job(server: Server) -> dict:
+async def start_job(server: Server, model: str | None = None) -> dict:
     body = safetensors_bytes(latents=LATENTS)
-    async with server.client.post("/v1/videos", data=body, params={"fps": str(FPS)}) as r:
+    params = {"fps": str(FPS), **({} if model is None else {"model": model})}
+    async with server.client.post("/v1/videos", data=body, params=params) as r:
         assert r.status == 201
         return await r.json()
 
@@ -230,13 +231,23 @@ async def test_the_parts_are_the_content_exactly_and_segments_their_parts(
     assert abs(durations - len(decode_mp4(content)) / FPS) < 1e-3
 
 
-async def test_a_failed_jobs_playlist_is_its_contents_409(start_server: StartServer):
+async def test_a_failed_jobs_playlist_is_its_contents(start_server: StartServer):
     from tests.helpers import FailingDecoder
 
-    server = await start_server(decoders={"linear": FailingDecoder(fail_at=3)})
+    server = await start_server(
+        decoders={"linear": FailingDecoder(fail_at=3), "at_once": FailingDecoder(fail_at=0)}
+    )
+    # Failed at its chunk 3: its video so far is kept, and its playlist ends there.
     job = await start_job(server)
     await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
-    # Its bytes are not kept (/content is a 409): the playlist says so, with the reason.
+    async with server.client.get(f"/v1/videos/{job['id']}/playlist.m3u8") as response:
+        assert response.status == 200
+        playlist = await response.text()
+    assert playlist.count("#EXT-X-PART:") == 3 and playlist.rstrip().endswith("#EXT-X-ENDLIST")
+    # Failed before its first fragment: nothing is kept (/content is a 409), and the
+    # playlists say so, with the reason.
+    job = await start_job(server, model="at_once")
+    await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
     for path in ("playlist.m3u8", "master.m3u8", "content"):
         async with server.client.get(f"/v1/videos/{job['id']}/{path}") as response:
             assert response.status == 409, path

@@ -499,7 +499,8 @@ async def test_a_failed_job_keeps_its_error_without_the_frames_it_was_raised_thr
     # reference cycles that only a full garbage collection frees, pausing the loop.
     from tests.helpers import FailingDecoder
 
-    server = await start_server(decoders={"linear": FailingDecoder(fail_at=1)})
+    # (At its first chunk: a job that fails later keeps its video so far, unbroken.)
+    server = await start_server(decoders={"linear": FailingDecoder(fail_at=0)})
     async with server.client.post("/v1/videos", data=BODY) as response:
         job = server.manager.get((await response.json())["id"])
     await asyncio.wait_for(job.wait(), 30)

@@ -96,7 +96,7 @@ async def test_a_cancelled_job_frees_its_bytes_and_spill_file_at_once(
         job_id = (await response.json())["id"]
     await until(lambda: any(tmp_path.iterdir()) and decoder.holding.is_set())
     job = server.manager.get(job_id)
-    job.cancel("cancelled by request")
+    job.cancel("cancelled by request", keep_partial=False)  # kept: tests/server/test_partial.py
     decoder.gate.set()
     await job.wait()
     await until(lambda: job.log.released and not any(tmp_path.iterdir()))

@@ -7,6 +7,7 @@ whatever arrives before the gate opens was answered from the bytes committed so 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable
 
 import aiohttp
@@ -176,10 +177,12 @@ async def test_a_range_no_video_could_satisfy_gets_416_at_once_while_the_decode_
     await asyncio.wait_for(job.wait(), 30)
 
 
-@pytest.mark.parametrize("ending", ["failed", "cancelled"])
-async def test_waiting_ranges_of_a_job_that_breaks_get_its_error(
+@pytest.mark.parametrize("ending", ["failed", "cancelled", "cancelled, keeping nothing"])
+async def test_waiting_ranges_of_a_job_that_breaks_get_its_end(
     start_server: StartServer, ending: str
 ):
+    """A job that fails or is cancelled keeps its video so far: a waiting range is
+    answered from that file, as from any finished one; one that keeps nothing, 409."""
     if ending == "failed":
         decoder: GatedDecoder = FailingDecoder(fail_at=HELD_CHUNK)
         decoder.hold_at = HELD_CHUNK  # held first, then it fails on that chunk
@@ -194,19 +197,33 @@ async def test_waiting_ranges_of_a_job_that_breaks_get_its_error(
     if ending == "failed":
         decoder.gate.set()
     else:  # DELETE answers once the decoder has stopped, at the held chunk
-        deleting = asyncio.create_task(server.client.delete(f"/v1/videos/{job.id}"))
+        keep = "false" if ending.endswith("nothing") else "true"
+        deleting = asyncio.create_task(
+            server.client.delete(f"/v1/videos/{job.id}", params={"keep": keep})
+        )
         await until(lambda: job.error is not None)
         decoder.gate.set()
         async with await deleting as response:
             assert response.status == 200
     await asyncio.wait_for(job.wait(), 30)
-    assert job.record.status == ending
+    assert job.record.status == ending.split(",")[0]
     assert job.error is not None
-    expected = {
-        "type": "conflict",
-        "message": f"video {job.id} has no content: {ending}: {job.error.message}",
-    }
+    answers = []
     for task in pending:
         async with await task as response:
-            assert response.status == 409
-            assert (await response.json())["error"] == expected
+            answers.append((response.status, response.headers.get("Content-Range")))
+            body = await response.read()
+    if ending.endswith("nothing"):
+        assert [status for status, _ in answers] == [409, 409, 409]
+        assert json.loads(body)["error"] == {
+            "type": "conflict",
+            "message": f"video {job.id} has no content: cancelled: {job.error.message}",
+        }
+        return
+    size = job.log.size
+    assert size == committed  # the held chunk never came; the rest is kept as it was
+    assert answers == [
+        (206, f"bytes 10-{size - 1}/{size}"),
+        (416, f"bytes */{size}"),
+        (206, f"bytes {size - 100}-{size - 1}/{size}"),
+    ]

@@ -262,7 +262,8 @@ async def test_a_failed_job_keeps_its_record_not_its_video(tmp_path: Path):
             job = await response.json()
         await until(decoder.holding.is_set)
         held = server.manager.jobs[job["id"]]
-        held.cancel("cancelled by request")  # as DELETE does; it stops at its next chunk
+        # As DELETE ?keep=false does (a kept partial: tests/server/test_partial.py).
+        held.cancel("cancelled by request", keep_partial=False)
         decoder.gate.set()
         await held.wait()
         await server.manager.durable.store.flush()

@@ -155,6 +155,8 @@ class JobRecord:
     stall_free_start_s: float | None = None
     # Why the store does not keep this video (NotStored); None: kept, or no store.
     not_stored: str | None = None
+    # A failed or cancelled job whose fragments so far are kept as a file (`Ended`).
+    partial: bool = False
 
     def __post_init__(self) -> None:
         if self.created is None:
@@ -359,12 +361,14 @@ class JobRecord:
                 f"job {self.id}: Ended needs failed or cancelled, not {t.status}"
             )
         self.status, self.error, self.finished = t.status, t.error, t.at
+        self.partial = t.partial
         if self.preview is not None and not self.preview.is_final:  # it ends with the job
             self.preview.status, self.preview.error = t.status, t.error
             self.preview.finished = t.at
         stopped = {} if t.decoded_chunks is None else {"decoded_chunks": t.decoded_chunks}
+        kept = {"partial": True} if t.partial else {}
         error = {"type": t.error.type, "message": t.error.message}
-        return self._emit("error", error=error, **stopped)
+        return self._emit("error", error=error, **stopped, **kept)
 
     def _emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, "status": self.status.value, **fields}

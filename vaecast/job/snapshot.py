@@ -55,6 +55,7 @@ def snapshot(record: JobRecord) -> dict[str, Any]:
         "moments": [since(record.started), since(record.first_fragment), since(record.finished)],
         "age_s": record.clock() - record.created,
         "stall_free_start_s": record.stall_free_start_s,
+        "partial": record.partial,
         **({} if record.preview is None else _variants(record, since)),
     }
 
@@ -127,6 +128,7 @@ def from_snapshot(
     record.started, record.first_fragment, record.finished = map(moment, data["moments"])
     record.events = list(events)
     record.stall_free_start_s = data.get("stall_free_start_s")
+    record.partial = bool(data.get("partial", False))
     if (preview := data.get("preview")) is not None:
         record.preview = PreviewProgress(
             preview["decoder"],

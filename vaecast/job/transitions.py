@@ -159,6 +159,8 @@ class Ended:
     error: VaecastError
     decoded_chunks: int | None = None  # chunks its replica decoded (Ray mode)
     at: float | None = None
+    # Its final's fragments so far are kept as a playable file (a partial video).
+    partial: bool = False
 
 
 Transition = (

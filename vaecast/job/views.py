@@ -82,6 +82,7 @@ def job_object(record: JobRecord) -> dict[str, Any]:
         ),
         "replica": None if record.replica is None else record.replica.get("id"),
         "not_stored": record.not_stored,
+        "partial": record.partial,
         **(
             {}
             if record.preview is None

@@ -112,7 +112,19 @@ GET_VIDEO = operation(
 DELETE_VIDEO = operation(
     "Cancel a running job, delete a finished one, or stop one rendition",
     tag="videos",
-    params=(VIDEO_ID, Param("variant", "query", VARIANT.schema, "stop only this rendition")),
+    description="A cancelled job keeps what it made so far as a playable file at its "
+    "`content` (`partial` in the job object) unless `keep=false`; a second DELETE "
+    "deletes that file.",
+    params=(
+        VIDEO_ID,
+        Param("variant", "query", VARIANT.schema, "stop only this rendition"),
+        Param(
+            "keep",
+            "query",
+            {"type": "string", "enum": ["true", "false"]},
+            "a cancel keeps the video made so far (true, the default) or drops it",
+        ),
+    ),
     replies=(
         Reply(200, "the job, or its deletion", {JSON: {"anyOf": [m.JobObject, m.DeletedVideo]}}),
     ),

@@ -170,21 +170,32 @@ async def delete_video(request: web.Request) -> web.Response:
     """Cancel a queued or running job (it stays, cancelled); delete a finished one.
 
     As in OpenAI's videos API, DELETE of a finished video deletes it: its bytes are
-    freed and its id answers 410 from then on. `?variant=final` (or `preview`) of a
+    freed and its id answers 410 from then on. A cancelled job keeps the video it made
+    so far as a file (`partial`), unless `?keep=false`: "an incomplete file anyway, so
+    that we can check the computed frames". `?variant=final` (or `preview`) of a
     running job with a preview stops that rendition only: "the preview looks wrong,
     stop the full decode" keeps the preview; answered once it has stopped.
     """
     manager = request.app[MANAGER]
     job = manager.get(request.match_info["video_id"])
     variant = request.query.get("variant")
+    keep = _keep(request.query.get("keep"))
     if variant is not None:
         return await _stop_variant(job, variant, manager)
     if not job.record.is_final:
-        job.cancel("cancelled by request")
+        job.cancel("cancelled by request", keep_partial=keep)
         await job.wait()
         return web.json_response(job_json(job, manager))
     await manager.delete(job)
     return web.json_response({"id": job.id, "object": "video.deleted", "deleted": True})
+
+
+def _keep(text: str | None) -> bool:
+    if text is None or text == "true":
+        return True
+    if text == "false":
+        return False
+    raise InvalidRequestError(f"keep is true or false, got {text[:40]!r}")
 
 
 async def _stop_variant(job: Job, variant: Variant, manager: JobManager) -> web.Response:

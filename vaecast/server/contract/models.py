@@ -133,6 +133,9 @@ class JobObject(Struct, forbid_unknown_fields=True):
     # Why the store does not keep this video (it outgrew --store-max-gb): it streams on
     # and is served until it expires, and is gone after a restart. None: kept, or no store.
     not_stored: str | None
+    # Failed or cancelled, its fragments so far kept as a playable file at `content`
+    # (the X-Video-Partial header says so too), until retention removes it.
+    partial: bool
     queue_position: Annotated[int, Meta(ge=0)] | None
     urls: JobUrls
     variants: Variants | UnsetType = UNSET
@@ -288,6 +291,7 @@ class ErrorEvent(Struct, tag_field="event", tag="error", forbid_unknown_fields=T
     status: JobStatus
     error: ErrorDetail
     decoded_chunks: Count | UnsetType = UNSET
+    partial: Literal[True] | UnsetType = UNSET  # its fragments so far are kept
 
 
 class PreviewDoneEvent(Struct, tag_field="event", tag="preview_done", forbid_unknown_fields=True):

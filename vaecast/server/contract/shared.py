@@ -98,6 +98,7 @@ ETAG = Header("the finished file's entity tag")
 CONTENT_RANGE = Header("the bytes sent: `bytes a-b/N`, or `bytes a-b/*` while growing")
 ACCEPT_RANGES = Header("`bytes`")
 VIDEO_ID_HEADER = Header("the id of the job the stream decodes")
+PARTIAL = Header("`true`: a failed or cancelled job's video, as far as it got")
 
 # A job's id finds nothing (404), a job since evicted or deleted (410), or, with --ray,
 # a cluster that cannot say (503: the lookup of a job another front end made).

@@ -20,10 +20,12 @@ def rendition_of(request: web.Request, job: Job) -> Rendition:
 
 def refuse_if_broken(job: Job, rendition: Rendition | None = None) -> None:
     """Refuse a request for the content of a job (or a rendition of it) that failed or
-    was cancelled (409, naming the error), or whose bytes are gone."""
+    was cancelled (409, naming the error), or whose bytes are gone. A final kept as a
+    partial file (`Job.end_keeping_partial`) is served as any finished file."""
     rendition = rendition or job.final
     status, error = job.status_of(rendition), job.error_of(rendition)
-    if status in (JobStatus.FAILED, JobStatus.CANCELLED):
+    kept = rendition.variant == FINAL and job.record.partial and rendition.log.complete
+    if status in (JobStatus.FAILED, JobStatus.CANCELLED) and not kept:
         assert error is not None
         what = f"video {job.id}" if rendition.variant == FINAL else f"the preview of {job.id}"
         raise JobStateError(f"{what} has no content: {status.value}: {error.message}")

@@ -49,6 +49,7 @@ from vaecast.job.views import summary_line, with_job
 from vaecast.models.base import ChunkedDecoder, DecodePlan, StreamPlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.metrics import Metrics
+from vaecast.server.stream.finished_file import state_duration
 from vaecast.server.stream.job_requests import (
     BatchRequest,
     DecodeRequest,
@@ -168,6 +169,9 @@ class Job:
         self._observers: list[Callable[[Transition, dict[str, Any] | None], None]] = []
         self._viewers = 0
         self._task: asyncio.Task[None] | None = None
+        # Whether a failed or cancelled end keeps the final's fragments so far as a
+        # playable file (`end_keeping_partial`); a cancel may ask not to.
+        self.keeps_partial = True
 
     # The record.
 
@@ -230,13 +234,17 @@ class Job:
         if self._task is not None:
             self._task.cancel()
 
-    def cancel(self, reason: str = "cancelled", *, by_shutdown: bool = False) -> None:
+    def cancel(
+        self, reason: str = "cancelled", *, by_shutdown: bool = False, keep_partial: bool = True
+    ) -> None:
         """Stop the job: a queued one never starts, a running one stops at its next chunk.
 
         A job stopped by shutdown records CancelledByShutdown (503: try again
-        elsewhere), any other cancel DecodeCancelled (409).
+        elsewhere), any other cancel DecodeCancelled (409). `keep_partial`: what it
+        made so far stays a playable file (not for a shutdown: the store keeps that).
         """
         if not self.record.is_final:
+            self.keeps_partial = keep_partial and not by_shutdown
             self.runner.cancel(self, reason, by_shutdown)
 
     def abort(self, error: VaecastError) -> None:
@@ -314,11 +322,12 @@ class Job:
         return final.error if final is not None and final.error is not None else self.error
 
     async def release_unservable(self) -> None:
-        """Free the bytes of each rendition that ended without completing: they can
-        never be served (a stopped final's job keeps its completed preview)."""
+        """Free the bytes of each rendition that ended without completing and without a
+        file of its own: they can never be served (a stopped final's job keeps its
+        completed preview; a kept partial is a file)."""
         for rendition in self.renditions:
             broken = self.status_of(rendition) in (JobStatus.FAILED, JobStatus.CANCELLED)
-            if broken and not rendition.log.released:
+            if broken and not rendition.log.complete and not rendition.log.released:
                 await rendition.log.release()
 
     # The pipeline's sink.
@@ -336,6 +345,33 @@ class Job:
         """End the job failed or cancelled with `error`; its logs' readers hear why."""
         error = error.detached()
         self.apply(Ended(status, error))
+        for rendition in self.renditions:
+            if not rendition.log.closed:
+                rendition.log.abort(error)
+
+    async def end_keeping_partial(self, status: JobStatus, error: VaecastError) -> None:
+        """End the job failed or cancelled, keeping what its final made so far.
+
+        A final with at least one fragment, whose log is sound, becomes a playable file:
+        its init segment rewritten to state the fragments' duration (as a completed
+        file's is), the record `partial`, the log finished rather than aborted (its
+        viewers get a whole file; the store keeps it as a completed video). Otherwise,
+        and where the job was asked not to keep it, it ends as `end` does. A preview
+        ends as it would have: only the final is kept.
+        """
+        final = self.final
+        keep = self.keeps_partial and len(final.log) > 1
+        if not keep or final.log.closed or final.log.error is not None:
+            self.end(status, error)
+            return
+        try:
+            await state_duration(final)
+        except VaecastError:  # its file cannot be written: nothing to keep
+            self.end(status, error)
+            return
+        error = error.detached()
+        self.apply(Ended(status, error, partial=True))
+        final.log.finish()
         for rendition in self.renditions:
             if not rendition.log.closed:
                 rendition.log.abort(error)

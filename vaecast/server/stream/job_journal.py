@@ -3,8 +3,9 @@
 Observes the job's transitions (`Job.observe`): its creation, each event with the
 record as it is then (`vaecast.job.snapshot`), each segment's place in the video
 file with its HLS part, and its end. A completed job's `done` goes with the order
-to fsync its file first (`Store.completed`); a failed or cancelled one's video is
-dropped, as in memory. Only jobs whose log writes the store's file are journalled, and
+to fsync its file first (`Store.completed`), as does the end of a failed or cancelled
+one that keeps its video so far (`partial`); any other's video is dropped, as in
+memory. Only jobs whose log writes the store's file are journalled, and
 only until their video outgrows the store's budget (`NotStored`): the store then keeps
 why, for a 410 after a restart, and nothing more of it.
 A job's preview rendition is not: only its record's counters are, so after a
@@ -61,7 +62,10 @@ class JobJournal:
         if event is None:
             return
         numbered = (len(job.events) - 1, event)
-        if isinstance(transition, Completed):
+        if isinstance(transition, Completed) or (
+            isinstance(transition, Ended) and transition.partial
+        ):
+            # A kept partial is a finished video, as a completed one is.
             expires_at = time.time() + self._retention_s
             store.completed(job.id, numbered, snapshot(job.record), self._size, expires_at)
         elif isinstance(transition, Ended):

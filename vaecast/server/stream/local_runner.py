@@ -173,14 +173,16 @@ class LocalRunner:
                     job.apply(Completed())
             job.metrics.decode_seconds.observe(time.perf_counter() - started)
         except asyncio.CancelledError:
-            job.end(self._stop_status, self.stop_error or DecodeCancelled("cancelled"))
+            stop = self.stop_error or DecodeCancelled("cancelled")
+            await job.end_keeping_partial(self._stop_status, stop)
             # Swallowed on purpose: a cancelled job is an outcome, recorded above,
             # and nothing awaits this task expecting the cancel to propagate.
         except VaecastError as error:
-            job.end(JobStatus.FAILED, error)
+            await job.end_keeping_partial(JobStatus.FAILED, error)
         except Exception as error:
             log.exception("job %s failed", job.id)
-            job.end(JobStatus.FAILED, DecodeFailedError(f"internal error: {error}"))
+            failed = DecodeFailedError(f"internal error: {error}")
+            await job.end_keeping_partial(JobStatus.FAILED, failed)
         finally:
             self._source = self._output = None
 
@@ -279,6 +281,8 @@ class LocalRunner:
             else job.record.preview is not None and job.record.preview.is_final
         )
         if other_ended or other.stop is not None:
+            # A stopped rendition is dropped, whichever ends the job: no partial of it.
+            job.keeps_partial = False
             self.cancel(job, error.message, by_shutdown=False)
             return
         if run.stop is not None:

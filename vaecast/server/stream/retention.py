@@ -3,7 +3,8 @@
 A finished job stays fetchable for `retention_s`, and while the bytes that finished
 jobs hold in RAM fit `retention_memory_bytes` (oldest first out); a job with a
 viewer attached is never evicted, and a failed or cancelled job's bytes (which can
-never be served) are freed at once. Evicted and deleted ids are remembered, so they
+never be served) are freed at once, unless it kept them as a partial video (a file,
+kept as a completed one is). Evicted and deleted ids are remembered, so they
 answer 410 with the reason rather than 404.
 
 With a durable store (`durable`), the memory budget only drops a finished video's
@@ -107,8 +108,8 @@ class Retention:
     def job_ended(self, job: Job) -> None:
         """A job just ended: free what it can never serve, and keep within the budget."""
         if job.viewers == 0:
-            # A failed or cancelled rendition's bytes can never be served (409): free
-            # them now. With a viewer attached, the next sweep does it.
+            # A failed or cancelled rendition's bytes, unless kept as a partial file, can
+            # never be served (409): free them now. With a viewer attached, the next sweep does it.
             self._in_background(job.release_unservable())
         self.evict_over_budget()
 

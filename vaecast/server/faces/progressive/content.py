@@ -3,6 +3,8 @@
 While the job decodes, the MP4 goes out as it grows (200, chunked), and a range gets
 the bytes committed so far (206 with `/*`: the complete length is not known yet);
 once the job is complete, the MP4 is a plain file: length, ETag, ranges, HEAD, 304.
+A job that failed or was cancelled after its first fragment keeps its video so far as
+such a file, which `X-Video-Partial: true` marks (`Job.end_keeping_partial`).
 Every body is read from the job's segment log, the only copy of the video.
 
 A job with a preview has two renditions (`?variant=preview|final`, final by
@@ -32,9 +34,12 @@ from vaecast.server.edge.http_ranges import (
 )
 from vaecast.server.faces.common import end_response, refuse_if_broken, rendition_of, wait_for_init
 from vaecast.server.faces.progressive.broadcast import BROADCAST
-from vaecast.server.stream.job import Job, Rendition
+from vaecast.server.stream.job import Job, JobStatus, Rendition
 
 log = logging.getLogger("vaecast.http")
+
+PARTIAL_HEADER = "X-Video-Partial"
+BROKEN = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 async def send_content(request: web.Request, job: Job) -> web.StreamResponse:
@@ -49,8 +54,9 @@ async def send_content(request: web.Request, job: Job) -> web.StreamResponse:
     - a range past the committed bytes waits for them, for as long as the job runs: a
       closed range for its last byte, `bytes=N-` for byte N, a suffix `bytes=-N` for the
       job's end (its end is unknown until then). A job that completes meanwhile answers
-      as a finished file (206 with the real length, or 416); one that fails or is
-      cancelled, 409 like any request for its content;
+      as a finished file (206 with the real length, or 416), as does one that fails or
+      is cancelled keeping its video so far; one that ends without, 409 like any
+      request for its content;
     - `bytes=-0`, which no length can satisfy, and a first byte past what any video of
       this server can reach (`max_video_bytes`): 416 at once.
     """
@@ -122,6 +128,8 @@ async def _send_file(request: web.Request, job: Job, rendition: Rendition) -> we
         "ETag": etag,
         "Cache-Control": "private, max-age=3600",
     }
+    if rendition.variant == FINAL and job.record.partial:
+        headers[PARTIAL_HEADER] = "true"  # a failed or cancelled job's video so far
     if etag_matches(request.headers.get("If-None-Match"), etag):
         return web.Response(status=304, headers=headers)
     try:
@@ -174,12 +182,17 @@ async def send_stream(
         if broadcast is None:
             raise RuntimeError("a rendition made before the progressive face started")
         timeout_s = job.config.reader_write_timeout_s
-        await _serve_viewer(
-            request,
-            response,
-            job,
-            lambda: broadcast.follow(log, response, writer, timeout_s),
-        )
+
+        async def follow() -> None:
+            await broadcast.follow(log, response, writer, timeout_s)
+            # A job that failed or was cancelled may keep its video so far as a file
+            # (its log then ends whole), but a viewer who followed it live is told it
+            # ended short: cut, as a broken log's viewers are.
+            error = job.error_of(rendition)
+            if job.status_of(rendition) in BROKEN and error is not None:
+                raise error.detached()
+
+        await _serve_viewer(request, response, job, follow)
     return response
 
 

@@ -24,6 +24,7 @@ from vaecast.server.contract.shared import (
     IF_NONE_MATCH,
     MP4,
     MP4_BODY,
+    PARTIAL,
     RANGE,
     RANGE_NOT_SATISFIABLE,
     UPLOAD_BODY,
@@ -63,14 +64,20 @@ GET_CONTENT = operation(
     tag="content",
     description="While the job runs: 200 and the MP4 as it grows (chunked), or 206 for "
     "committed bytes (`Content-Range: bytes a-b/*`); a range past them waits for them. "
-    "Once complete: a plain file with a length, an ETag, ranges and 304.",
+    "Once complete: a plain file with a length, an ETag, ranges and 304. A failed or "
+    "cancelled job that kept its video so far serves it so, with `X-Video-Partial: true`.",
     params=(VIDEO_ID, VARIANT, RANGE, IF_NONE_MATCH),
     replies=(
         Reply(
             200,
             "the whole MP4 (growing, or finished)",
             {MP4: MP4_BODY},
-            {"ETag": ETAG, "Accept-Ranges": ACCEPT_RANGES, "Cache-Control": CACHE_CONTROL},
+            {
+                "ETag": ETAG,
+                "Accept-Ranges": ACCEPT_RANGES,
+                "Cache-Control": CACHE_CONTROL,
+                "X-Video-Partial": PARTIAL,
+            },
         ),
         Reply(
             206,
@@ -120,7 +127,7 @@ async def stream_video(request: web.Request) -> web.StreamResponse:
     finally:
         # This job has no other audience: if its one client left, stop decoding.
         if not job.record.is_final:
-            job.cancel("the client disconnected")
+            job.cancel("the client disconnected", keep_partial=False)
 
 
 @not_a_route
