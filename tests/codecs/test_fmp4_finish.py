@@ -12,6 +12,7 @@ from vaecast.codecs.fmp4 import AudioTrack, Sample, TrackRun, VideoTrack, box, f
 from vaecast.codecs.fmp4_finish import (
     DurationTally,
     MovieDurations,
+    as_live,
     read_durations,
     with_durations,
 )
@@ -32,7 +33,8 @@ def audio_run(start: int, durations: list[int]) -> TrackRun:
 
 
 def test_a_streamed_init_segment_states_no_duration() -> None:
-    assert read_durations(INIT) == MovieDurations(1000, 0, 0, {1: 0, 2: 0})
+    # Durations 0 (its moov holds no samples) and no mehd: the length is not known.
+    assert read_durations(INIT) == MovieDurations(1000, 0, None, {1: 0, 2: 0})
 
 
 @pytest.mark.parametrize(
@@ -55,8 +57,8 @@ def test_with_durations_states_each_track_and_the_movie(
         1000, movie_ms, movie_ms, {1: durations.get(1, 0), 2: durations.get(2, 0)}
     )
     assert [_tkhd_duration(finished, index) for index in (0, 1)] == [tkhd_ms[1], tkhd_ms[2]]
-    # Only the duration fields changed: stating nothing gives the streamed bytes back.
-    assert with_durations(finished, {}) == INIT
+    # Only the duration fields and the mehd's place changed: as live, the streamed bytes.
+    assert as_live(finished) == INIT
 
 
 def test_the_mehd_holds_64_bits_and_32_bit_fields_say_unknown_past_theirs() -> None:
@@ -97,6 +99,14 @@ def test_version_1_boxes_get_64_bit_fields_in_their_own_places(mehd_version: int
     assert struct.unpack_from(">QQIQ", moov, mdhd_at) == (1, 2, 90_000, 900_001)
 
 
+def test_a_mehd_of_0_from_before_the_stand_in_is_stated_in_place() -> None:
+    """A store's file written when a live init segment held a mehd of 0."""
+    old = INIT.replace(fmp4.mehd_stand_in(), fmp4.mehd(0))
+    assert read_durations(old).fragment_duration == 0
+    finished = with_durations(old, {1: 16_000})
+    assert finished == with_durations(INIT, {1: 16_000})
+
+
 def test_an_init_segment_without_a_mehd_is_refused() -> None:
     moov = box(b"moov", fmp4.mvhd(2), fmp4._trak(VIDEO), box(b"mvex", fmp4.trex(1)))
     init = fmp4.ftyp() + moov
@@ -127,7 +137,7 @@ def test_the_tally_sums_each_track_over_the_fragments() -> None:
     assert tally.unreadable is None
 
 
-_MVEX = box(b"mvex", fmp4.mehd(), fmp4.trex(1))
+_MVEX = box(b"mvex", fmp4.mehd_stand_in(), fmp4.trex(1))
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 
 ffprobe (FFmpeg's demuxer) and mp4box.js (the box parser browser-side players use,
 from tools/node, installed by tools/install-test-deps): a fragmented file that says
-nothing about its length reads as 0 in mp4box.js, whose `duration` is the mvhd's.
+nothing about its length reads as 0 in mp4box.js's `duration` (the mvhd's), and its
+`fragment_duration` is the mehd's, or, with none, the sum of the fragments it read.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vaecast.codecs.fmp4_boxes import iter_boxes
-from vaecast.codecs.fmp4_finish import with_durations
+from vaecast.codecs.fmp4_finish import as_live
 
 MP4BOX = Path(__file__).resolve().parents[2] / "tools/node/node_modules/mp4box/dist/mp4box.all.cjs"
 
@@ -26,6 +27,7 @@ const file = MP4Box.createFile();
 file.onError = (error) => { console.error(String(error)); process.exit(1); };
 file.onReady = (info) => console.log(JSON.stringify({
   duration: info.duration / info.timescale,
+  fragment_duration: info.fragment_duration.num / info.fragment_duration.den,
   tracks: info.tracks.map((track) => [track.type, track.duration / track.timescale]),
 }));
 file.appendBuffer(buffer);
@@ -42,7 +44,8 @@ def ffprobe_seconds(path: Path) -> float:
 
 
 def mp4box_info(path: Path) -> dict[str, Any]:
-    """mp4box.js's movie duration and each track's (type, seconds), as a player reads them."""
+    """mp4box.js's movie duration, its fragment_duration and each track's (type,
+    seconds), as a player reads them."""
     command = ["node", "-e", _MP4BOX_INFO, str(MP4BOX), str(path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -53,4 +56,4 @@ def as_streamed(finished: bytes) -> bytes:
     """A finished MP4 as it went out live: the same bytes, but for its init segment,
     which states no duration yet (`fmp4_finish`)."""
     init_end = next(b.end for b in iter_boxes(finished) if b.type == "moov")
-    return with_durations(finished[:init_end], {}) + finished[init_end:]
+    return as_live(finished[:init_end]) + finished[init_end:]

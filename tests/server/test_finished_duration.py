@@ -1,4 +1,4 @@
-"""A server job's finished MP4 states its length; the bytes streamed live say 0 (issue 36).
+"""A server job's finished MP4 states its length; the bytes streamed live state none.
 
 Read as players read them: mp4box.js (what a browser-side player takes a file's
 duration from) and ffprobe, on /content once complete, on the HLS init segment, after
@@ -90,12 +90,19 @@ async def test_live_bytes_say_0_and_the_finished_file_its_length(
     assert finished[len(init) :] == streamed[len(init) :]
     assert finished[: len(init)] != init
     assert as_streamed(finished) == streamed
-    assert read_durations(init).fragment_duration == 0  # live: not known yet
-    assert stated(tmp_path, "live.mp4", streamed)["duration"] == 0
+    assert read_durations(init).fragment_duration is None  # live: no mehd, not known yet
+    # Saved from the live stream: no length stated, and players sum the fragments.
+    assert stated(tmp_path, "live.mp4", streamed) == {
+        "duration": 0,
+        "fragment_duration": SECONDS,
+        "tracks": [["video", 0]],
+        "ffprobe": SECONDS,
+    }
     assert len(decode_mp4(streamed)) == len(decode_mp4(finished)) == FRAMES
 
     assert stated(tmp_path, "finished.mp4", finished) == {
         "duration": 0.813,
+        "fragment_duration": 0.813,
         "tracks": [["video", SECONDS]],
         "ffprobe": SECONDS,
     }
@@ -114,7 +121,7 @@ async def test_a_running_jobs_hls_init_segment_is_not_cached(start_server: Start
     async with server.client.get(f"{job['urls']['self']}/hls/init.mp4") as response:
         assert response.status == 200
         assert response.headers["Cache-Control"] == "no-cache"
-        assert read_durations(await response.read()).fragment_duration == 0
+        assert read_durations(await response.read()).fragment_duration is None
     decoder.gate.set()
     await asyncio.wait_for(server.manager.get(job["id"]).wait(), 30)
 
@@ -128,6 +135,7 @@ async def test_with_audio_both_tracks_state_the_videos_length(
     finished = await finished_file(server, job["urls"]["content"])
     assert stated(tmp_path, "audio.mp4", finished) == {
         "duration": 0.813,
+        "fragment_duration": 0.813,
         "tracks": [["video", SECONDS], ["audio", SECONDS]],
         "ffprobe": SECONDS,
     }

@@ -28,8 +28,9 @@ from typing import TypeAlias
 # The 32-bit size field cannot describe boxes this large; they get a 64-bit largesize.
 _MAX_32BIT_BOX_BYTES = 0xFFFFFFFF
 
-# Movie-level clock (mvhd, tkhd and mehd durations): 0 while a movie streams, the
-# finished file's length once `fmp4_finish` states it; 1 ms ticks, as ffmpeg writes.
+# Movie-level clock (mvhd, tkhd and mehd durations): 0 while a movie streams (its moov
+# holds no samples, and it has no mehd), the finished file's length once
+# `fmp4_finish` states it; 1 ms ticks, as ffmpeg writes.
 MOVIE_TIMESCALE_HZ = 1000
 
 # ISO/IEC 14496-12 8.8.3.1 sample_flags.
@@ -318,10 +319,25 @@ def _trak(track: Track) -> bytes:
     return box(b"trak", header, box(b"mdia", mdhd(track.timescale), handler, minf))
 
 
-def mehd(fragment_duration: int = 0) -> bytes:
-    # Version 1 (64-bit): the reserved box can state any length in place at the finish
-    # (`fmp4_finish`). 0 until then, which players read as "not known yet" (live).
+def mehd(fragment_duration: int) -> bytes:
+    # Version 1 (64-bit): it can state any length, in the place its stand-in kept.
     return full_box(b"mehd", 1, 0, struct.pack(">Q", fragment_duration))
+
+
+# A version-1 mehd's size: header, version and flags, a 64-bit fragment_duration.
+MEHD_BYTES = 20
+
+
+def mehd_stand_in() -> bytes:
+    """A `free` box the size of a mehd, where a live movie's mehd would be.
+
+    A live movie has no mehd: its length is not known (14496-12 8.8.2), which is how a
+    live recorder's file says it (ffmpeg's `empty_moov`), and how mp4box.js then sums
+    the fragments it read. A mehd of 0 would say the movie is 0 s long. The stand-in
+    keeps the place, so the finished file's init segment can put the mehd there
+    without changing size (`fmp4_finish.with_durations`); a `free` box may sit in
+    any container, and players skip it."""
+    return box(b"free", bytes(MEHD_BYTES - 8))
 
 
 def trex(track_id: int) -> bytes:
@@ -332,8 +348,8 @@ def trex(track_id: int) -> bytes:
 def init_segment(tracks: Sequence[Track]) -> bytes:
     """ftyp + moov for a fragmented movie of `tracks` (durations 0, samples in moofs).
 
-    Its mvex holds a mehd of 0, reserved so that a finished file's init segment can
-    state the movie's length without changing size (`fmp4_finish.with_durations`)."""
+    A live movie's: its length not known, so its mvex has no mehd, only the stand-in
+    that keeps the mehd's place (`mehd_stand_in`) for the finished file's."""
     if not tracks:
         raise ValueError("an init segment needs at least one track")
     ids = [track.track_id for track in tracks]
@@ -343,7 +359,7 @@ def init_segment(tracks: Sequence[Track]) -> bytes:
         b"moov",
         mvhd(next_track_id=max(ids) + 1),
         *(_trak(track) for track in tracks),
-        box(b"mvex", mehd(), *(trex(track.track_id) for track in tracks)),
+        box(b"mvex", mehd_stand_in(), *(trex(track.track_id) for track in tracks)),
     )
     return ftyp() + moov
 

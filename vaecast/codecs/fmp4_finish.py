@@ -1,19 +1,22 @@
 """A finished fragmented MP4's init segment: the durations a live stream cannot state.
 
 While a video streams, its init segment goes out before any fragment exists, so it
-says duration 0: not known yet (ISO/IEC 14496-12 8.8.2 lets a live movie leave it
-out; Chromium's MSE then treats the stream as live). Once the last fragment is
+states no length: durations 0 (its moov holds no samples) and no mehd (the movie's
+length is not known: ISO/IEC 14496-12 8.8.2), only a `free` box in the mehd's place
+(`fmp4.mehd_stand_in`). A file saved from a live stream says the same: Chromium's MSE
+treats it as live, and a player that reads the whole file (Chromium's `<video>`,
+ffprobe, mp4box.js's fragment_duration) sums the fragments it has. Once the last fragment is
 written the file knows its length. `DurationTally` sums each track's sample
 durations from the facts each fragment came with (`codecs.fragment`; every track
 starts at decode time 0 and runs without a gap, as `codecs.stream` writes them, so
 the sum is where it ends; AAC priming is trimmed and the audio fitted to end with
 the video, see `aac`), and `with_durations` rewrites the init
-segment to state them: mvhd.duration and mvex/mehd.fragment_duration (the movie, its
-longest track), and each trak's tkhd.duration (movie clock) and mdhd.duration (the
-track's own clock).
+segment to state them: mvhd.duration and a mehd's fragment_duration, put where its
+stand-in was (the movie, its longest track), and each trak's tkhd.duration (movie
+clock) and mdhd.duration (the track's own clock).
 
-Every one of those fields is fixed width and `fmp4.init_segment` reserves the mehd,
-so the rewritten init segment has the length of the first: written over it at the
+Every one of those fields is fixed width and the stand-in has the mehd's size, so
+the rewritten init segment has the length of the first: written over it at the
 start of the file, every later byte keeps its offset (the store's segment rows, byte
 ranges, the ETag made of the size, the HLS parts). Pure: bytes in, bytes out.
 """
@@ -24,6 +27,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vaecast.codecs.fmp4 import MEHD_BYTES, mehd, mehd_stand_in
 from vaecast.codecs.fmp4_boxes import Box, children, find_child, full_box_header, iter_boxes
 from vaecast.codecs.fragment import facts_of
 
@@ -94,6 +98,8 @@ def _write(data: bytearray, field: tuple[int, int], value: int) -> None:
 class _Places:
     mvhd: Box
     mehd: Box | None
+    # Where a mehd goes: the mehd, or the stand-in of a live movie (None: neither).
+    mehd_place: Box | None
     traks: tuple[tuple[Box, Box], ...]  # (tkhd, mdhd) of each trak
 
 
@@ -103,19 +109,24 @@ def _places(data: bytes | bytearray) -> _Places:
         raise ValueError("an init segment needs a moov")
     inside = children(data, moov)
     mvex = next((b for b in inside if b.type == "mvex"), None)
-    mehd = None
+    mehd = place = None
     if mvex is not None:
-        mehd = next((b for b in children(data, mvex) if b.type == "mehd"), None)
+        in_mvex = children(data, mvex)
+        mehd = next((b for b in in_mvex if b.type == "mehd"), None)
+        stand_in = next(
+            (b for b in in_mvex if b.type == "free" and b.end - b.offset == MEHD_BYTES), None
+        )
+        place = mehd or stand_in
     traks = tuple(
         (find_child(data, b, "tkhd"), find_child(data, find_child(data, b, "mdia"), "mdhd"))
         for b in inside
         if b.type == "trak"
     )
-    return _Places(find_child(data, moov, "mvhd"), mehd, traks)
+    return _Places(find_child(data, moov, "mvhd"), mehd, place, traks)
 
 
 def read_durations(init: bytes) -> MovieDurations:
-    """The durations an init segment states (0 in a live one)."""
+    """The durations an init segment states (0, and no mehd, in a live one)."""
     places = _places(init)
     tracks = {}
     for tkhd, mdhd in places.traks:
@@ -134,12 +145,18 @@ def with_durations(init: bytes, durations: Mapping[int, int]) -> bytes:
     mdhd timescale; a track not named has none) and the movie's, the same length.
 
     Movie-clock values are rounded up (as ffmpeg does), so the movie is never said to
-    end before its last sample. Raises ValueError for an init segment without a mehd
-    to state the movie's length in (one the rewrite would have to grow)."""
+    end before its last sample. Raises ValueError for an init segment with neither a
+    mehd nor its stand-in to state the movie's length in (one the rewrite would have to
+    grow)."""
     places = _places(init)
-    if places.mehd is None:
+    if places.mehd_place is None:
         raise ValueError("the init segment has no mehd: its duration cannot be stated in place")
     out = bytearray(init)
+    if places.mehd is None:  # a live movie's stand-in becomes its mehd
+        place = places.mehd_place
+        out[place.offset : place.end] = mehd(0)
+        places = _places(out)
+    assert places.mehd is not None
     movie_timescale = _read(out, _field_at(out, places.mvhd, _TIMESCALE))
     movie_duration = 0
     for tkhd, mdhd in places.traks:
@@ -154,6 +171,16 @@ def with_durations(init: bytes, durations: Mapping[int, int]) -> bytes:
         _write(out, _field_at(out, mdhd, _DURATION), ticks)
     _write(out, _field_at(out, places.mvhd, _DURATION), movie_duration)
     _write(out, _field_at(out, places.mehd, _MEHD_DURATION), movie_duration)
+    return bytes(out)
+
+
+def as_live(init: bytes) -> bytes:
+    """`init` as a live stream's: no length stated (durations 0, the mehd's stand-in in
+    its place), the same size. What a finished file's init segment was when it went out."""
+    out = bytearray(with_durations(init, {}))
+    mehd_box = _places(out).mehd
+    assert mehd_box is not None
+    out[mehd_box.offset : mehd_box.end] = mehd_stand_in()
     return bytes(out)
 
 
