@@ -34,12 +34,13 @@ MAX_ANSWER_BYTES = 1 << 20  # JSON answers are small: a URL that serves a video 
 _ENDED = (404, 409, 410)  # the job is over or gone: a DELETE would delete its record
 
 
-class PushError(VaecastError):
-    """The server refused a request of a push session, or gave no answer.
+class ApiError(VaecastError):
+    """The server refused a request, or gave no answer.
 
     `status` is the HTTP status (0 when no answer came: `type` is then `timeout` or
-    `connection_error`), `type` and `message` those of the server's JSON error, and
-    `retry_after_s` the `Retry-After` of a 429 or 503, if it sent one.
+    `connection_error`, or `incomplete` for a video that broke off), `type` and
+    `message` those of the server's JSON error, and `retry_after_s` the `Retry-After` of
+    a 429 or 503, if it sent one.
     """
 
     def __init__(
@@ -55,6 +56,10 @@ class PushError(VaecastError):
         return f"{prefix}{self.type}: {self.message}"
 
 
+class PushError(ApiError):
+    """The server refused a request of a push session, or gave no answer (`ApiError`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     method: str
@@ -63,8 +68,10 @@ class Request:
     body: bytes | None = None
 
 
-def parse_answer(status: int, data: bytes, retry_after: str | None) -> dict[str, Any]:
-    """The JSON of a 2xx answer, or the PushError of any other."""
+def parse_answer(
+    status: int, data: bytes, retry_after: str | None, error_class: type[ApiError] = PushError
+) -> dict[str, Any]:
+    """The JSON of a 2xx answer, or the `error_class` error of any other."""
     try:
         parsed = json.loads(data) if len(data) <= MAX_ANSWER_BYTES else None
     except ValueError:
@@ -79,7 +86,7 @@ def parse_answer(status: int, data: bytes, retry_after: str | None) -> dict[str,
         message = data[:200].decode("utf-8", "replace").strip() or "(empty answer)"
     seconds = re.fullmatch(r"[0-9]{1,9}", retry_after or "")  # the HTTP-date form is not used
     retry_after_s = float(seconds.group()) if seconds else None
-    raise PushError(status, error_type, message, retry_after_s)
+    raise error_class(status, error_type, message, retry_after_s)
 
 
 def retry_delay(error: PushError, attempt: int, spent_s: float, budget_s: float) -> float | None:
@@ -97,7 +104,7 @@ def retry_delay(error: PushError, attempt: int, spent_s: float, budget_s: float)
     return delay if spent_s + delay <= budget_s else None
 
 
-def _json_fps(fps: Fps) -> int | float | str:
+def json_fps(fps: Fps) -> int | float | str:
     """fps as JSON: a number as given, a Fraction as an int or a ratio the server reads."""
     if isinstance(fps, Fraction):
         return fps.numerator if fps.denominator == 1 else f"{fps.numerator}/{fps.denominator}"
@@ -123,11 +130,13 @@ class PushSessionBase:
         width: int | None = None,
         height: int | None = None,
         batch: int = 1,
+        preview: str | None = None,
     ) -> None:
         """`kind` "frames" pushes decoded frames (see `vaecast.client`); `width` and
         `height` crop the video to its top-left part (a decoder's padding); `batch` > 1
         pushes blocks of that many videos at once, `(B, C, t, H, W)`, watched as one
-        job each (`content_urls`)."""
+        job each (`content_urls`); `preview` names a fast decoder of the same latents
+        that plays first (`"none"`: none, where the server has a default)."""
         if urlsplit(url).scheme not in ("http", "https"):
             raise InvalidRequestError(f"the server URL must be http:// or https://, got {url!r}")
         if kind not in ("latents", "frames"):
@@ -139,7 +148,7 @@ class PushSessionBase:
         self.retry_s = retry_s
         self._api_key = api_key
         self._next_seq = 0  # the index the next push carries
-        create: dict[str, Any] = {"input": "push", "fps": _json_fps(fps)}
+        create: dict[str, Any] = {"input": "push", "fps": json_fps(fps)}
         optional = {
             "kind": "frames" if kind == "frames" else None,
             "model": model,
@@ -148,6 +157,7 @@ class PushSessionBase:
             "width": width,
             "height": height,
             "batch": batch if batch != 1 else None,
+            "preview": preview,
         }
         create.update({key: value for key, value in optional.items() if value is not None})
         self._create_body = json.dumps(create).encode()
