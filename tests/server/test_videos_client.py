@@ -66,8 +66,9 @@ async def test_cancel_keeps_a_partial_unless_asked_and_errors_are_api_errors(
         decoder.holding.clear()
         job = await asyncio.to_thread(client.upload, body)
         await asyncio.to_thread(decoder.holding.wait, 30)
-        cancelling = asyncio.create_task(asyncio.to_thread(client.cancel, job["id"], keep=keep))
         held = server.manager.get(job["id"])
+        await until(lambda: held.record.frames_done == 5)  # noqa: B023 (chunks 0, 1 are in)
+        cancelling = asyncio.create_task(asyncio.to_thread(client.cancel, job["id"], keep=keep))
         await until(lambda: held.error is not None)  # noqa: B023 (awaited here)
         decoder.gate.set()
         cancelled = await cancelling

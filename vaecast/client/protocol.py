@@ -104,6 +104,16 @@ def retry_delay(error: PushError, attempt: int, spent_s: float, budget_s: float)
     return delay if spent_s + delay <= budget_s else None
 
 
+def request_headers(api_key: str | None, content_type: str | None = None) -> dict[str, str]:
+    """The headers every client request carries: JSON answers, who asks, the key."""
+    headers = {"Accept": "application/json", "User-Agent": "vaecast-client"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
 def json_fps(fps: Fps) -> int | float | str:
     """fps as JSON: a number as given, a Fraction as an int or a ratio the server reads."""
     if isinstance(fps, Fraction):
@@ -219,12 +229,7 @@ class PushSessionBase:
     # Requests, sans I/O.
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "vaecast-client"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        if self._api_key is not None:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
+        return request_headers(self._api_key, content_type)
 
     def _create_request(self) -> Request:
         return Request("POST", "/v1/videos", self._headers("application/json"), self._create_body)

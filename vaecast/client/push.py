@@ -35,12 +35,10 @@ answers (a 4xx that says what is wrong with the block) are raised at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
-from urllib.parse import urlsplit
 
 from vaecast.client.blocks import Array
 from vaecast.client.protocol import (
@@ -51,6 +49,7 @@ from vaecast.client.protocol import (
     parse_answer,
     retry_delay,
 )
+from vaecast.client.transport import open_request
 
 if TYPE_CHECKING:
     import aiohttp
@@ -141,22 +140,14 @@ class PushSession(PushSessionBase):
         self._closed = True
 
     def _send(self, request: Request) -> dict[str, Any]:
-        parts = urlsplit(self._url(request.path))
-        connection_type = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        connection = connection_type(parts.hostname or "", parts.port, timeout=self.timeout)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        url = self._url(request.path)
+        connection, response = open_request(url, request, self.timeout, PushError)
         try:
-            # A server may answer (401, 413) before reading a whole block: read that answer.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                connection.request(request.method, target, request.body, request.headers)
-            response = connection.getresponse()
             data = response.read(MAX_ANSWER_BYTES + 1)
         except TimeoutError as error:
-            raise PushError(0, "timeout", f"{request.method} {target}: no answer") from error
+            raise PushError(0, "timeout", f"{request.method} {url}: no answer") from error
         except (OSError, http.client.HTTPException) as error:
-            raise PushError(0, "connection_error", f"{request.method} {target}: {error}") from error
+            raise PushError(0, "connection_error", f"{request.method} {url}: {error}") from error
         finally:
             connection.close()
         return parse_answer(response.status, data, response.getheader("Retry-After"))

@@ -38,7 +38,9 @@ from vaecast.client.protocol import (
     Request,
     json_fps,
     parse_answer,
+    request_headers,
 )
+from vaecast.client.transport import open_request
 from vaecast.errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -63,12 +65,7 @@ class _Requests:
         self.api_key = api_key
 
     def headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "vaecast-client"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        if self.api_key is not None:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
+        return request_headers(self.api_key, content_type)
 
     def url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else self.base_url + path
@@ -244,23 +241,10 @@ class Client:
 
         return PushSession(self.base_url, api_key=self._requests.api_key, **options)
 
-    def _open(self, request: Request) -> tuple[http.client.HTTPConnection, Any]:
-        parts = urlsplit(self._requests.url(request.path))
-        connection_type = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
-        connection = connection_type(parts.hostname or "", parts.port, timeout=self.timeout)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        try:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                connection.request(request.method, target, request.body, request.headers)
-            return connection, connection.getresponse()
-        except TimeoutError as error:
-            connection.close()
-            raise ApiError(0, "timeout", f"{request.method} {target}: no answer") from error
-        except (OSError, http.client.HTTPException) as error:
-            connection.close()
-            raise ApiError(0, "connection_error", f"{request.method} {target}: {error}") from error
+    def _open(
+        self, request: Request
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        return open_request(self._requests.url(request.path), request, self.timeout, ApiError)
 
     def _call(self, request: Request) -> dict[str, Any]:
         connection, response = self._open(request)
