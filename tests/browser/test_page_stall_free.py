@@ -111,8 +111,11 @@ async def played_to_the_end(page: Page, job_id: str, frames: int = FRAMES) -> di
     assert state["jobId"] == job_id
     assert state["errors"] == []
     assert state["framesShown"] > 0
-    # Played to the end of all its frames; the last one presented is the last frame,
-    # unless Chromium dropped frames (a busy machine): then as many from the end.
+    # Played to the end of all its frames: the clock reached the duration. The last
+    # frame presented is the last frame, or the one before it: the presentation
+    # callback of a video's final frame may not come before `ended` (seen once in
+    # ~20 runs, with no frame dropped); with dropped frames (a busy machine), as many
+    # more from the end.
     video = await page.evaluate(
         "(v => ({currentTime: v.currentTime, duration: v.duration,"
         " dropped: v.getVideoPlaybackQuality().droppedVideoFrames}))"
@@ -120,7 +123,7 @@ async def played_to_the_end(page: Page, job_id: str, frames: int = FRAMES) -> di
     )
     assert video["duration"] == pytest.approx(frames / FPS, abs=1e-3), video
     assert video["currentTime"] == pytest.approx(video["duration"], abs=1e-3), video
-    assert state["lastMediaTime"] >= (frames - 1 - video["dropped"]) / FPS - 1e-3, video
+    assert state["lastMediaTime"] >= (frames - 2 - video["dropped"]) / FPS - 1e-3, video
     return state
 
 
