@@ -84,3 +84,26 @@ async def test_a_file_saved_while_the_job_runs_plays_what_it_holds(server: Serve
     assert facts["duration"] == pytest.approx(9 / FPS, abs=0.01), facts
     assert facts["currentTime"] == pytest.approx(9 / FPS, abs=0.2), facts
     assert_no_script_errors(page)
+
+
+async def test_the_page_plays_a_partial_and_says_so(server: Server, page: Page):
+    async with server.client.post(
+        "/v1/videos", json={"input": "push", "fps": FPS, "model": "tiny"}
+    ) as response:
+        session = await response.json()
+    token = {"X-Push-Token": session["push"]["token"]}
+    body = safetensors_bytes(latents=PUSHED)
+    async with server.client.post(session["push"]["url"], data=body, headers=token) as response:
+        assert response.status == 202, await response.text()
+    job = server.job(session["id"])
+    await until(lambda: job.record.frames_done == FRAMES)
+    async with server.client.delete(session["urls"]["self"]) as response:
+        assert (await response.json())["partial"] is True
+    await page.navigate(f"{server.url}/?video={session['id']}")
+    await page.wait_for("document.getElementById('video').ended", 30)
+    status = "document.getElementById('status').textContent"
+    assert await page.wait_for(f"{status} === 'cancelled (partial)' && {status}", 10)
+    facts = await page.evaluate(VIDEO_FACTS)
+    assert facts["duration"] == pytest.approx(FRAMES / FPS, abs=0.01), facts
+    state = await page.evaluate("window.vaecast.state")
+    assert state["partial"] is True

@@ -58,6 +58,7 @@ export function blankState() {
   return {
     jobId: null,
     status: "idle",         // the job's status, as the server last reported it
+    partial: false,         // it failed or was cancelled keeping its video so far
     playback: null,         // "mse" or "src" (the fallback without MediaSource)
     contentType: null,
     clickedAt: null,        // performance.now() when the user started the job
@@ -613,6 +614,7 @@ export class Session extends EventTarget {
     on("error", (event) => {
       events.close();
       state.status = event.status;
+      state.partial = Boolean(event.partial);
       if (!this.#expectedEnd(event.status)) this.fail(event.error.message);
       this.dispatchEvent(new Event("finished"));
     });
@@ -659,6 +661,7 @@ export class Session extends EventTarget {
   #applyJob(job) {
     const state = this.state;
     state.status = job.status;
+    state.partial = Boolean(job.partial);
     state.framesPlanned = job.frames;
     state.seconds = job.frames / job.fps; // exact; job.seconds is rounded
     state.chunksDone = job.chunks.done;

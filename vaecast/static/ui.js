@@ -140,7 +140,7 @@ export function showError(message) {
 export function render(state, { cancellable, finalStoppable, video }) {
   $("job-id").textContent = state.jobId || "–";
   $("job-id").title = state.jobId || "";
-  $("status").textContent = state.status.replace("_", " ");
+  $("status").textContent = state.status.replace("_", " ") + (state.partial ? " (partial)" : "");
   $("chunks").textContent =
     state.chunksTotal === null ? "–" : `${state.chunksDone} / ${state.chunksTotal} (${state.framesDone} frames)`;
   $("decode-bar").value = state.chunksTotal ? state.chunksDone / state.chunksTotal : 0;
