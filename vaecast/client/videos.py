@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import http.client
 import os
-import tempfile
+import secrets
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -52,6 +52,7 @@ FINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 FIRST_POLL_S = 0.1  # `wait` polls at this, doubling up to MAX_POLL_S
 MAX_POLL_S = 2.0
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
+PARTIAL_NAME_TRIES = 100
 Latents = str | os.PathLike[str] | bytes
 
 
@@ -135,13 +136,21 @@ def _poll_delays() -> Iterator[float]:
 @contextlib.contextmanager
 def _partial_file(path: Path) -> Iterator[BinaryIO]:
     """A file written beside `path` and renamed to it once the block ends without an
-    error (removed if it raises); with the umask's mode, as any file a user writes."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    partial = Path(name)
+    error (removed if it raises); with the umask's mode, as any file a user writes.
+
+    Created as `mkstemp` creates one (a random name, only if new) but with mode 0666,
+    which the kernel narrows by the umask: reading the umask would mean setting it,
+    process-wide, under the other threads of the caller's program."""
+    for _ in range(PARTIAL_NAME_TRIES):
+        partial = path.parent / f".{path.name}.{secrets.token_hex(6)}.part"
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free name for a partial download beside {path}")
     try:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)
         with os.fdopen(fd, "wb") as file:
             yield file
         os.replace(partial, path)
