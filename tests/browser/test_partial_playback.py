@@ -18,7 +18,8 @@ PUSHED = smooth_latents(frames=5)  # tiny: 1 + 4 * 4 = 17 frames, then the cance
 FRAMES = 17
 
 
-async def test_a_cancelled_jobs_partial_plays_to_its_end(server: Server, page: Page):
+async def cancelled_with_a_partial(server: Server) -> dict:
+    """A push session given PUSHED, decoded, then DELETEd (keeping it); its job object."""
     async with server.client.post(
         "/v1/videos", json={"input": "push", "fps": FPS, "model": "tiny"}
     ) as response:
@@ -31,6 +32,11 @@ async def test_a_cancelled_jobs_partial_plays_to_its_end(server: Server, page: P
     await until(lambda: job.record.frames_done == FRAMES)
     async with server.client.delete(session["urls"]["self"]) as response:
         assert (await response.json())["partial"] is True
+    return session
+
+
+async def test_a_cancelled_jobs_partial_plays_to_its_end(server: Server, page: Page):
+    session = await cancelled_with_a_partial(server)
 
     await page.navigate(f"{server.url}/healthz")  # any page of the server's origin
     await page.evaluate(
@@ -87,18 +93,7 @@ async def test_a_file_saved_while_the_job_runs_plays_what_it_holds(server: Serve
 
 
 async def test_the_page_plays_a_partial_and_says_so(server: Server, page: Page):
-    async with server.client.post(
-        "/v1/videos", json={"input": "push", "fps": FPS, "model": "tiny"}
-    ) as response:
-        session = await response.json()
-    token = {"X-Push-Token": session["push"]["token"]}
-    body = safetensors_bytes(latents=PUSHED)
-    async with server.client.post(session["push"]["url"], data=body, headers=token) as response:
-        assert response.status == 202, await response.text()
-    job = server.job(session["id"])
-    await until(lambda: job.record.frames_done == FRAMES)
-    async with server.client.delete(session["urls"]["self"]) as response:
-        assert (await response.json())["partial"] is True
+    session = await cancelled_with_a_partial(server)
     await page.navigate(f"{server.url}/?video={session['id']}")
     await page.wait_for("document.getElementById('video').ended", 30)
     status = "document.getElementById('status').textContent"
