@@ -35,7 +35,12 @@ video is deleted before the next run, so neither memory nor the store grows over
 run. Every wait is bounded: the servers' start and stop (`client`), their warm-up
 (`demo_click`), each run (`RUN_TIMEOUT_S`), each status poll (`STATUS_TIMEOUT_S`).
 
-Writes `store.json` (every run) and `store.md` (the table) to --out.
+After each run, once its CPU time is taken, the finished job's thumbnail and
+spritesheet are asked for (`stills_of`): each is made then, on first request, from
+the job's MP4 (on the store arm, the file the store kept), so their times are what
+the stills cost a finished job, set against the job's own last byte.
+
+Writes `store.json` (every run) and `store.md` (the tables) to --out.
 """
 
 from __future__ import annotations
@@ -157,9 +162,33 @@ async def one_run(
         finished = await asyncio.to_thread(durable_at, store, job_id)
         record["durable_after_last_byte_s"] = finished - (received.last_byte_at + wall_offset)
     record["server_cpu_s"] = cpu_seconds(pid) - cpu_before
+    record |= await stills_of(session, url, job_id)
     async with session.delete(f"{url}/v1/videos/{job_id}") as response:
         if response.status != 200:
             raise RuntimeError(f"DELETE {job_id}: HTTP {response.status}")
+    return record
+
+
+STILLS = {
+    "thumbnail": "variant=thumbnail",
+    "spritesheet": "variant=spritesheet",
+    "thumbnail_kept": "variant=thumbnail",  # asked again: the image made above
+}
+
+
+async def stills_of(session: aiohttp.ClientSession, url: str, job_id: str) -> dict[str, float]:
+    """The finished job's thumbnail and spritesheet, each timed from request to last
+    byte: made on first request (from the stored file on the store arm, from memory
+    on the other), then the thumbnail again, as kept."""
+    record: dict[str, float] = {}
+    for name, query in STILLS.items():
+        started = time.monotonic()
+        async with session.get(f"{url}/v1/videos/{job_id}/content?{query}") as response:
+            data = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"{name} of {job_id}: HTTP {response.status}")
+        record[f"{name}_s"] = time.monotonic() - started
+        record[f"{name}_bytes"] = len(data)
     return record
 
 
@@ -213,6 +242,8 @@ def summarize(runs: list[dict[str, Any]], sizes: Sequence[str]) -> dict[str, Any
             "next_answer_after_last_byte_s",
             "completed_after_last_byte_s",
             "server_cpu_s",
+            *(f"{name}_s" for name in STILLS),
+            *(f"{name}_bytes" for name in STILLS),
         )
         for arm in ARMS:
             entry["medians_s"][arm] = {
@@ -290,6 +321,27 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_ms_pair(none, store, 'completed_after_last_byte_s')} | "
             f"{1000 * store['durable_after_last_byte_s']:.1f} ms | "
             f"{none['server_cpu_s']:.2f} / {store['server_cpu_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "A finished job's stills (`/content?variant=thumbnail|spritesheet`), each the "
+        "median time from request to last byte, made on first request from the job's "
+        "MP4 (the stored file with the store, memory without), then the thumbnail asked "
+        "again (kept); and what the two first requests cost against the job's last byte.",
+        "",
+        "| size | thumbnail (WebP): no store / store | spritesheet (JPEG): no store / store "
+        "| thumbnail again | bytes: thumbnail / spritesheet | both / last byte (store) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size, entry in result["summary"].items():
+        none, store = entry["medians_s"]["none"], entry["medians_s"]["store"]
+        share = (store["thumbnail_s"] + store["spritesheet_s"]) / store["last_byte_s"]
+        lines.append(
+            f"| {size} | {_ms_pair(none, store, 'thumbnail_s')} | "
+            f"{_ms_pair(none, store, 'spritesheet_s')} | "
+            f"{1000 * store['thumbnail_kept_s']:.1f} ms | "
+            f"{store['thumbnail_bytes'] / 1000:.1f} kB / "
+            f"{store['spritesheet_bytes'] / 1000:.1f} kB | {share:.3f} |"
         )
     others = [entry["others_cores"] for entry in result["loads"]]
     lines += [

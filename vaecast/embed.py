@@ -6,9 +6,9 @@ loaded (any `vaecast.models.base.ChunkedDecoder`), with the pipeline's stages sw
 where you measure or inject faults (`Stages`: the host conversion and the encoder
 factory), and serve it until SIGINT or SIGTERM. A delivery face of your own is built
 from what is here too (`Face`, `FaceSpec`, `Rendition`, `Attachment`, `MANAGER`,
-`rendition_of`, and the `operation` records /openapi.json is made of; the docs'
-"Faces" guide shows one). Everything under `vaecast.server` is how the server is made,
-and may move between releases; what is here does not.
+`rendition_of`, `add_content_variant`, and the `operation` records /openapi.json is
+made of; the docs' "Faces" guide shows one). Everything under `vaecast.server` is how
+the server is made, and may move between releases; what is here does not.
 
     config = ServerConfig(default_model="linear")
     app = create_app(config, {"linear": LinearDecoder()})
@@ -31,11 +31,12 @@ from vaecast.server.config import MIB, FaceSpec, Limits, ServerConfig
 from vaecast.server.contract.shared import JOB_LOOKUP_ERRORS, JSON, VARIANT, VIDEO_ID
 from vaecast.server.contract.spec import Header, Param, Reply, operation
 from vaecast.server.faces.common import rendition_of
-from vaecast.server.faces.face import MANAGER, Face
+from vaecast.server.faces.face import MANAGER, Face, add_content_variant
 from vaecast.server.faces.hls.face import HlsFace
 from vaecast.server.faces.progressive.face import ProgressiveFace
 from vaecast.server.faces.progressive.fanout_sender import THREAD_NAME as FANOUT_THREAD_NAME
 from vaecast.server.faces.standard import standard_faces
+from vaecast.server.faces.stills.face import StillsFace
 from vaecast.server.faces.whep.face import WhepFace
 from vaecast.server.faces.whep.settings import WebRtcSettings
 from vaecast.server.stream.manager import JobManager
@@ -63,8 +64,10 @@ __all__ = [
     "Reply",
     "ServerConfig",
     "Stages",
+    "StillsFace",
     "WebRtcSettings",
     "WhepFace",
+    "add_content_variant",
     "create_app",
     "default_app",
     "drain",

@@ -76,8 +76,18 @@ async def test_an_app_serves_only_the_faces_its_config_lists(start_server: Start
 
 async def test_the_standard_faces_are_the_default(start_server: StartServer) -> None:
     server = await start_server()
-    assert [face.name for face in server.app_faces()] == ["progressive", "hls", "webrtc"]
-    assert [spec.name for spec in standard_faces()] == ["progressive", "hls", "webrtc"]
+    assert [face.name for face in server.app_faces()] == [
+        "progressive",
+        "hls",
+        "webrtc",
+        "stills",
+    ]
+    assert [spec.name for spec in standard_faces()] == [
+        "progressive",
+        "hls",
+        "webrtc",
+        "stills",
+    ]
     server = await start_server(faces=(HlsFace(), ProgressiveFace()))
     assert [face.name for face in server.app_faces()] == ["hls", "progressive"]
 

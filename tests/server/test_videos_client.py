@@ -5,10 +5,12 @@ errors; and a push session with a preview, as the HTTP API takes it."""
 from __future__ import annotations
 
 import asyncio
+import io
 import stat
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
 from tests.helpers.server import StartServer
@@ -132,6 +134,31 @@ async def test_a_push_session_takes_a_preview(start_server: StartServer):
     done = await asyncio.to_thread(Client(server.url).wait, video_id, timeout=60)
     assert done["variants"]["preview"]["status"] == "completed"
     assert done["status"] == "completed"
+
+
+async def test_thumbnails_and_spritesheets_sync_and_async(start_server: StartServer):
+    decoder = GatedDecoder(hold_at=2)
+    server = await start_server(decoders={"linear": decoder})
+    client = Client(server.url)
+    job = await asyncio.to_thread(client.upload, safetensors_bytes(latents=LATENTS), fps=8)
+    await asyncio.to_thread(decoder.holding.wait, 30)  # running: chunks 0 and 1 are in
+    await until(lambda: server.manager.get(job["id"]).record.frames_done == 5)
+    running = await asyncio.to_thread(client.thumbnail, job["id"])
+    assert (running.media_type, running.frame, running.final) == ("image/webp", 2, False)
+    assert Image.open(io.BytesIO(running.data)).size == (job["width"], job["height"])
+    decoder.gate.set()
+    async with AsyncClient(server.url) as async_client:
+        await asyncio.wait_for(async_client.wait(job["id"]), 60)
+        final = await async_client.thumbnail(job["id"], image_format="jpeg")
+        sheet = await async_client.spritesheet(job["id"])
+    assert (final.media_type, final.frame, final.final) == ("image/jpeg", 6, True)
+    assert sheet.layout is not None and "covered=13" in sheet.layout and sheet.final
+    assert Image.open(io.BytesIO(sheet.data)).format == "JPEG"
+    same = await asyncio.to_thread(client.spritesheet, job["id"])
+    assert (same.etag, same.data) == (sheet.etag, sheet.data)
+    with pytest.raises(ApiError) as refused:
+        await asyncio.to_thread(client.thumbnail, job["id"], image_format="gif")
+    assert (refused.value.status, refused.value.type) == (422, "invalid_request")
 
 
 def test_a_url_that_is_not_http_is_refused_at_once():

@@ -1,7 +1,8 @@
 """vaecast's Python client.
 
 - `Client` and `AsyncClient` (`vaecast.client.videos`): the whole jobs API: upload
-  latents, wait for a job, download its video, cancel or delete it;
+  latents, wait for a job, download its video, its thumbnail or spritesheet
+  (`StillImage`), cancel or delete it;
 - `PushSession` and `AsyncPushSession` (`vaecast.client.push`): send latents (or frames)
   to a server while a generator makes them, watched from the first block;
 - `ApiError` (and `PushError`, a push's): what the server refused.
@@ -25,7 +26,7 @@ from vaecast.client.protocol import (
     retry_delay,
 )
 from vaecast.client.push import AsyncPushSession, PushSession
-from vaecast.client.videos import AsyncClient, Client
+from vaecast.client.videos import AsyncClient, Client, StillImage
 
 __all__ = [
     "DEFAULT_RETRY_S",
@@ -44,6 +45,7 @@ __all__ = [
     "Fps",
     "PushError",
     "PushSession",
+    "StillImage",
     "encode_block",
     "encode_frames_block",
     "retry_delay",

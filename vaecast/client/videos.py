@@ -5,6 +5,7 @@
     print("watch:", client.page_url(job["id"]))
     done = client.wait(job["id"])           # until completed, failed or cancelled
     client.download(job["id"], "video.mp4")  # the MP4 (a kept partial too)
+    Path("thumb.webp").write_bytes(client.thumbnail(job["id"]).data)
 
 `AsyncClient` is the same over aiohttp, each method awaited. Both answer with the
 server's JSON (the job object: `status`, `progress`, `urls`, ...) and raise `ApiError`
@@ -25,7 +26,8 @@ import http.client
 import os
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, urlencode, urlsplit
@@ -53,7 +55,37 @@ FIRST_POLL_S = 0.1  # `wait` polls at this, doubling up to MAX_POLL_S
 MAX_POLL_S = 2.0
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
 PARTIAL_NAME_TRIES = 100
+MAX_STILL_BYTES = 64 << 20  # a spritesheet of 16 tiles is far smaller
 Latents = str | os.PathLike[str] | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StillImage:
+    """A job's thumbnail or spritesheet: the image and what the server said of it.
+    `frame` is a thumbnail's frame; `layout` a spritesheet's grid, as its
+    `X-Spritesheet` header states it (`columns=4; rows=2; tile=160x90; covered=..`)."""
+
+    data: bytes
+    media_type: str
+    etag: str
+    final: bool  # the video is complete: this image will not change
+    frame: int | None = None
+    layout: str | None = None
+
+
+def _still_image(status: int, data: bytes, header_items: Iterable[tuple[str, str]]) -> StillImage:
+    if status != 200 or len(data) > MAX_STILL_BYTES:
+        parse_answer(status, data[: MAX_ANSWER_BYTES + 1], None, ApiError)
+    headers = {name.lower(): value for name, value in header_items}
+    frame = headers.get("x-still-frame")
+    return StillImage(
+        data,
+        headers.get("content-type", ""),
+        headers.get("etag", ""),
+        headers.get("cache-control", "") != "no-cache",
+        None if frame is None else int(frame),
+        headers.get("x-spritesheet"),
+    )
 
 
 class _Requests:
@@ -99,6 +131,10 @@ class _Requests:
         query = "" if variant is None else f"?variant={quote(variant)}"
         headers = {**self.headers(), "Accept": "video/mp4"}
         return Request("GET", f"{_job_path(video_id)}/content{query}", headers)
+
+    def still(self, video_id: str, variant: str, image_format: str | None = None) -> Request:
+        query = {"variant": variant} | ({} if image_format is None else {"format": image_format})
+        return Request("GET", f"{_job_path(video_id)}/content?{urlencode(query)}", self.headers())
 
 
 def _job_path(video_id: str) -> str:
@@ -231,6 +267,23 @@ class Client:
             connection.close()
         return target
 
+    def thumbnail(self, video_id: str, *, image_format: str = "webp") -> StillImage:
+        """The job's thumbnail: the middle frame of its video so far, WebP (or "jpeg").
+        Waits for the job's first chunk; a running job's changes as it grows."""
+        return self._still(self._requests.still(video_id, "thumbnail", image_format))
+
+    def spritesheet(self, video_id: str) -> StillImage:
+        """The job's spritesheet: a JPEG grid of up to 16 frames of its video so far."""
+        return self._still(self._requests.still(video_id, "spritesheet"))
+
+    def _still(self, request: Request) -> StillImage:
+        connection, response = self._open(request)
+        try:
+            data = response.read(MAX_STILL_BYTES + 1)
+        finally:
+            connection.close()
+        return _still_image(response.status, data, response.getheaders())
+
     def cancel(self, video_id: str, *, keep: bool = True) -> dict[str, Any]:
         """Cancel a queued or running job; the job object once its decode has stopped.
         What it made so far stays a playable file (`partial`) unless `keep=False`."""
@@ -351,6 +404,30 @@ class AsyncClient:
         except aiohttp.ClientError as error:
             raise ApiError(0, "connection_error", f"GET {request.path}: {error}") from error
         return target
+
+    async def thumbnail(self, video_id: str, *, image_format: str = "webp") -> StillImage:
+        """See `Client.thumbnail`."""
+        return await self._still(self._requests.still(video_id, "thumbnail", image_format))
+
+    async def spritesheet(self, video_id: str) -> StillImage:
+        """See `Client.spritesheet`."""
+        return await self._still(self._requests.still(video_id, "spritesheet"))
+
+    async def _still(self, request: Request) -> StillImage:
+        import aiohttp
+
+        try:
+            async with self._session().get(
+                self._requests.url(request.path), headers=request.headers
+            ) as response:
+                data = bytearray()
+                async for piece in response.content.iter_chunked(DOWNLOAD_CHUNK_BYTES):
+                    data += piece
+                    if len(data) > MAX_STILL_BYTES:
+                        break
+                return _still_image(response.status, bytes(data), response.headers.items())
+        except aiohttp.ClientError as error:
+            raise ApiError(0, "connection_error", f"GET {request.path}: {error}") from error
 
     async def cancel(self, video_id: str, *, keep: bool = True) -> dict[str, Any]:
         return await self._call(self._requests.cancel(video_id, keep))

@@ -99,8 +99,9 @@ class ServerConfig:
     # API key, host names answered to, CORS origins (vaecast.server.edge.security).
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # The delivery faces, in the order their routes are added; None: the standard set
-    # (`vaecast.server.faces.standard.standard_faces()`: progressive MP4, LL-HLS, WHEP). A face
-    # of your own is one more entry (`vaecast.server.faces.face` says what it is).
+    # (`vaecast.server.faces.standard.standard_faces()`: progressive MP4, LL-HLS, WHEP,
+    # stills). A face of your own is one more entry (`vaecast.server.faces.face` says
+    # what it is).
     faces: tuple[FaceSpec, ...] | None = None
 
     def body_pace(self) -> BodyPace:

@@ -7,11 +7,13 @@
 //          ├─ session.js   one job: fetch + EventSource + its state (preview, then final)
 //          │    ├─ player.js   <video>: MSE append queue, <video src> fallback, hand-over
 //          │    └─ boxes.js    MP4 byte stream -> boxes -> segments (pure)
+//          ├─ scrub.js     the job's spritesheet under the video: scrub, then seek
 //          ├─ whep.js      ?player=webrtc: the job over WebRTC (WHEP) instead
 //          └─ api.js       fetch with the API key (header + cookie), 401 -> ask
 
 import { fetchJson, getJson, restoreApiKey, useKeyPrompt } from "./api.js";
 import { Player } from "./player.js";
+import { Scrubber } from "./scrub.js";
 import { Session, blankState } from "./session.js";
 import * as ui from "./ui.js";
 import { WhepPlayer } from "./whep.js";
@@ -23,6 +25,7 @@ const RECENT_JOBS = 10;
 const player = new Player(document.getElementById("video"));
 // Behind it: a job's final while its preview plays in front (session.js).
 const spare = new Player(document.getElementById("video-final"));
+const scrubber = new Scrubber(document.getElementById("scrub"));
 
 // The page's own state. Everything about the job shown is in `session.state`.
 const page = {
@@ -67,7 +70,9 @@ function show(job, clickedAt, playsElsewhere = null) {
   const session = new Session(job, { player, spare, clickedAt, playsElsewhere });
   page.session = session;
   page.requestErrors = [];
+  scrubber.show(job, shownVideo);
   session.addEventListener("change", render);
+  session.addEventListener("change", () => scrubber.update(session.state));
   session.addEventListener("error", (event) => ui.showError(event.detail));
   session.addEventListener("finished", relist);
   ui.showError(null);
@@ -152,6 +157,8 @@ function setup() {
     },
     // ?player=webrtc: what the WebRTC player's getStats says (null without one).
     webrtc: () => page.whep?.stats() ?? Promise.resolve(null),
+    // The scrubbing preview: its layout, sheets fetched, what each covered, tile shown.
+    scrub: () => scrubber.snapshot(),
   });
   Promise.all([loadModels(), refreshJobs(), watchFromAddress()])
     .then(() => (page.ready = true))

@@ -145,6 +145,8 @@ def job_urls(job_id: str) -> dict[str, str]:
         "content": f"{base}/content",
         "events": f"{base}/events",
         "playlist": f"{base}/playlist.m3u8",
+        "thumbnail": f"{base}/content?variant=thumbnail",
+        "spritesheet": f"{base}/content?variant=spritesheet",
     }
 
 

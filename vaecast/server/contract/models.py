@@ -93,6 +93,8 @@ class JobUrls(Struct, kw_only=True, forbid_unknown_fields=True):
     content: str
     events: str
     playlist: str
+    thumbnail: str
+    spritesheet: str
     preview_content: str | UnsetType = UNSET
     preview_playlist: str | UnsetType = UNSET
     master_playlist: str | UnsetType = UNSET

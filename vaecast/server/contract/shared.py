@@ -59,6 +59,21 @@ VARIANT = Param(
     {"type": "string", "enum": [FINAL, PREVIEW], "default": FINAL},
     "which rendition of a job with a preview decoder (404 for a preview it lacks)",
 )
+# /content's: a rendition, or a still of the final (the stills face's).
+CONTENT_VARIANT = Param(
+    "variant",
+    "query",
+    {"type": "string", "enum": [FINAL, PREVIEW, "thumbnail", "spritesheet"], "default": FINAL},
+    "which rendition of a job with a preview decoder (404 for a preview it lacks), or a "
+    "still of its video so far: `thumbnail` (its middle frame) or `spritesheet` (a JPEG "
+    "grid of up to 16 evenly spaced frames, `X-Spritesheet` says which)",
+)
+IMAGE_FORMAT = Param(
+    "format",
+    "query",
+    {"type": "string", "enum": ["webp", "jpeg"]},
+    "a thumbnail's image format (WebP by default); a spritesheet is always JPEG",
+)
 MEDIA_NUMBER = Param(
     "number",
     "path",
@@ -92,9 +107,11 @@ LAST_EVENT_ID = Param(
     "resume after this event (EventSource sends it on a reconnect); 204 after the last",
 )
 
-CACHE_CONTROL = Header("caching: `no-store` while a representation grows")
+CACHE_CONTROL = Header(
+    "caching: `no-store` while a representation grows (a still of it: `no-cache`)"
+)
 LOCATION = Header("the URL of what was created")
-ETAG = Header("the finished file's entity tag")
+ETAG = Header("the finished file's entity tag, or a still's")
 CONTENT_RANGE = Header("the bytes sent: `bytes a-b/N`, or `bytes a-b/*` while growing")
 ACCEPT_RANGES = Header("`bytes`")
 VIDEO_ID_HEADER = Header("the id of the job the stream decodes")
@@ -104,6 +121,13 @@ PARTIAL = Header("`true`: a failed or cancelled job's video, as far as it got")
 # a cluster that cannot say (503: the lookup of a job another front end made).
 JOB_LOOKUP_ERRORS = (NotFoundError, GoneError, ClusterUnavailableError)
 MP4_BODY = {"type": "string", "contentMediaType": MP4}
+WEBP = "image/webp"
+JPEG = "image/jpeg"
+STILL_FRAME = Header("a thumbnail's frame (0 is the first)")
+SPRITESHEET_LAYOUT = Header(
+    "a spritesheet's grid: `columns=4; rows=2; tile=160x90; covered=33; frames=1,3,...` "
+    "(tile i, row-major, shows frame i of `frames`, of the `covered` frames so far)"
+)
 # 416 is answered by content.py itself (no VaecastError names it).
 RANGE_NOT_SATISFIABLE = ErrorType(416, "range_not_satisfiable")
 # What a request for a job's bytes can be refused with: no such job or rendition, a

@@ -13,16 +13,22 @@ builds its controllers from its config), and the face:
   running (`start`, `close`);
 - says what /healthz should show of it (`health`, or None).
 
+A face may also serve a kind of a job's content that is not a rendition (the stills
+face's `?variant=thumbnail`): it names it in `CONTENT_VARIANTS`, which the route that
+owns `/content` (the progressive face's) asks before it looks for a rendition.
+
 A face reads the core; the core imports no face (tests/test_layout.py checks it). So a
 new face is one folder under `vaecast/server/faces/` and one entry in the config.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from vaecast.server.stream.job import Job
 from vaecast.server.stream.manager import JobManager
 from vaecast.server.stream.rendition import Rendition
 
@@ -57,3 +63,16 @@ class Face(Protocol):
 
 # The faces an app was built with, in the order of the config.
 FACES: web.AppKey[tuple[Face, ...]] = web.AppKey("faces", tuple)
+
+# `?variant=` values of `GET /v1/videos/{id}/content` that a face serves, with the
+# handler that answers them (given the request and its job); see the module's docstring.
+ContentVariant = Callable[[web.Request, Job], Awaitable[web.StreamResponse]]
+CONTENT_VARIANTS: web.AppKey[dict[str, ContentVariant]] = web.AppKey("content_variants", dict)
+
+
+def add_content_variant(app: web.Application, name: str, handler: ContentVariant) -> None:
+    """Serve `?variant=name` of every job's `/content` with `handler`."""
+    variants = app.setdefault(CONTENT_VARIANTS, {})
+    if name in variants:
+        raise ValueError(f"content variant {name!r} is served by another face already")
+    variants[name] = handler

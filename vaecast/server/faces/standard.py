@@ -5,10 +5,12 @@ from __future__ import annotations
 from vaecast.server.config import FaceSpec
 from vaecast.server.faces.hls.face import HlsFace
 from vaecast.server.faces.progressive.face import ProgressiveFace
+from vaecast.server.faces.stills.face import StillsFace
 from vaecast.server.faces.whep.face import WhepFace
 from vaecast.server.faces.whep.settings import WebRtcSettings
 
 
 def standard_faces(webrtc: WebRtcSettings | None = None) -> tuple[FaceSpec, ...]:
-    """The progressive MP4, LL-HLS and WHEP (with `webrtc`'s settings, or the defaults)."""
-    return (ProgressiveFace(), HlsFace(), WhepFace(webrtc or WebRtcSettings()))
+    """The progressive MP4, LL-HLS, WHEP (with `webrtc`'s settings, or the defaults) and
+    the stills (thumbnails and spritesheets)."""
+    return (ProgressiveFace(), HlsFace(), WhepFace(webrtc or WebRtcSettings()), StillsFace())

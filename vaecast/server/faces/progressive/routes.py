@@ -20,22 +20,27 @@ from vaecast.server.contract.shared import (
     CACHE_CONTROL,
     CONTENT_ERRORS,
     CONTENT_RANGE,
+    CONTENT_VARIANT,
     ETAG,
     IF_NONE_MATCH,
+    IMAGE_FORMAT,
+    JPEG,
     MP4,
     MP4_BODY,
     PARTIAL,
     RANGE,
     RANGE_NOT_SATISFIABLE,
+    SPRITESHEET_LAYOUT,
+    STILL_FRAME,
     UPLOAD_BODY,
     UPLOAD_ERRORS,
     UPLOAD_PARAMS,
-    VARIANT,
     VIDEO_ID,
     VIDEO_ID_HEADER,
+    WEBP,
 )
 from vaecast.server.contract.spec import Reply, not_a_route, operation
-from vaecast.server.faces.face import MANAGER
+from vaecast.server.faces.face import CONTENT_VARIANTS, MANAGER
 from vaecast.server.faces.progressive.content import send_content, send_stream
 from vaecast.server.intake.submit import client_of, read_request, submit
 from vaecast.server.stream.job import BatchRequest, PushRequest
@@ -65,18 +70,27 @@ GET_CONTENT = operation(
     description="While the job runs: 200 and the MP4 as it grows (chunked), or 206 for "
     "committed bytes (`Content-Range: bytes a-b/*`); a range past them waits for them. "
     "Once complete: a plain file with a length, an ETag, ranges and 304. A failed or "
-    "cancelled job that kept its video so far serves it so, with `X-Video-Partial: true`.",
-    params=(VIDEO_ID, VARIANT, RANGE, IF_NONE_MATCH),
+    "cancelled job that kept its video so far serves it so, with `X-Video-Partial: true`. "
+    "`?variant=thumbnail|spritesheet`: an image of the video so far, from its first "
+    "fragment on (a request before it waits), which changes as the video grows "
+    "(`no-cache`, a strong ETag: 304 until it changes) and is final once it is complete.",
+    params=(VIDEO_ID, CONTENT_VARIANT, IMAGE_FORMAT, RANGE, IF_NONE_MATCH),
     replies=(
         Reply(
             200,
-            "the whole MP4 (growing, or finished)",
-            {MP4: MP4_BODY},
+            "the whole MP4 (growing, or finished), or the still asked for",
+            {
+                MP4: MP4_BODY,
+                WEBP: {"type": "string", "contentMediaType": WEBP},
+                JPEG: {"type": "string", "contentMediaType": JPEG},
+            },
             {
                 "ETag": ETAG,
                 "Accept-Ranges": ACCEPT_RANGES,
                 "Cache-Control": CACHE_CONTROL,
                 "X-Video-Partial": PARTIAL,
+                "X-Still-Frame": STILL_FRAME,
+                "X-Spritesheet": SPRITESHEET_LAYOUT,
             },
         ),
         Reply(
@@ -101,8 +115,12 @@ def add_progressive_routes(app: web.Application) -> None:
 
 @GET_CONTENT
 async def get_content(request: web.Request) -> web.StreamResponse:
-    """The MP4, growing or finished (`content.py` has the rules)."""
+    """The MP4, growing or finished (`content.py` has the rules), or a kind of content
+    another face serves (`?variant=thumbnail`, say)."""
     job = request.app[MANAGER].get(request.match_info["video_id"])
+    served_elsewhere = request.app.get(CONTENT_VARIANTS, {}).get(request.query.get("variant", ""))
+    if served_elsewhere is not None:
+        return await served_elsewhere(request, job)
     return await send_content(request, job)
 
 
