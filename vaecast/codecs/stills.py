@@ -99,10 +99,21 @@ class VideoUnits:
     def __len__(self) -> int:
         return len(self.units)
 
-    def decode(self, wanted: Sequence[int]) -> dict[int, np.ndarray]:
+    def decode(
+        self, wanted: Sequence[int], size: tuple[int, int] | None = None
+    ) -> dict[int, np.ndarray]:
         """Frames `wanted` (indices into the units) as (H, W, 3) uint8 RGB, each decoded
-        from the keyframe at or before it (BT.601, limited range: what vaecast encodes)."""
+        from the keyframe at or before it (BT.601, limited range: what vaecast encodes),
+        scaled to `size` (width, height) by swscale's area filter where given."""
         frames: dict[int, np.ndarray] = {}
+
+        def rgb(frame: av.VideoFrame) -> np.ndarray:
+            if size is None:
+                return frame.to_ndarray(format="rgb24")
+            width, height = size
+            scaled = frame.reformat(width, height, "rgb24", interpolation="AREA")
+            return scaled.to_ndarray()
+
         decoder: av.CodecContext | None = None
         position = 0  # the next unit the decoder would take
         for target in sorted(set(wanted)):
@@ -114,12 +125,12 @@ class VideoUnits:
                 packet.pts = position
                 for frame in decoder.decode(packet):
                     if frame.pts in wanted:
-                        frames[frame.pts] = frame.to_ndarray(format="rgb24")
+                        frames[frame.pts] = rgb(frame)
                 position += 1
             if target not in frames:  # a decoder that holds frames back: drain it
                 for frame in decoder.decode(None):
                     if frame.pts in wanted:
-                        frames[frame.pts] = frame.to_ndarray(format="rgb24")
+                        frames[frame.pts] = rgb(frame)
                 decoder = None
         missing = set(wanted) - frames.keys()
         if missing:
@@ -152,17 +163,15 @@ def make_thumbnail(video: VideoUnits, image_format: str = "webp") -> Still:
 def make_spritesheet(video: VideoUnits) -> Still:
     """The spritesheet of the frames so far."""
     frames = sprite_frames(len(video))
-    decoded = video.decode(frames)
     tile_width = min(TILE_WIDTH, video.width)
     tile_height = max(1, round(video.height * tile_width / video.width))
+    decoded = video.decode(frames, (tile_width, tile_height))
     columns = min(SPRITE_COLUMNS, len(frames))
     rows = -(-len(frames) // columns)
     layout = SpriteLayout(columns, rows, tile_width, tile_height, len(video), frames)
     sheet = Image.new("RGB", (columns * tile_width, rows * tile_height))
     for i, frame in enumerate(frames):
         tile = Image.fromarray(decoded[frame])
-        if tile.size != (tile_width, tile_height):
-            tile = tile.resize((tile_width, tile_height), Image.Resampling.LANCZOS)
         sheet.paste(tile, ((i % columns) * tile_width, (i // columns) * tile_height))
     out = io.BytesIO()
     sheet.save(out, "JPEG", quality=SPRITE_QUALITY)
