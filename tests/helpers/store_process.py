@@ -25,15 +25,20 @@ START_TIMEOUT_S = 120.0
 
 @contextlib.contextmanager
 def killable_server(
-    store: Path, log: Path, model: str = "tiny"
+    store: Path,
+    log: Path,
+    model: str = "tiny",
+    options: tuple[str, ...] = (),
+    environment: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`vaecast serve --model MODEL` on `store`; yields its URL and process; SIGKILLs it
-    on exit. (`tiny` also warms its demo up in the background at each start.)"""
+    """`vaecast serve --model MODEL [OPTIONS]` on `store`, with `environment` added;
+    yields its URL and process; SIGKILLs it on exit. (`tiny` also warms its demo up in
+    the background at each start.)"""
     command = [
         sys.executable, "-m", "vaecast", "serve", "--port", "0", "--model", model,
-        "--store", str(store),
+        "--store", str(store), *options,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(environment or {})}
     with (
         log.open("a") as err,
         subprocess.Popen(

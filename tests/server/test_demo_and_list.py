@@ -59,7 +59,7 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
             {**SMALL_DEMO, "colour": "red"},
             422,
             "unknown field(s) colour; a demo request takes: "
-            "fps, frames, height, live, model, preview, scene, seed, sound, width",
+            "fps, frames, height, live, model, preview, scene, seed, sound, webhook_url, width",
         ),
         (
             {**SMALL_DEMO, "frames": 13},
@@ -73,8 +73,8 @@ async def test_bad_demo_requests_say_what_is_wrong(start_server: StartServer):
                 422,
                 'a demo request names its scene: "scene" (one of showcase, shapes, gradient, '
                 "texture, text, landscape, fade, noise); frames, width, height, seed, fps, "
-                'model, sound, live and preview are optional; {"input": "push"} starts a push '
-                "session instead",
+                'model, sound, live, preview and webhook_url are optional; {"input": "push"} '
+                "starts a push session instead",
             )
             for body in ({}, {"frames": 5, "width": 64, "height": 48})
         ),

@@ -81,12 +81,14 @@ async def test_the_standard_faces_are_the_default(start_server: StartServer) -> 
         "hls",
         "webrtc",
         "stills",
+        "webhooks",
     ]
     assert [spec.name for spec in standard_faces()] == [
         "progressive",
         "hls",
         "webrtc",
         "stills",
+        "webhooks",
     ]
     server = await start_server(faces=(HlsFace(), ProgressiveFace()))
     assert [face.name for face in server.app_faces()] == ["hls", "progressive"]

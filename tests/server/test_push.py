@@ -210,7 +210,7 @@ async def test_delete_cancels_a_session(start_server: StartServer):
             {"frames": 5},
             "unknown field(s) frames; a push session takes: "
             "audio_channels, audio_sample_rate, batch, fps, height, input, kind, model, "
-            "preview, value_range, width",
+            "preview, value_range, webhook_url, width",
         ),
     ],
 )

@@ -21,6 +21,7 @@ from vaecast.cli.option_types import at_least, option_type, port_number
 from vaecast.demo.scene_names import SCENE_NAMES
 from vaecast.log_format import FORMATS, LEVELS
 from vaecast.server.config import MIB
+from vaecast.server.edge.outbound import check_url_syntax, check_webhook_secret
 from vaecast.server.edge.security_config import (
     API_KEY_ENV,
     check_api_key,
@@ -69,6 +70,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         _serve_timeouts,
         _serve_admission_and_store,
         _serve_security,
+        _serve_webhooks,
         _serve_webrtc,
         _serve_cluster,
     ):
@@ -317,6 +319,31 @@ def _serve_security(serve: argparse.ArgumentParser) -> None:
         metavar="ORIGIN",
         help="let pages of this origin (https://app.example.com) call the API (repeatable); "
         "other origins' POST and DELETE get 403 (default: none, same-origin pages only)",
+    )
+
+
+def _serve_webhooks(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s webhooks (vaecast.server.faces.webhooks)."""
+    serve.add_argument(
+        "--webhook-secret",
+        type=option_type(check_webhook_secret),
+        metavar="SECRET",
+        help="sign each job's webhooks with this Standard Webhooks secret (whsec_ and "
+        "base64); without one no webhook is sent and a job's webhook_url is refused; "
+        "set it through VAECAST_WEBHOOK_SECRET, which other users cannot read in `ps`",
+    )
+    serve.add_argument(
+        "--webhook-url",
+        type=option_type(check_url_syntax),
+        metavar="URL",
+        help="where every job's start and end are POSTed unless it names its own "
+        "webhook_url (needs --webhook-secret)",
+    )
+    serve.add_argument(
+        "--webhook-allow-private",
+        action="store_true",
+        help="let webhooks go to loopback, private and link-local addresses (refused "
+        "otherwise: a client could reach what only the server can)",
     )
 
 

@@ -25,7 +25,8 @@ from vaecast.cli.start_checks import check_encoder, check_listen_address, check_
 from vaecast.cluster.records import ReplicaOptions
 from vaecast.errors import InvalidRequestError
 from vaecast.params import parse_fps
-from vaecast.server.config import MIB, Limits, ServerConfig
+from vaecast.server.config import MIB, Limits, ServerConfig, WebhookSettings
+from vaecast.server.edge.outbound import check_webhook_url
 from vaecast.server.edge.security_config import (
     API_KEY_ENV,
     SecurityConfig,
@@ -72,6 +73,22 @@ def _security(args: argparse.Namespace) -> SecurityConfig:
     return security
 
 
+def _webhooks(args: argparse.Namespace) -> WebhookSettings:
+    if args.ray is not None and args.webhook_secret is not None:
+        raise InvalidRequestError(
+            "--webhook-secret is not taken with --ray yet: no webhook is sent"
+        )
+    if args.webhook_url is not None and args.webhook_secret is None:
+        raise InvalidRequestError("--webhook-url needs --webhook-secret to sign what it sends")
+    if args.webhook_url is not None:
+        check_webhook_url(args.webhook_url, args.webhook_allow_private)
+    return WebhookSettings(
+        secret=args.webhook_secret,
+        default_url=args.webhook_url,
+        allow_private=args.webhook_allow_private,
+    )
+
+
 def _server_config(
     args: argparse.Namespace,
     default_model: str,
@@ -108,6 +125,7 @@ def _server_config(
         store_max_bytes=int(args.store_max_gb * 1024**3),
         shutdown_grace_s=args.shutdown_grace,
         security=security,
+        webhooks=_webhooks(args),
         previews=previews,
         preview_device=args.preview_device,
         faces=standard_faces(

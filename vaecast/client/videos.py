@@ -149,9 +149,11 @@ def upload_options(
     height: int | None,
     num_frames: int | None,
     audio_sample_rate: int | None,
+    webhook_url: str | None = None,
 ) -> dict[str, Any]:
     """An upload's options as the API names them (None: the server's default)."""
     return {
+        "webhook_url": webhook_url,
         "model": model,
         "fps": fps,
         "preview": preview,
@@ -217,13 +219,17 @@ class Client:
         height: int | None = None,
         num_frames: int | None = None,
         audio_sample_rate: int | None = None,
+        webhook_url: str | None = None,
     ) -> dict[str, Any]:
         """Create a job from a latent file (a path, or its bytes); the job object (201).
 
         `preview` names a fast decoder streamed first; `width` and `height` crop (or give
-        a packed layout's size, with `num_frames`); the rest as `POST /v1/videos` takes
-        them. A batch file makes a job each: the answer is then the list's."""
-        options = upload_options(model, fps, preview, width, height, num_frames, audio_sample_rate)
+        a packed layout's size, with `num_frames`); `webhook_url` is where its start and
+        end are POSTed, signed; the rest as `POST /v1/videos` takes them. A batch file
+        makes a job each: the answer is then the list's."""
+        options = upload_options(
+            model, fps, preview, width, height, num_frames, audio_sample_rate, webhook_url
+        )
         return self._call(self._requests.upload(latents, options))
 
     def get(self, video_id: str) -> dict[str, Any]:
@@ -361,9 +367,12 @@ class AsyncClient:
         height: int | None = None,
         num_frames: int | None = None,
         audio_sample_rate: int | None = None,
+        webhook_url: str | None = None,
     ) -> dict[str, Any]:
         """See `Client.upload`; the file is read in a thread."""
-        options = upload_options(model, fps, preview, width, height, num_frames, audio_sample_rate)
+        options = upload_options(
+            model, fps, preview, width, height, num_frames, audio_sample_rate, webhook_url
+        )
         request = await asyncio.to_thread(self._requests.upload, latents, options)
         return await self._call(request)
 

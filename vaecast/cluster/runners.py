@@ -35,6 +35,7 @@ from vaecast.cluster.records import (
     host_name,
 )
 from vaecast.cluster.replica import replica_states
+from vaecast.errors import InvalidRequestError
 from vaecast.job.record import PREVIEW, JobRecord
 from vaecast.job.transitions import JobInput
 from vaecast.models.base import ChunkedDecoder, DecodePlan
@@ -95,6 +96,11 @@ class ClusterRunners:
         decoder: ChunkedDecoder,
         preview: ChunkedDecoder | None = None,
     ) -> Job:
+        if request.webhook_url is not None:
+            raise InvalidRequestError(
+                "webhook_url is not taken with --ray yet (a front end's own jobs only): "
+                "follow the job's /events instead"
+            )
         job_id = "video_" + secrets.token_hex(12)
         config = services.config
         spec, call = _describe(job_id, request, plan, config)

@@ -56,6 +56,7 @@ def snapshot(record: JobRecord) -> dict[str, Any]:
         "age_s": record.clock() - record.created,
         "stall_free_start_s": record.stall_free_start_s,
         "partial": record.partial,
+        "webhook_url": record.webhook_url,
         **({} if record.preview is None else _variants(record, since)),
     }
 
@@ -128,6 +129,7 @@ def from_snapshot(
     record.started, record.first_fragment, record.finished = map(moment, data["moments"])
     record.events = list(events)
     record.stall_free_start_s = data.get("stall_free_start_s")
+    record.webhook_url = data.get("webhook_url")  # (absent from older stores' rows)
     record.partial = bool(data.get("partial", False))
     if (preview := data.get("preview")) is not None:
         record.preview = PreviewProgress(

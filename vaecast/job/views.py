@@ -83,6 +83,7 @@ def job_object(record: JobRecord) -> dict[str, Any]:
         "replica": None if record.replica is None else record.replica.get("id"),
         "not_stored": record.not_stored,
         "partial": record.partial,
+        "webhook_url": record.webhook_url,
         **(
             {}
             if record.preview is None

@@ -28,6 +28,25 @@ class Limits:
     max_pixels_per_frame: int = 1920 * 1088
 
 
+@dataclass(frozen=True, slots=True)
+class WebhookSettings:
+    """Webhooks (the webhooks face): sent only when the server has a `secret` to sign
+    them with (Standard Webhooks: `whsec_` and base64, as its libraries take it). A job
+    names its `webhook_url`, or gets `default_url`. A delivery is tried `attempts`
+    times at most, each given `timeout_s`, the waits between them growing from
+    `first_retry_s` fivefold to `max_retry_s`. Private targets are refused unless
+    `allow_private` (`vaecast.server.edge.outbound`)."""
+
+    secret: str | None = None
+    default_url: str | None = None
+    allow_private: bool = False
+    attempts: int = 6
+    timeout_s: float = 5.0
+    first_retry_s: float = 1.0
+    max_retry_s: float = 300.0
+    senders: int = 4  # deliveries in flight at once
+
+
 class FaceSpec(Protocol):
     """A delivery face as the config names it, with its own settings (frozen).
     `build()` makes the running face for one app (`vaecast.server.faces.face.Face`)."""
@@ -98,6 +117,8 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     # API key, host names answered to, CORS origins (vaecast.server.edge.security).
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # Signed webhooks of each job's start and end (the webhooks face); off without a secret.
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     # The delivery faces, in the order their routes are added; None: the standard set
     # (`vaecast.server.faces.standard.standard_faces()`: progressive MP4, LL-HLS, WHEP,
     # stills). A face of your own is one more entry (`vaecast.server.faces.face` says

@@ -175,6 +175,17 @@ class JobDatabase:
         )
         self._db.execute("DELETE FROM events WHERE job_id = ?", (job_id,))
         self._db.execute("DELETE FROM segments WHERE job_id = ?", (job_id,))
+        self._db.execute("DELETE FROM deliveries WHERE job_id = ?", (job_id,))
+
+    def record_delivery(
+        self, job_id: str, event: str, outcome: str, attempts: int, error: str | None
+    ) -> None:
+        """A webhook of the job was delivered or given up."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO deliveries (job_id, event, outcome, attempts, at, error)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, event, outcome, attempts, time.time(), error),
+        )
 
     def quarantine(self, job_id: str, reason: str) -> None:
         """Move job `job_id`'s row (it could not be read) to the quarantine table, with
@@ -186,7 +197,8 @@ class JobDatabase:
             "INSERT INTO quarantine (id, reason, job, at) VALUES (?, ?, ?, ?)",
             (job_id, reason, kept, time.time()),
         )
-        for table, column in (("jobs", "id"), ("events", "job_id"), ("segments", "job_id")):
+        tables = (("jobs", "id"), ("events", "job_id"), ("segments", "job_id"))
+        for table, column in (*tables, ("deliveries", "job_id")):
             self._db.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
 
     # Reads.
@@ -215,6 +227,11 @@ class JobDatabase:
         return self._db.execute(
             "SELECT id, gone, gone_at FROM jobs WHERE gone_at > ? ORDER BY gone_at", (moment,)
         ).fetchall()
+
+    def deliveries(self) -> dict[tuple[str, str], str]:
+        """(job id, event) -> how each webhook delivered or given up ended."""
+        rows = self._db.execute("SELECT job_id, event, outcome FROM deliveries")
+        return {(job_id, event): outcome for job_id, event, outcome in rows}
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         rows = self._db.execute("SELECT body FROM events WHERE job_id = ? ORDER BY seq", (job_id,))

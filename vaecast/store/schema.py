@@ -14,6 +14,9 @@ so every store written by an earlier vaecast opens in a later one.
   why and when, the row as it was (JSON), for a person to look at.
 - `jobs.gone_at` (version 3): when the job went (deleted, evicted), so that servers
   sharing the store learn of it.
+- `deliveries` (version 4): each webhook of a job that was delivered or given up (its
+  event, how it ended, after how many tries). A job whose end has no row here is owed
+  its webhook: a restart sends it (the webhooks face).
 """
 
 from __future__ import annotations
@@ -60,6 +63,17 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE jobs ADD COLUMN gone_at REAL;
     CREATE INDEX jobs_by_gone_at ON jobs (gone_at);
+    """,
+    """
+    CREATE TABLE deliveries (
+        job_id TEXT NOT NULL,
+        event TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        at REAL NOT NULL,
+        error TEXT,
+        PRIMARY KEY (job_id, event)
+    ) WITHOUT ROWID;
     """,
 )
 

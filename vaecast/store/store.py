@@ -194,6 +194,12 @@ class Store:
         path = self.video_path(job_id)
         self._submit(lambda db: db.forget(job_id, reason, announce=False), lambda: _remove(path))
 
+    def delivery(
+        self, job_id: str, event: str, outcome: str, attempts: int, error: str | None = None
+    ) -> None:
+        """A webhook of the job was delivered (`outcome` "delivered") or given up."""
+        self._submit(lambda db: db.record_delivery(job_id, event, outcome, attempts, error))
+
     def room_for(self, length: int) -> bool:
         """Whether `length` more bytes of video stay within the budget."""
         return self._used + length <= self.max_bytes
@@ -214,6 +220,10 @@ class Store:
             return _stored_job(db, videos, row)  # type: ignore[arg-type]
 
         return await self._writer.call(read)
+
+    async def deliveries(self) -> dict[tuple[str, str], str]:
+        """Every webhook delivered or given up: (job id, event) -> its outcome."""
+        return await self._writer.call(lambda db: {} if db is None else db.deliveries())
 
     async def gone_since(self, moment: float) -> list[tuple[str, str, float]]:
         """The jobs that went after `moment` (by any server of this store)."""

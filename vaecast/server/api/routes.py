@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
-from vaecast.job.record import PREVIEW
+from vaecast.job.links import job_urls, with_links
 from vaecast.job.transitions import Variant
 from vaecast.job.views import job_object
 from vaecast.params import leading_int, parse_int
@@ -138,33 +138,9 @@ async def get_video(request: web.Request) -> web.Response:
     return web.json_response(job_json(manager.get(request.match_info["video_id"]), manager))
 
 
-def job_urls(job_id: str) -> dict[str, str]:
-    base = f"/v1/videos/{job_id}"
-    return {
-        "self": base,
-        "content": f"{base}/content",
-        "events": f"{base}/events",
-        "playlist": f"{base}/playlist.m3u8",
-        "thumbnail": f"{base}/content?variant=thumbnail",
-        "spritesheet": f"{base}/content?variant=spritesheet",
-    }
-
-
 def job_json(job: Job, manager: JobManager) -> dict[str, Any]:
     """The job object of the API: the job's own state, its queue place and its URLs."""
     return with_links(job_object(job.record), manager.queue_position(job))
-
-
-def with_links(job_object: dict[str, Any], queue_position: int | None = None) -> dict[str, Any]:
-    urls = job_urls(job_object["id"])
-    if "variants" in job_object:  # a job with a preview: each rendition's, and the master
-        base = urls["self"]
-        urls |= {
-            "preview_content": f"{base}/content?variant={PREVIEW}",
-            "preview_playlist": f"{base}/{PREVIEW}/playlist.m3u8",
-            "master_playlist": f"{base}/master.m3u8",
-        }
-    return {**job_object, "queue_position": queue_position, "urls": urls}
 
 
 @DELETE_VIDEO

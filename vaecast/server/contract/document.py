@@ -29,6 +29,7 @@ from vaecast.errors import (
     StoreUnavailableError,
     UnauthorizedError,
 )
+from vaecast.server.contract import models as m
 from vaecast.server.contract.models import ErrorBody, JobEvent
 from vaecast.server.contract.spec import (
     NOT_A_ROUTE,
@@ -156,6 +157,7 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
             spec, route.method, path, operation_id, schemas
         )
     _link_created_video(paths)
+    webhooks = _webhooks(schemas)
     return {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -170,10 +172,49 @@ def openapi_document(app: web.Application) -> dict[str, Any]:
         "servers": [{"url": "/", "description": "this server"}],
         "tags": [{"name": name, "description": text} for name, text in TAGS],
         "paths": dict(sorted(paths.items())),
+        "webhooks": webhooks,
         "components": {
             "schemas": schemas.components(),
             "securitySchemes": SECURITY_SCHEMES,
         },
+    }
+
+
+WEBHOOK_EVENTS = {
+    "video.started": "a job's decode began",
+    "video.completed": "a job's video is whole",
+    "video.failed": "a job failed (`data.error` says why; `data.partial`: its video so far kept)",
+    "video.cancelled": "a job was cancelled (`data.partial`: its video so far kept)",
+}
+_WEBHOOK_HEADERS = (
+    ("webhook-id", "the message's id: the same for every try, before and after a restart"),
+    ("webhook-timestamp", "Unix time of this try, seconds"),
+    ("webhook-signature", "`v1,` and the base64 HMAC-SHA256 of `{id}.{timestamp}.{body}`"),
+)
+
+
+def _webhooks(schemas: _Schemas) -> dict[str, Any]:
+    """What a server with `--webhook-secret` POSTs to a job's `webhook_url` (Standard
+    Webhooks): one entry per message type."""
+    body = {"application/json": {"schema": schemas.of(m.WebhookMessage)}}
+    parameters = [
+        {"name": name, "in": "header", "required": True, "description": text,
+         "schema": {"type": "string"}}
+        for name, text in _WEBHOOK_HEADERS
+    ]  # fmt: skip
+    return {
+        name: {
+            "post": {
+                "summary": summary,
+                "description": "Signed with the server's --webhook-secret; tried until a "
+                "2xx, six times at most (1, 5, 25, 125, 300 s apart).",
+                "operationId": f"webhook_{name.replace('.', '_')}",
+                "parameters": parameters,
+                "requestBody": {"required": True, "content": body},
+                "responses": {"2XX": {"description": "taken; any other answer is tried again"}},
+            }
+        }
+        for name, summary in WEBHOOK_EVENTS.items()
     }
 
 

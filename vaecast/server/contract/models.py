@@ -138,6 +138,8 @@ class JobObject(Struct, forbid_unknown_fields=True):
     # Failed or cancelled, its fragments so far kept as a playable file at `content`
     # (the X-Video-Partial header says so too), until retention removes it.
     partial: bool
+    # Where its start and end are POSTed (its own; a server's default is not shown).
+    webhook_url: str | None
     queue_position: Annotated[int, Meta(ge=0)] | None
     urls: JobUrls
     variants: Variants | UnsetType = UNSET
@@ -145,6 +147,14 @@ class JobObject(Struct, forbid_unknown_fields=True):
     plays: list[Literal["preview", "final"]] | UnsetType = UNSET
     # Only in the answer that created a push session.
     push: PushTarget | UnsetType = UNSET
+
+
+class WebhookMessage(Struct, forbid_unknown_fields=True):
+    """What a webhook POSTs (the Standard Webhooks envelope): the job as it was then."""
+
+    type: Literal["video.started", "video.completed", "video.failed", "video.cancelled"]
+    timestamp: Annotated[str, Meta(description="when it happened, ISO 8601")]
+    data: JobObject
 
 
 class JobList(Struct, forbid_unknown_fields=True):
@@ -189,6 +199,7 @@ class DemoRequest(Struct, forbid_unknown_fields=True):
     sound: bool = True
     live: Annotated[bool, Meta(description="produced block by block, as a push")] = False
     preview: Annotated[str, Meta(min_length=1, max_length=200)] | UnsetType = UNSET
+    webhook_url: Annotated[str, Meta(max_length=2048)] | UnsetType = UNSET
 
 
 class PushSessionRequest(Struct, forbid_unknown_fields=True):
@@ -205,6 +216,7 @@ class PushSessionRequest(Struct, forbid_unknown_fields=True):
     width: int | str | UnsetType = UNSET
     height: int | str | UnsetType = UNSET
     preview: Annotated[str, Meta(min_length=1, max_length=200)] | UnsetType = UNSET
+    webhook_url: Annotated[str, Meta(max_length=2048)] | UnsetType = UNSET
 
 
 class WarmUp(Struct, forbid_unknown_fields=True):
@@ -229,6 +241,13 @@ class WebRtcState(Struct, forbid_unknown_fields=True):
     max: Count
 
 
+class WebhooksState(Struct, forbid_unknown_fields=True):
+    pending: Count
+    delivered: Count
+    given_up: Count
+    failed_tries: Count
+
+
 class Health(Struct, forbid_unknown_fields=True):
     """Liveness (any answer) and readiness (200 only while jobs are admitted)."""
 
@@ -244,6 +263,8 @@ class Health(Struct, forbid_unknown_fields=True):
     warm_up: WarmUp
     # The WHEP face's (one not configured shows none).
     webrtc: WebRtcState | UnsetType = UNSET
+    # The webhooks face's, where the server sends webhooks (--webhook-secret).
+    webhooks: WebhooksState | UnsetType = UNSET
     # With a store: "failing" while it cannot write (503), and why in store_error.
     store: Literal["ok", "failing"] | UnsetType = UNSET
     store_error: str | UnsetType = UNSET

@@ -158,6 +158,13 @@ UPLOAD_PARAMS = (
         "a fast decoder of the same latent space, streamed first (`none`: no preview)",
     ),
     Param(
+        "webhook_url",
+        "query",
+        {"type": "string", "maxLength": MAX_FIELD_BYTES, "format": "uri"},
+        "where the job's start and end are POSTed, signed (a server with "
+        "--webhook-secret only; a private address needs --webhook-allow-private)",
+    ),
+    Param(
         "width",
         "query",
         {"type": "string", "pattern": "^[0-9]{1,7}$"},
@@ -196,6 +203,7 @@ LATENT_FORM = {
         "model": {"type": "string", "maxLength": MAX_FIELD_BYTES},
         "fps": {"type": "string", "maxLength": MAX_FIELD_BYTES},
         "preview": {"type": "string", "maxLength": MAX_FIELD_BYTES},
+        "webhook_url": {"type": "string", "maxLength": MAX_FIELD_BYTES},
     },
 }
 # The raw body is the file itself (sniffed, never trusted by its Content-Type).

@@ -2,7 +2,8 @@
 
 Only what 3.0 spells differently changes: `null` in a union becomes `nullable`,
 `const` a one-value `enum`, `contentMediaType` of bytes the `binary` format
-(`contentSchema` is dropped), and `info` loses the fields 3.0 lacks. The 3.1
+(`contentSchema` is dropped), and `info` loses the fields 3.0 lacks, as the document
+loses its `webhooks` (3.1's; the 3.1 document at /openapi.json has them). The 3.1
 document stays the contract; this is a view of it, made from it on each build. Pure.
 """
 
@@ -19,6 +20,7 @@ TEXTUAL = ("application/json", "text/")
 def swagger_ui_view(document: dict[str, Any]) -> dict[str, Any]:
     view = _convert(document)
     view["openapi"] = SWAGGER_OPENAPI_VERSION
+    view.pop("webhooks", None)
     info = view["info"]
     info.pop("summary", None)
     info.get("license", {}).pop("identifier", None)

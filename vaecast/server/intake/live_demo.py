@@ -66,10 +66,13 @@ class LiveDemoRequest:
     sound: bool
     device: str
     preview: str | None = None
+    webhook_url: str | None = None
 
     def session(self) -> PushRequest:
         audio = DEMO_AUDIO if self.sound else None
-        return PushRequest(self.model, self.fps, audio, preview=self.preview)
+        return PushRequest(
+            self.model, self.fps, audio, preview=self.preview, webhook_url=self.webhook_url
+        )
 
 
 def start_producer(job: Job, demo: LiveDemoRequest) -> None:

@@ -55,6 +55,7 @@ from vaecast.pipeline.run import AudioFormat
 from vaecast.server.config import MAX_FIELD_BYTES, MAX_PREVIEW_NAME, ServerConfig
 from vaecast.server.edge.body_reading import body_chunks, read_limited, read_small_body, too_large
 from vaecast.server.edge.multipart import boundary_of, parse_form
+from vaecast.server.edge.outbound import check_webhook_url
 from vaecast.server.intake.live_demo import LiveDemoRequest
 from vaecast.server.stream.job import BatchRequest, DecodeRequest, PushKind, PushRequest
 
@@ -67,11 +68,19 @@ CURL_DATA_HINT = (
 READ_CHUNK_BYTES = 256 * 1024
 MAX_FORM_PARTS = 32
 MAX_JSON_BYTES = 64 * 1024
-DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {"fps", "model", "sound", "live", "preview"}
+DEMO_FIELDS = frozenset(DEMO_DEFAULTS) | {
+    "fps",
+    "model",
+    "sound",
+    "live",
+    "preview",
+    "webhook_url",
+}
 PUSH_FIELDS = frozenset(
     {
         "input",
         "preview",
+        "webhook_url",
         "batch",
         "kind",
         "fps",
@@ -125,8 +134,9 @@ async def read_decode_request(
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
         if body.get("input") == JobInput.PUSH:
-            if "preview" in request.query and "preview" not in body:
-                body = {**body, "preview": request.query["preview"]}
+            for name in ("preview", "webhook_url"):  # the query's, where the body has none
+                if name in request.query and name not in body:
+                    body = {**body, name: request.query[name]}
             return _push_request(body, config)
         return await _demo_request(body, config, check_names)
     upload = await read_upload(request, config)
@@ -171,6 +181,7 @@ async def read_decode_request(
             soundtrack=soundtrack,
             crop=_crop(params),
             preview=preview_name(params.get("preview")),
+            webhook_url=webhook_target(params.get("webhook_url"), config),
         )
         for entry, soundtrack in enumerate(soundtracks)
     )
@@ -259,6 +270,7 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
         raise InvalidRequestError('value_range is for frames sessions ("kind": "frames")')
     return PushRequest(
         preview=preview_name(_text_field(body, "preview")),
+        webhook_url=webhook_target(_text_field(body, "webhook_url"), config),
         model=model or config.default_model,
         fps=fps,
         audio_format=audio_format,
@@ -272,6 +284,19 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
             config.decode_slots + config.max_queued_jobs,
         ),
     )
+
+
+def webhook_target(text: str | None, config: ServerConfig) -> str | None:
+    """A request's `webhook_url`, checked (`edge.outbound`); refused where the server
+    sends no webhooks."""
+    if text is None:
+        return None
+    if config.webhooks.secret is None:
+        raise InvalidRequestError(
+            "this server sends no webhooks (it was started without --webhook-secret): "
+            "leave webhook_url out, or follow the job's /events"
+        )
+    return check_webhook_url(text, config.webhooks.allow_private)
 
 
 def preview_name(text: str | None) -> str | None:
@@ -331,7 +356,8 @@ async def _demo_request(
     if "scene" not in body:  # `{}` would otherwise render the largest demo there is
         raise InvalidRequestError(
             f'a demo request names its scene: "scene" (one of {", ".join(SCENE_NAMES)}); '
-            f"frames, width, height, seed, fps, model, sound, live and preview are optional; "
+            f"frames, width, height, seed, fps, model, sound, live, preview and webhook_url "
+            "are optional; "
             '{"input": "push"} starts a push session instead'
         )
     spec = parse_scene_spec(body)
@@ -355,9 +381,10 @@ async def _demo_request(
     if not isinstance(live, bool):
         raise InvalidRequestError(f"live must be true or false, got {live!r}")
     preview = preview_name(_text_field(body, "preview"))
+    webhook_url = webhook_target(_text_field(body, "webhook_url"), config)
     check_names(model, preview)  # an unknown one is 404 now, not after seconds of render
     if live:  # produced block by block inside a push session (vaecast.server.intake.live_demo)
-        return LiveDemoRequest(spec, model, fps, sound, config.device, preview)
+        return LiveDemoRequest(spec, model, fps, sound, config.device, preview, webhook_url)
     # Rendering and encoding take seconds of CPU: never on the loop.
     latents = await asyncio.to_thread(scene_latents, spec, config.device)
     soundtrack = None
@@ -370,6 +397,7 @@ async def _demo_request(
         fps=fps,
         soundtrack=soundtrack,
         preview=preview,
+        webhook_url=webhook_url,
     )
 
 

@@ -32,6 +32,7 @@ class DecodeRequest:
     soundtrack: Soundtrack | None = None
     crop: tuple[int, int] | None = None  # (width, height): the decoded frames' top-left
     preview: str | None = None  # its preview decoder; None: the server's default for model
+    webhook_url: str | None = None  # where its start and end are POSTed (checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,7 @@ class PushRequest:
     crop: tuple[int, int] | None = None
     batch: int = 1  # videos pushed together (a job each)
     preview: str | None = None  # its preview decoder; None: the server's default for model
+    webhook_url: str | None = None  # where its start and end are POSTed (checked)
 
 
 # A request's "preview" that asks for none, whatever the server's default.

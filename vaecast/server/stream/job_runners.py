@@ -87,6 +87,7 @@ class LocalRunners:
             _audio_json(request),
             None if plan is None else plan_facts(plan),
             created_at=time.time(),
+            webhook_url=request.webhook_url,
             preview=None
             if preview is None
             else PreviewProgress(preview.name, _chunks(preview, request)),

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,10 @@ class JobManager:
         self._workers = Workers.for_slots(config.decode_slots)
         # What the configured faces attach to each new rendition (`RenditionHooks.add`).
         self.rendition_hooks = RenditionHooks()
+        # Told of each job this server answers for: each one it makes, and each the
+        # store gives back at its start (not another front end's, nor one found later
+        # in a shared store). Faces add theirs in `start` (the webhooks face does).
+        self.job_hooks: list[Callable[[Job], None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         # What the runners, the store's side and retention are given: not the manager.
@@ -117,6 +121,9 @@ class JobManager:
         except OSError as error:
             raise StoreError(f"--store {folder}: {error.strerror or error}") from None
         self.retention.durable = self.durable
+        for job in list(self.jobs.values()):  # the restored ones
+            for hook in self.job_hooks:
+                hook(job)
 
     def new_log(self, job_id: str) -> SegmentLog | None:
         """A new job's log: in the store's file for it, when there is a store (None:
@@ -304,6 +311,8 @@ class JobManager:
         job = self.runners.new_job(self.services, request, plan, decoder, preview)
         if self.durable is not None and job.log.durable:
             self.durable.track(job)
+        for hook in self.job_hooks:
+            hook(job)
         self.places.hold(job)
         self._run(job, counted=True)
         return job
