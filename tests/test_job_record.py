@@ -377,6 +377,7 @@ def test_latents_job_lifecycle_queued_to_completed() -> None:
         "replica": None,
         "not_stored": None,
         "partial": False,
+        "webhook_url": None,
     }
     assert summary_line(record) == (
         "id=job-latents model=tiny-vae status=completed frames=48/48 chunks=3/3 "
@@ -858,6 +859,7 @@ def test_to_json_of_a_fresh_push_session() -> None:
         "replica": None,
         "not_stored": None,
         "partial": False,
+        "webhook_url": None,
     }
 
 

@@ -27,7 +27,7 @@ from vaecast.server.app import (
     runner_settings,
     serve_until_signalled,
 )
-from vaecast.server.config import MIB, FaceSpec, Limits, ServerConfig
+from vaecast.server.config import MIB, FaceSpec, Limits, ServerConfig, WebhookSettings
 from vaecast.server.contract.shared import JOB_LOOKUP_ERRORS, JSON, VARIANT, VIDEO_ID
 from vaecast.server.contract.spec import Header, Param, Reply, operation
 from vaecast.server.faces.common import rendition_of
@@ -37,6 +37,7 @@ from vaecast.server.faces.progressive.face import ProgressiveFace
 from vaecast.server.faces.progressive.fanout_sender import THREAD_NAME as FANOUT_THREAD_NAME
 from vaecast.server.faces.standard import standard_faces
 from vaecast.server.faces.stills.face import StillsFace
+from vaecast.server.faces.webhooks.face import WebhooksFace
 from vaecast.server.faces.whep.face import WhepFace
 from vaecast.server.faces.whep.settings import WebRtcSettings
 from vaecast.server.stream.manager import JobManager
@@ -66,6 +67,8 @@ __all__ = [
     "Stages",
     "StillsFace",
     "WebRtcSettings",
+    "WebhookSettings",
+    "WebhooksFace",
     "WhepFace",
     "add_content_variant",
     "create_app",

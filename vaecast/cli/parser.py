@@ -330,14 +330,14 @@ def _serve_webhooks(serve: argparse.ArgumentParser) -> None:
         metavar="SECRET",
         help="sign each job's webhooks with this Standard Webhooks secret (whsec_ and "
         "base64); without one no webhook is sent and a job's webhook_url is refused; "
-        "set it through VAECAST_WEBHOOK_SECRET, which other users cannot read in `ps`",
+        "default $VAECAST_WEBHOOK_SECRET, which other users cannot read in `ps`",
     )
     serve.add_argument(
         "--webhook-url",
         type=option_type(check_url_syntax),
         metavar="URL",
         help="where every job's start and end are POSTed unless it names its own "
-        "webhook_url (needs --webhook-secret)",
+        "webhook_url (needs --webhook-secret); default none: only a job's own",
     )
     serve.add_argument(
         "--webhook-allow-private",

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vaecast.pipeline.thread_priority import lowered_pool
+from vaecast.pipeline.thread_priority import lower_this_thread
 from vaecast.server.faces.face import add_content_variant
 from vaecast.server.faces.stills.cache import StillCache
 from vaecast.server.faces.stills.routes import SPRITESHEET, THUMBNAIL, send_still
@@ -56,7 +56,10 @@ class Stills:
         return await send_still(request, job, self.cache)
 
     async def start(self, manager: JobManager) -> None:
-        self._pool = lowered_pool(1, "vaecast-stills")
+        # Its thread starts with the first still asked for: none for a server never asked.
+        self._pool = ThreadPoolExecutor(
+            1, thread_name_prefix="vaecast-stills", initializer=lower_this_thread
+        )
         self.cache = StillCache(self._pool, self._spec.max_bytes, self._spec.max_pending)
 
     def attach(self, rendition: Rendition) -> None:
