@@ -156,6 +156,21 @@ class Metrics:
             "Fragments committed after a viewer who started at the first fragment needed them",
             registry=r,
         )
+        self.viewer_slack = Histogram(
+            "vaecast_viewer_slack_seconds",
+            "Each live viewer's slack as each fragment was sent to it: media time sent "
+            "minus real time since its first media (negative: behind real time)",
+            ["face"],
+            buckets=SLACK_BUCKETS,
+            registry=r,
+        )
+        self.viewer_stalls = Counter(
+            "vaecast_viewer_stalls",
+            "Stalls of live viewers' players as the server pictures them from what it "
+            "sent each and when (a player starting with the first media, in real time)",
+            ["face"],
+            registry=r,
+        )
         self.decode_seconds = Histogram(
             "vaecast_decode_seconds",
             "From a job's start to its last chunk",

@@ -8,6 +8,7 @@ import asyncio
 import importlib.resources
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,11 @@ async def get_video(request: web.Request) -> web.Response:
 
 
 def job_json(job: Job, manager: JobManager) -> dict[str, Any]:
-    """The job object of the API: the job's own state, its queue place and its URLs."""
-    return with_links(job_object(job.record), manager.queue_position(job))
+    """The job object of the API: the job's own state, its queue place, its URLs, and
+    its live viewers as the server pictures their playout."""
+    body = with_links(job_object(job.record), manager.queue_position(job))
+    body["viewers"] = job.playouts.summary(time.perf_counter())
+    return body
 
 
 @DELETE_VIDEO

@@ -107,6 +107,19 @@ class PushTarget(Struct, forbid_unknown_fields=True):
     token: Annotated[str, Meta(description="send it as the X-Push-Token header")]
 
 
+class Viewers(Struct, forbid_unknown_fields=True):
+    """A job's live viewers as the server pictures their players from what it sent each
+    and when: each starts with its first media and plays in real time."""
+
+    watching: Count
+    seen: Count
+    # The least, among those watching, of media time sent minus real time since their
+    # first media: negative once one is behind real time. None: none watching.
+    min_slack_s: Seconds | None
+    stalls: Count
+    stalled_s: Seconds
+
+
 class JobObject(Struct, forbid_unknown_fields=True):
     """A video job: its state, progress, timings and URLs."""
 
@@ -147,6 +160,8 @@ class JobObject(Struct, forbid_unknown_fields=True):
     plays: list[Literal["preview", "final"]] | UnsetType = UNSET
     # Only in the answer that created a push session.
     push: PushTarget | UnsetType = UNSET
+    # In the API's answers (not in events or webhooks): its live viewers' playout.
+    viewers: Viewers | UnsetType = UNSET
 
 
 class WebhookMessage(Struct, forbid_unknown_fields=True):

@@ -58,6 +58,7 @@ from vaecast.server.stream.job_requests import (
 )
 from vaecast.server.stream.rendition import Rendition, RenditionHooks
 from vaecast.server.stream.segment_log import FollowableLog, SegmentLog
+from vaecast.server.stream.viewers import JobViewers
 
 __all__ = [
     "FINAL_STATUSES",
@@ -168,6 +169,10 @@ class Job:
         # Told of every transition applied, after its event (the store's journal).
         self._observers: list[Callable[[Transition, dict[str, Any] | None], None]] = []
         self._viewers = 0
+        # Each live viewer's pictured playout (vaecast.server.stream.viewers), fed by
+        # the faces that send it media; the job object's `viewers`.
+        self.playouts = JobViewers(self._viewer_sent)
+        self._viewer_slack: dict[str, Any] = {}
         self._task: asyncio.Task[None] | None = None
         # Whether a failed or cancelled end keeps the final's fragments so far as a
         # playable file (`end_keeping_partial`); a cancel may ask not to.
@@ -188,6 +193,15 @@ class Job:
         """Call `observer(transition, event)` after each transition from now on; it
         must neither await nor raise (it runs inside `apply`)."""
         self._observers.append(observer)
+
+    def _viewer_sent(self, face: str, slack_s: float, new_stall: bool) -> None:
+        # Called per viewer per fragment: the labelled child is looked up once a face.
+        slack = self._viewer_slack.get(face)
+        if slack is None:
+            slack = self._viewer_slack[face] = self.metrics.viewer_slack.labels(face)
+        slack.observe(slack_s)
+        if new_stall:
+            self.metrics.viewer_stalls.labels(face).inc()
 
     @property
     def error(self) -> VaecastError | None:

@@ -47,12 +47,14 @@ import asyncio
 import enum
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 
+from vaecast.codecs.fragment import facts_of
 from vaecast.server.faces.progressive.fanout_sender import (
     FAILED,
     SKIPPED,
@@ -88,6 +90,7 @@ class _Member:
     detached: bool = False  # the thread's: it wrote short or failed; write no more
     in_flight: int = 0  # queued batches that name it
     why: _Woken | None = None  # the wake that waits for its batches
+    on_written: Callable[[int], None] | None = None  # told its count as it grows
 
 
 def _holds_nothing(transport: asyncio.WriteTransport, member: _Member) -> bool:
@@ -155,6 +158,9 @@ class Broadcast:
         self._bytes_sent = bytes_sent
         self._sender = sender
         self._batches_out = 0  # queued on the sender and not yet reported
+        # The media time the first n + 1 segments hold, by n: a viewer written n + 1
+        # segments has been sent `media_ends[n]` seconds (its playout, `viewers.py`).
+        self.media_ends: list[float] = []
         log.add_listener(self)
 
     @property
@@ -164,6 +170,9 @@ class Broadcast:
     # SegmentListener: called by the log, synchronously.
 
     def appended(self, segment: bytes) -> None:
+        facts = facts_of(segment)  # None for the init segment
+        ends = self.media_ends
+        ends.append((ends[-1] if ends else 0.0) + (0.0 if facts is None else facts.duration_s))
         if not self._members or not segment:  # an empty chunk would end the body
             return
         frame = frame_chunk(segment)
@@ -200,6 +209,8 @@ class Broadcast:
             writer.buffer_size += size
             member.written += 1
             sent += 1
+            if member.on_written is not None:
+                member.on_written(member.written)
         if sent:
             self._bytes_sent.inc(len(segment) * sent)
         if for_thread:
@@ -232,6 +243,8 @@ class Broadcast:
                 writer.buffer_size += size
                 member.written += 1
                 sent += 1
+                if member.on_written is not None:
+                    member.on_written(member.written)
                 if member.in_flight == 0 and member not in members:
                     self._settle(member)  # it left while this batch was out
                 continue
@@ -249,6 +262,8 @@ class Broadcast:
                     member.writer.buffer_size += size
                     member.written += 1
                     sent += 1
+                    if member.on_written is not None:
+                        member.on_written(member.written)
                     self._wake(member, _Woken.BEHIND)
             self._settle(member)  # SKIPPED: woken by an earlier batch, waiting for this one
         if sent:
@@ -274,9 +289,15 @@ class Broadcast:
     # One viewer.
 
     async def follow(
-        self, log: SegmentLog, response: web.StreamResponse, writer: object, timeout_s: float
+        self,
+        log: SegmentLog,
+        response: web.StreamResponse,
+        writer: object,
+        timeout_s: float,
+        on_written: Callable[[int], None] | None = None,
     ) -> None:
-        """Write the whole log to one prepared response, alone or as a member.
+        """Write the whole log to one prepared response, alone or as a member;
+        `on_written(n)` is told each time the viewer has been written n segments.
 
         Returns after the log's last segment; raises the log's error if it broke,
         TimeoutError if the viewer took nothing for `timeout_s`, ConnectionError
@@ -291,6 +312,8 @@ class Broadcast:
                     await response.write(part)
                 self._bytes_sent.inc(len(part))
                 index += 1
+                if on_written is not None:
+                    on_written(index)
             if log.closed:
                 if log.error is not None:
                     raise log.error.detached()
@@ -309,12 +332,15 @@ class Broadcast:
                     await writer.drain()
                 continue
             # Nothing awaited since `index == len(log)` was seen: no append is missed.
-            why, index = await self._member(writer, index)
+            why, index = await self._member(writer, index, on_written)
             if why is _Woken.LEFT:
                 raise ConnectionResetError("the viewer's connection is gone")
 
-    async def _member(self, writer: StreamWriter, index: int) -> tuple[_Woken, int]:
+    async def _member(
+        self, writer: StreamWriter, index: int, on_written: Callable[[int], None] | None
+    ) -> tuple[_Woken, int]:
         member = _Member(writer, asyncio.get_running_loop().create_future(), index)
+        member.on_written = on_written
         if self._sender is not None:
             member.fd = thread_descriptor(writer.transport)
         self._members[member] = None

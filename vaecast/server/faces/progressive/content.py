@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
@@ -39,6 +40,7 @@ from vaecast.server.stream.job import Job, JobStatus, Rendition
 log = logging.getLogger("vaecast.http")
 
 PARTIAL_HEADER = "X-Video-Partial"
+FACE = "progressive"  # its viewers' playouts are labelled so
 BROKEN = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
@@ -183,8 +185,18 @@ async def send_stream(
             raise RuntimeError("a rendition made before the progressive face started")
         timeout_s = job.config.reader_write_timeout_s
 
+        viewers = job.playouts
+        playout = viewers.open(FACE, time.perf_counter())
+        ends = broadcast.media_ends
+
+        def written(count: int) -> None:  # its playout, told what it has been sent
+            viewers.sent(playout, ends[count - 1], time.perf_counter())
+
         async def follow() -> None:
-            await broadcast.follow(log, response, writer, timeout_s)
+            try:
+                await broadcast.follow(log, response, writer, timeout_s, written)
+            finally:
+                viewers.close(playout)
             # A job that failed or was cancelled may keep its video so far as a file
             # (its log then ends whole), but a viewer who followed it live is told it
             # ended short: cut, as a broken log's viewers are.
