@@ -38,14 +38,16 @@ def test_a_jobs_viewers_summary_counts_those_gone() -> None:
     fast, slow = viewers.open("progressive", 0.0), viewers.open("webrtc", 0.0)
     viewers.sent(fast, 4.0, 0.1)
     viewers.sent(slow, 0.5, 0.1)
-    viewers.sent(slow, 1.0, 2.1)  # ran out at 0.6: one stall of 1.5 s
+    viewers.sent(slow, 0.55, 0.2)  # within a second of the last: not observed
+    viewers.sent(slow, 1.0, 2.1)  # ran out at 0.65: one stall of 1.45 s
     assert viewers.summary(2.1) == {
         "watching": 2,
         "seen": 2,
         "min_slack_s": -1.0,
         "stalls": 1,
-        "stalled_s": 1.5,
+        "stalled_s": 1.45,
     }
+    assert [slack for face, slack, _ in seen if face == "webrtc"] == [0.5, -1.0]
     viewers.close(slow)
     viewers.close(slow)  # twice: counted once
     assert viewers.summary(2.1) | {"min_slack_s": 2.0} == {
@@ -53,7 +55,7 @@ def test_a_jobs_viewers_summary_counts_those_gone() -> None:
         "seen": 2,
         "min_slack_s": 2.0,
         "stalls": 1,
-        "stalled_s": 1.5,
+        "stalled_s": 1.45,
     }
     assert seen[-1] == ("webrtc", pytest.approx(-1.0), True)
 

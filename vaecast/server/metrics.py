@@ -158,8 +158,9 @@ class Metrics:
         )
         self.viewer_slack = Histogram(
             "vaecast_viewer_slack_seconds",
-            "Each live viewer's slack as each fragment was sent to it: media time sent "
-            "minus real time since its first media (negative: behind real time)",
+            "Each live viewer's slack as fragments are sent to it (at most once a second "
+            "each): media time sent minus real time since its first media (negative: "
+            "behind real time)",
             ["face"],
             buckets=SLACK_BUCKETS,
             registry=r,

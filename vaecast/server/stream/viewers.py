@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+OBSERVE_EVERY_S = 1.0
+
 
 @dataclass(eq=False, slots=True)
 class ViewerPlayout:
@@ -39,6 +41,7 @@ class ViewerPlayout:
     stalls: int = 0
     stalled_s: float = 0.0
     stalled: bool = False
+    observed_at: float | None = None  # when its slack last went to `on_sent`
 
     def sent(self, media_end_s: float, at: float) -> bool:
         """Media up to `media_end_s` has been sent by `at`; True if the player had
@@ -80,7 +83,10 @@ class ViewerPlayout:
 class JobViewers:
     """A job's viewers' playouts: those watching now, and a tally of those who left.
 
-    `on_sent(kind, slack_s, new_stall)` is told of every `sent` (a job's metrics)."""
+    `on_sent(kind, slack_s, new_stall)` (a job's metrics) is told of a viewer's `sent`
+    at most once every `OBSERVE_EVERY_S` for each viewer, and at each new stall: with a
+    thousand viewers of one job, an observation each per fragment would cost the loop
+    more than their sends."""
 
     on_sent: Callable[[str, float, bool], None] = lambda kind, slack, stall: None
     watching: set[ViewerPlayout] = field(default_factory=set)
@@ -96,8 +102,12 @@ class JobViewers:
 
     def sent(self, playout: ViewerPlayout, media_end_s: float, now: float) -> None:
         new_stall = playout.sent(media_end_s, now)
+        observed_at = playout.observed_at
+        if not new_stall and observed_at is not None and now - observed_at < OBSERVE_EVERY_S:
+            return
         slack = playout.slack_s(now)
         if slack is not None:
+            playout.observed_at = now
             self.on_sent(playout.kind, slack, new_stall)
 
     def close(self, playout: ViewerPlayout) -> None:
