@@ -12,7 +12,7 @@
 //          └─ api.js       fetch with the API key (header + cookie), 401 -> ask
 
 import { fetchJson, getJson, restoreApiKey, useKeyPrompt } from "./api.js";
-import { Player } from "./player.js";
+import { Player, Watchdog } from "./player.js";
 import { Scrubber } from "./scrub.js";
 import { Session, blankState } from "./session.js";
 import * as ui from "./ui.js";
@@ -34,7 +34,14 @@ const page = {
   session: null,      // the Session shown, or null before the first job
   submitting: null,   // "submitting" / "uploading" while a POST is on its way: the status shown
   requestErrors: [],  // failed POSTs (no job to hold them), until a job is shown
+  nudges: [],         // the watchdog's: [stuck at, moved to] of each frozen playhead
 };
+
+// A playhead frozen with data ahead of it is moved on (player.js Watchdog).
+const watchdog = new Watchdog(shownVideo, (from, to) => {
+  page.nudges.push([from, to]);
+  render();
+});
 
 // What window.vaecast.state returns (a copy) and what the page renders.
 function view() {
@@ -44,6 +51,7 @@ function view() {
     ...state,
     status: page.submitting ?? state.status,
     errors: [...state.errors, ...page.requestErrors],
+    nudges: page.nudges.length,
   };
 }
 
@@ -160,6 +168,7 @@ function setup() {
     // The scrubbing preview: its layout, sheets fetched, what each covered, tile shown.
     scrub: () => scrubber.snapshot(),
   });
+  watchdog.start();
   Promise.all([loadModels(), refreshJobs(), watchFromAddress()])
     .then(() => (page.ready = true))
     .catch((error) => ui.showError(`cannot reach the server: ${error.message}`));

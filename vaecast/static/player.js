@@ -3,6 +3,10 @@
 // where the browser has no MediaSource, through a plain <video src>. Knows nothing
 // of jobs or HTTP: the Session decides what to play and what a failure means.
 //
+// The Media Source is `MediaSource` where the browser has it, else
+// `ManagedMediaSource` (iPhone Safari 17.1+ has only that one; it needs the video's
+// remote playback off); found by feature detection, never by user agent.
+//
 // The page has two, stacked: the one in front is seen, the other (class "behind")
 // is invisible. A job with a preview plays its preview in front while its final
 // loads behind; handOver() then swaps them at the same playback time.
@@ -49,6 +53,11 @@ class AppendQueue {
   }
 }
 
+// The Media Source constructor to use, or null.
+export function mediaSourceClass() {
+  return window.MediaSource ?? window.ManagedMediaSource ?? null;
+}
+
 export class Player {
   // Callbacks of whoever plays now; reset() drops them, so a replaced session
   // hears nothing of the next one's video.
@@ -64,11 +73,24 @@ export class Player {
 
   // Deleted in the browser tests' fallback check, so read on each use.
   get hasMediaSource() {
-    return Boolean(window.MediaSource);
+    return mediaSourceClass() !== null;
+  }
+
+  // "mse" (MediaSource), "mms" (ManagedMediaSource) or null (neither).
+  get mediaSourceKind() {
+    const found = mediaSourceClass();
+    if (found === null) return null;
+    return found === window.MediaSource ? "mse" : "mms";
+  }
+
+  // Whether the browser plays HLS in a plain <video src> (Safari), for when it has
+  // no Media Source at all.
+  get playsHls() {
+    return Boolean(this.video.canPlayType("application/vnd.apple.mpegurl"));
   }
 
   canStream(type) {
-    return MediaSource.isTypeSupported(type);
+    return mediaSourceClass().isTypeSupported(type);
   }
 
   // Takes the video for `handlers`: frame() on each frame presented (or, without
@@ -106,7 +128,10 @@ export class Player {
   // video was reset meanwhile. onMediaSegment() runs after each media segment is in.
   async openStream(type, onMediaSegment) {
     const generation = this.#generation;
-    const mediaSource = new MediaSource();
+    const Source = mediaSourceClass();
+    // A ManagedMediaSource plays only where remote playback (AirPlay) is off.
+    if (Source !== window.MediaSource) this.video.disableRemotePlayback = true;
+    const mediaSource = new Source();
     const url = URL.createObjectURL(mediaSource);
     this.video.src = url;
     await new Promise((resolve) => mediaSource.addEventListener("sourceopen", resolve, { once: true }));
@@ -235,4 +260,68 @@ function swap(from, to) {
   const played = playing ? b.play() : Promise.resolve();
   a.pause();
   return { before, after: b.currentTime, at: performance.now(), played };
+}
+
+// ------------------------------------------------------------ watchdog
+
+const WATCH_MS = 250;
+const STUCK_MS = 1000;
+const NUDGE_S = 0.001;
+
+// Where a playhead stuck at `t` can play on from: a hair ahead inside the data it stands
+// in, or the start of the next data past a hole; null when nothing is buffered ahead
+// (then it waits for data, as it should).
+export function nudgeTarget(buffered, t) {
+  for (let i = 0; i < buffered.length; i += 1) {
+    const start = buffered.start(i);
+    const end = buffered.end(i);
+    if (start <= t && end > t + 0.05) return t + NUDGE_S;
+    if (start > t) return start;
+  }
+  return null;
+}
+
+// A playhead that stops while data ahead of it is buffered (a hole between appended
+// segments, or a decoder that did not resume: what made Gradio add a watchdog that
+// restarts a frozen player) is nudged: after STUCK_MS without moving, not paused, not
+// seeking, not ended, it is moved to `nudgeTarget` and played. `onNudge()` counts it.
+export class Watchdog {
+  #timer = null;
+  #last = null;
+  #since = 0;
+
+  constructor(video, onNudge) {
+    this.video = video; // () => the <video> in front
+    this.onNudge = onNudge;
+  }
+
+  start() {
+    this.#timer ??= setInterval(() => this.check(performance.now()), WATCH_MS);
+  }
+
+  stop() {
+    clearInterval(this.#timer);
+    this.#timer = null;
+  }
+
+  check(now) {
+    const video = this.video();
+    if (!video || video.paused || video.ended || video.seeking || !video.buffered.length) {
+      this.#last = null;
+      return;
+    }
+    const t = video.currentTime;
+    if (t !== this.#last) {
+      this.#last = t;
+      this.#since = now;
+      return;
+    }
+    if (now - this.#since < STUCK_MS) return;
+    this.#since = now;
+    const target = nudgeTarget(video.buffered, t);
+    if (target === null) return;
+    video.currentTime = target;
+    video.play().catch(() => {});
+    this.onNudge(t, target);
+  }
 }

@@ -59,7 +59,7 @@ export function blankState() {
     jobId: null,
     status: "idle",         // the job's status, as the server last reported it
     partial: false,         // it failed or was cancelled keeping its video so far
-    playback: null,         // "mse" or "src" (the fallback without MediaSource)
+    playback: null,         // "mse", "mms" (ManagedMediaSource), "src" or "hls" (none)
     contentType: null,
     clickedAt: null,        // performance.now() when the user started the job
     firstFrameAt: null,     // performance.now() when its first frame was on screen
@@ -322,18 +322,31 @@ export class Session extends EventTarget {
 
   // ------------------------------------------------------------ playback
 
+  // The HLS playlist of the same rendition as `contentUrl`, or null.
+  #playlistOf(contentUrl) {
+    const urls = this.job.urls ?? {};
+    if (contentUrl === urls.content) return urls.playlist ?? null;
+    if (contentUrl === urls.preview_content) return urls.preview_playlist ?? null;
+    return null;
+  }
+
   // Plays (autoplay) or loads `contentUrl` into `player`; its figures go to `into`
   // (the state itself, or one of state.renditions).
   async #play(contentUrl, player, into, signal, autoplay) {
     const state = this.state;
     into.loading = true;
     if (!player.hasMediaSource) {
-      state.playback = "src";
+      // No Media Source at all: the browser's own player, of the HLS playlist where it
+      // plays HLS (Safari without ManagedMediaSource), else of the MP4 as it grows.
+      const playlist = this.#playlistOf(contentUrl);
+      const hls = Boolean(playlist) && player.playsHls;
+      state.playback = hls ? "hls" : "src";
+      const url = hls ? playlist : contentUrl;
       if (autoplay) {
-        await player.playUrl(contentUrl).catch((error) => this.fail(`playback: ${error.message}`));
+        await player.playUrl(url).catch((error) => this.fail(`playback: ${error.message}`));
       } else {
         player.video.preload = "auto";
-        player.video.src = contentUrl;
+        player.video.src = url;
       }
       return;
     }
@@ -375,7 +388,7 @@ export class Session extends EventTarget {
       this.#abort.abort();
       throw new Error(`this browser cannot play ${type}`);
     }
-    state.playback = "mse";
+    state.playback = player.mediaSourceKind;
     const stream = await player.openStream(type, () => {
       into.fragmentsAppended += 1;
       if (into.fragmentsAppended === 1 && autoplay) this.#startWhenStallFree(player, into);

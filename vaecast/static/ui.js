@@ -147,7 +147,7 @@ export function render(state, { cancellable, finalStoppable, video }) {
   $("ttff").textContent = state.timeToFirstFrameMs === null ? "–" : `${(state.timeToFirstFrameMs / 1000).toFixed(2)} s`;
   $("decode-fps").textContent = state.decodeFps === null ? "–" : `${state.decodeFps.toFixed(1)} frames/s`;
   // With the <video src> fallback the browser fetches the stream, out of the page's sight.
-  $("bytes").textContent = state.playback === "mse" ? formatBytes(state.bytesReceived) : "–";
+  $("bytes").textContent = ["mse", "mms"].includes(state.playback) ? formatBytes(state.bytesReceived) : "–";
   renderBuffered(state.seconds, video);
   renderAhead(state, video);
   $("cancel").disabled = !cancellable;

@@ -42,6 +42,8 @@ class ViewerPlayout:
     stalled_s: float = 0.0
     stalled: bool = False
     observed_at: float | None = None  # when its slack last went to `on_sent`
+    # Brings it up to date before it is read (a face that tells it in batches sets it).
+    sync: Callable[[], None] | None = None
 
     def sent(self, media_end_s: float, at: float) -> bool:
         """Media up to `media_end_s` has been sent by `at`; True if the player had
@@ -119,6 +121,9 @@ class JobViewers:
     def summary(self, now: float) -> dict[str, Any]:
         """The job object's `viewers`: how many watch now and have watched, the least
         slack among those watching, and the stalls pictured for all of them."""
+        for playout in self.watching:
+            if playout.sync is not None:
+                playout.sync()
         slacks = [s for p in self.watching if (s := p.slack_s(now)) is not None]
         return {
             "watching": len(self.watching),

@@ -47,6 +47,7 @@ import asyncio
 import enum
 import functools
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -66,6 +67,8 @@ from vaecast.server.stream.rendition import Attachment
 from vaecast.server.stream.segment_log import SegmentLog
 
 CRLF = b"\r\n"
+# `on_written(n, at)`: a viewer had been written n segments by `at` (perf_counter).
+Written = Callable[[int, float], None]
 # From this many members a segment's sends go to the fan-out thread (measured: one
 # send costs the loop ~14 us; a batch's hop and report ~40 us).
 THREAD_FROM_MEMBERS = 8
@@ -90,7 +93,8 @@ class _Member:
     detached: bool = False  # the thread's: it wrote short or failed; write no more
     in_flight: int = 0  # queued batches that name it
     why: _Woken | None = None  # the wake that waits for its batches
-    on_written: Callable[[int], None] | None = None  # told its count as it grows
+    on_written: Written | None = None  # its viewer's playout (see `Broadcast.tell`)
+    told: int = 0  # segments `on_written` has been told of
 
 
 def _holds_nothing(transport: asyncio.WriteTransport, member: _Member) -> bool:
@@ -159,8 +163,11 @@ class Broadcast:
         self._sender = sender
         self._batches_out = 0  # queued on the sender and not yet reported
         # The media time the first n + 1 segments hold, by n: a viewer written n + 1
-        # segments has been sent `media_ends[n]` seconds (its playout, `viewers.py`).
+        # segments has been sent `media_ends[n]` seconds (its playout, `viewers.py`);
+        # and when segment n was appended, which is when its members were sent it.
         self.media_ends: list[float] = []
+        self.append_times: list[float] = []
+        self._by_viewer: dict[Written, _Member] = {}
         log.add_listener(self)
 
     @property
@@ -173,6 +180,9 @@ class Broadcast:
         facts = facts_of(segment)  # None for the init segment
         ends = self.media_ends
         ends.append((ends[-1] if ends else 0.0) + (0.0 if facts is None else facts.duration_s))
+        # Members are told of what they were sent later, in one go (`tell`): a call per
+        # member per segment would cost the loop more than the sends with many viewers.
+        self.append_times.append(time.perf_counter())
         if not self._members or not segment:  # an empty chunk would end the body
             return
         frame = frame_chunk(segment)
@@ -209,8 +219,6 @@ class Broadcast:
             writer.buffer_size += size
             member.written += 1
             sent += 1
-            if member.on_written is not None:
-                member.on_written(member.written)
         if sent:
             self._bytes_sent.inc(len(segment) * sent)
         if for_thread:
@@ -243,8 +251,6 @@ class Broadcast:
                 writer.buffer_size += size
                 member.written += 1
                 sent += 1
-                if member.on_written is not None:
-                    member.on_written(member.written)
                 if member.in_flight == 0 and member not in members:
                     self._settle(member)  # it left while this batch was out
                 continue
@@ -262,8 +268,6 @@ class Broadcast:
                     member.writer.buffer_size += size
                     member.written += 1
                     sent += 1
-                    if member.on_written is not None:
-                        member.on_written(member.written)
                     self._wake(member, _Woken.BEHIND)
             self._settle(member)  # SKIPPED: woken by an earlier batch, waiting for this one
         if sent:
@@ -294,10 +298,12 @@ class Broadcast:
         response: web.StreamResponse,
         writer: object,
         timeout_s: float,
-        on_written: Callable[[int], None] | None = None,
+        on_written: Written | None = None,
     ) -> None:
         """Write the whole log to one prepared response, alone or as a member;
-        `on_written(n)` is told each time the viewer has been written n segments.
+        `on_written(n, at)` is told that the viewer had been written n segments by
+        `at`: at once when it is written alone, and for its time as a member when it
+        leaves the broadcast, or is asked (`tell`).
 
         Returns after the log's last segment; raises the log's error if it broke,
         TimeoutError if the viewer took nothing for `timeout_s`, ConnectionError
@@ -313,7 +319,7 @@ class Broadcast:
                 self._bytes_sent.inc(len(part))
                 index += 1
                 if on_written is not None:
-                    on_written(index)
+                    on_written(index, time.perf_counter())
             if log.closed:
                 if log.error is not None:
                     raise log.error.detached()
@@ -336,11 +342,27 @@ class Broadcast:
             if why is _Woken.LEFT:
                 raise ConnectionResetError("the viewer's connection is gone")
 
+    def tell(self, on_written: Written) -> None:
+        """Tell the viewer of `on_written`, while it is a member, what it was sent."""
+        member = self._by_viewer.get(on_written)
+        if member is not None:
+            self._tell(member)
+
+    def _tell(self, member: _Member) -> None:
+        told, on_written, times = member.told, member.on_written, self.append_times
+        if on_written is None:
+            return
+        for count in range(told + 1, member.written + 1):
+            on_written(count, times[count - 1])
+        member.told = max(told, member.written)
+
     async def _member(
-        self, writer: StreamWriter, index: int, on_written: Callable[[int], None] | None
+        self, writer: StreamWriter, index: int, on_written: Written | None
     ) -> tuple[_Woken, int]:
         member = _Member(writer, asyncio.get_running_loop().create_future(), index)
-        member.on_written = on_written
+        member.on_written, member.told = on_written, index
+        if on_written is not None:
+            self._by_viewer[on_written] = member
         if self._sender is not None:
             member.fd = thread_descriptor(writer.transport)
         self._members[member] = None
@@ -350,6 +372,9 @@ class Broadcast:
             # Cancelled: the handler is gone; its descriptor goes when no batch names it.
             self._members.pop(member, None)
             self._settle(member)
+            if on_written is not None:
+                self._by_viewer.pop(on_written, None)
+                self._tell(member)
         return why, member.written
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -189,8 +190,10 @@ async def send_stream(
         playout = viewers.open(FACE, time.perf_counter())
         ends = broadcast.media_ends
 
-        def written(count: int) -> None:  # its playout, told what it has been sent
-            viewers.sent(playout, ends[count - 1], time.perf_counter())
+        def written(count: int, at: float) -> None:  # its playout, told what it was sent
+            viewers.sent(playout, ends[count - 1], at)
+
+        playout.sync = functools.partial(broadcast.tell, written)
 
         async def follow() -> None:
             try:
