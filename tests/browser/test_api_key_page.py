@@ -10,6 +10,7 @@ import pytest_asyncio
 
 from tests.helpers.browser import (
     CONFIG,
+    NO_MEDIA_SOURCE_NOR_HLS,
     PLAY_TIMEOUT_S,
     STATE,
     VIDEO_FACTS,
@@ -88,7 +89,7 @@ async def test_the_page_asks_for_the_key_keeps_it_and_plays(
         # <video src> (which cannot send a header) plays by the cookie.
         await page.send(
             "Page.addScriptToEvaluateOnNewDocument",
-            source="delete window.MediaSource; delete window.ManagedMediaSource;",
+            source=NO_MEDIA_SOURCE_NOR_HLS,
         )
         await page.navigate(keyed_server.url + "/")
         await page.wait_for(f"window.vaecast && {STATE}.ready")

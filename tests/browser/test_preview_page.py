@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from tests.helpers.browser import (
+    NO_MEDIA_SOURCE_NOR_HLS,
     PLAY_TIMEOUT_S,
     STATE,
     VIDEO_FACTS,
@@ -289,7 +290,7 @@ async def test_without_media_source_the_page_falls_back_to_video_src(
 ) -> None:
     await page.send(
         "Page.addScriptToEvaluateOnNewDocument",
-        source="delete window.MediaSource; delete window.ManagedMediaSource;",
+        source=NO_MEDIA_SOURCE_NOR_HLS,
     )
     spec = SceneSpec("fade", frames=17, width=256, height=160)
     await open_preview(page, server)

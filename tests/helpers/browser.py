@@ -136,6 +136,14 @@ VIDEO_FACTS = """(v => ({
 
 STATE = "window.vaecast.state"
 
+# A browser with no Media Source and no HLS of its own (Chromium says it plays HLS):
+# the page's last resort, the MP4 in a plain <video src>.
+NO_MEDIA_SOURCE_NOR_HLS = """delete window.MediaSource; delete window.ManagedMediaSource;
+  const plays = HTMLMediaElement.prototype.canPlayType;
+  HTMLMediaElement.prototype.canPlayType = function (type) {
+    return type === "application/vnd.apple.mpegurl" ? "" : plays.call(this, type);
+  };"""
+
 
 async def start_demo(page: Page, spec: SceneSpec, fps: int) -> None:
     await page.evaluate(
