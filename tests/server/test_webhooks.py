@@ -110,7 +110,7 @@ async def test_a_cancelled_job_and_the_servers_default_url(start_server: StartSe
         await until(lambda: len(receiver.of("video.cancelled")) == 1)
         [end] = verified(receiver, "video.cancelled")
         assert (end["data"]["id"], end["data"]["partial"]) == (cancelled["id"], True)
-        assert end["data"]["webhook_url"] is None  # the server's default is not the job's
+        assert end["data"]["webhook_url"] == receiver.url  # the default, kept as its own
 
 
 async def test_a_failed_job_is_sent_as_failed(start_server: StartServer):
@@ -184,6 +184,20 @@ async def test_a_name_that_resolves_inside_is_refused_as_a_delivery_connects(
         face = server.face("webhooks")
         await until(lambda: face.health()["given_up"] == 2)
         assert receiver.received == []
+
+
+async def test_a_new_default_url_sends_nothing_about_older_jobs(tmp_path: Path):
+    store = tmp_path / "store"
+    async with stored_server(store) as server:  # no webhooks at all
+        _, job = await upload(server)
+        await until(lambda: server.manager.get(job["id"]).record.is_final)
+    with receiving() as receiver:
+        settings = replace(QUICK, default_url=receiver.url)
+        async with stored_server(store, webhooks=settings) as server:
+            _, newer = await upload(server)
+            await until(lambda: len(receiver.of("video.completed")) == 1)
+            await asyncio.sleep(0.2)
+        assert {r.json["data"]["id"] for r in receiver.received} == {newer["id"]}
 
 
 async def test_an_end_not_delivered_before_a_restart_is_delivered_after_it(tmp_path: Path):

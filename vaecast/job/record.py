@@ -157,7 +157,8 @@ class JobRecord:
     not_stored: str | None = None
     # A failed or cancelled job whose fragments so far are kept as a file (`Ended`).
     partial: bool = False
-    # Where the job's start and end are POSTed, as its request named it (checked).
+    # Where the job's start and end are POSTed: its request's (checked), or the
+    # server's default when it was made.
     webhook_url: str | None = None
 
     def __post_init__(self) -> None:

@@ -151,7 +151,7 @@ class JobObject(Struct, forbid_unknown_fields=True):
     # Failed or cancelled, its fragments so far kept as a playable file at `content`
     # (the X-Video-Partial header says so too), until retention removes it.
     partial: bool
-    # Where its start and end are POSTed (its own; a server's default is not shown).
+    # Where its start and end are POSTed: its own, or the server's default (then).
     webhook_url: str | None
     queue_position: Annotated[int, Meta(ge=0)] | None
     urls: JobUrls

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from vaecast.job.record import JobRecord, PreviewProgress
 from vaecast.job.transitions import JobInput
 from vaecast.models.base import ChunkedDecoder, DecodePlan
+from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
 from vaecast.server.stream.local_runner import LocalRunner, PreviewSetup
@@ -87,7 +88,7 @@ class LocalRunners:
             _audio_json(request),
             None if plan is None else plan_facts(plan),
             created_at=time.time(),
-            webhook_url=request.webhook_url,
+            webhook_url=request.webhook_url or _default_webhook(services.config),
             preview=None
             if preview is None
             else PreviewProgress(preview.name, _chunks(preview, request)),
@@ -151,3 +152,11 @@ def _audio_json(request: DecodeRequest | PushRequest) -> dict[str, int] | None:
         )
     fmt = request.audio_format
     return None if fmt is None else {"sample_rate": fmt.sample_rate, "channels": fmt.channels}
+
+
+def _default_webhook(config: ServerConfig) -> str | None:
+    """Where a job's webhooks go when it names none: the server's default, if it sends
+    any. Kept in the job's record, so a restart with another default changes nothing
+    for jobs made before it."""
+    webhooks = config.webhooks
+    return webhooks.default_url if webhooks.secret is not None else None

@@ -4,7 +4,8 @@ secret it does nothing, and the intake refuses a job that names a `webhook_url`.
 
 It is told of each job this server answers for (`JobManager.job_hooks`) and follows
 its transitions: its start and its end each make a message (`messages.py`), sent to
-the job's `webhook_url`, or the server's default, by `sender.py`. One job's messages
+the job's `webhook_url` (its own, or the server's default when it was made: a restart
+with another default changes nothing for older jobs), by `sender.py`. One job's messages
 go in order (its end waits for its start to be delivered or given up); a message is
 tried up to `attempts` times, the waits between tries growing fivefold, every try in
 a task of its own so that a slow receiver holds back nothing but its own messages.
@@ -112,8 +113,7 @@ class Webhooks:
     # Which messages.
 
     def _job_made(self, job: Job) -> None:
-        assert self._settings is not None
-        url = job.record.webhook_url or self._settings.default_url
+        url = job.record.webhook_url  # its own, or the server's default when it was made
         if url is None:
             return
         if job.record.is_final:  # given back by the store: its end may still be owed
