@@ -13,9 +13,11 @@ what was sent runs out, and plays on as soon as more comes. Two numbers follow:
 
 A job keeps its viewers' playouts (`JobViewers`): its job object's `viewers` summary
 is made from them, and each face that sends media to a viewer opens one per viewer and
-tells it what it sent. The network between the server and the player is not seen: a
-viewer's kernel buffers and the player's own start delay make the real player later,
-never earlier, than this one (so a stall predicted is one that happened or worse).
+tells it what it sent (`sent`: the progressive MP4), or, where the server paces what
+it sends at real time itself (WebRTC), the stalls its sender had (`paced`). The
+network between the server and the player is not seen: a viewer's kernel buffers and
+the player's own start delay make the real player later, never earlier, than this
+one (so a stall predicted is one that happened or worse).
 Pure state: the caller passes the time.
 """
 
@@ -44,6 +46,7 @@ class ViewerPlayout:
     observed_at: float | None = None  # when its slack last went to `on_sent`
     # Brings it up to date before it is read (a face that tells it in batches sets it).
     sync: Callable[[], None] | None = None
+    paced: bool = False  # its sender paces it at real time (WebRTC): see `JobViewers.paced`
 
     def sent(self, media_end_s: float, at: float) -> bool:
         """Media up to `media_end_s` has been sent by `at`; True if the player had
@@ -60,6 +63,8 @@ class ViewerPlayout:
         """Media sent minus real time since its first media (None before any)."""
         if self.started_at is None:
             return None
+        if self.paced:  # sent as it plays: behind by what it stalled, no more
+            return -self.stalled_s
         return self.sent_s - (now - self.started_at)
 
     def _advance(self, now: float) -> bool:
@@ -111,6 +116,18 @@ class JobViewers:
         if slack is not None:
             playout.observed_at = now
             self.on_sent(playout.kind, slack, new_stall)
+
+    def paced(self, playout: ViewerPlayout, stalls: int, stalled_s: float, now: float) -> None:
+        """A viewer whose media the server sends paced at real time (WebRTC), as its
+        sender reports it: its stalls so far and how long they lasted. Its slack is then
+        minus that time: behind real time by as much as it stalled."""
+        if playout.started_at is None:
+            playout.started_at = now
+        new_stall = stalls > playout.stalls
+        playout.paced = True
+        playout.stalls, playout.stalled_s = stalls, stalled_s
+        playout.observed_at = now
+        self.on_sent(playout.kind, -stalled_s, new_stall)
 
     def close(self, playout: ViewerPlayout) -> None:
         if playout in self.watching:

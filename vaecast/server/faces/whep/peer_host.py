@@ -230,14 +230,16 @@ class PeerHost:
         `WhepSessions` counts); the server's close ends this watch."""
         loop = asyncio.get_running_loop()
         settings = self.settings
-        stalls_seen = 0
+        reported: tuple[int, float, bool] | None = None
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             now = loop.time()
             state = peer.pc.connectionState
-            if peer.clock.stalls > stalls_seen:
-                self._send(("stalls", session_id, peer.clock.stalls - stalls_seen))
-                stalls_seen = peer.clock.stalls
+            clock = peer.clock
+            playout = (clock.stalls, round(clock.stalled_s, 3), clock.start_s is not None)
+            if playout != reported:  # its stalls so far, and whether it plays yet
+                self._send(("playout", session_id, *playout))
+                reported = playout
             outcome = None
             if state in ("failed", "closed"):
                 outcome = "failed"

@@ -5,8 +5,8 @@ way (`peer_wire`); its log lines come back over the pipe and are logged here, so
 read like the server's own. `open` hands an offer over and awaits the answer;
 `forward` sends a unit log's units as they are appended, once per stream whatever the
 number of sessions that send it; `bind` tells a session's track which stream it sends.
-The process tells back when a session should end (`on_ended`) and how many units it
-sent late (`on_stalls`).
+The process tells back when a session should end (`on_ended`), and each session's
+stalls so far, how long they lasted and whether it plays yet (`on_playout`).
 
 If the process dies, every offer waiting on it is refused (503, retry), `on_lost` is
 told so the server can end its sessions, and the next offer starts a new one. If the
@@ -44,14 +44,14 @@ class PeerProcess:
         self,
         process: asyncio.subprocess.Process,
         on_ended: Callable[[str, str], None],
-        on_stalls: Callable[[str, int], None],
+        on_playout: Callable[[str, int, float, bool], None],
         on_lost: Callable[[], None],
     ) -> None:
         self._process = process
         assert process.stdin is not None and process.stdout is not None
         self._writer = process.stdin
         self._on_ended = on_ended
-        self._on_stalls = on_stalls
+        self._on_playout = on_playout
         self._on_lost = on_lost
         self._answers: dict[str, asyncio.Future[str]] = {}
         self._censuses: dict[int, asyncio.Future[dict[str, int]]] = {}
@@ -65,7 +65,7 @@ class PeerProcess:
         cls,
         settings: WebRtcSettings,
         on_ended: Callable[[str, str], None],
-        on_stalls: Callable[[str, int], None],
+        on_playout: Callable[[str, int, float, bool], None],
         on_lost: Callable[[], None],
     ) -> PeerProcess:
         path = os.environ.get("PYTHONPATH")
@@ -78,7 +78,7 @@ class PeerProcess:
             stdout=asyncio.subprocess.PIPE,
             env=env,
         )
-        peers = cls(process, on_ended, on_stalls, on_lost)
+        peers = cls(process, on_ended, on_playout, on_lost)
         peers._send(("start", settings, logging.getLogger("vaecast").getEffectiveLevel()))
         log.info("webrtc: the peers' process started (pid %d)", process.pid)
         return peers
@@ -199,8 +199,8 @@ class PeerProcess:
                     waiting.set_exception(MalformedRequestError(text))
         elif kind == "ended":
             self._on_ended(*fields)
-        elif kind == "stalls":
-            self._on_stalls(*fields)
+        elif kind == "playout":
+            self._on_playout(*fields)
         elif kind == "census":
             request_id, counts = fields
             waiting_census = self._censuses.get(request_id)

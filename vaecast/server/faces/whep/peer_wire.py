@@ -17,7 +17,9 @@ field, never as bytes to unpickle. Messages (`peer_process` sends the first list
 
 - `("answer", session_id, sdp)`, `("refused", session_id, reason)`;
 - `("ended", session_id, outcome)`: a session the server should close;
-- `("stalls", session_id, count)`; `("census", request_id, counts)`;
+- `("playout", session_id, stalls, stalled_s, playing)`: a session's stalls so far and
+  how long they lasted, and whether its tracks have started; `("census", request_id,
+  counts)`;
 - `("log", level, logger, message)`: the peers' log lines, which the server logs.
 """
 

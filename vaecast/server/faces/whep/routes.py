@@ -92,7 +92,9 @@ def add_whep_routes(app: web.Application) -> None:
         body = await read_small_body(request, manager.config.body_pace(), MAX_OFFER_BYTES)
         offer = read_offer(request.headers.get("Content-Type", ""), body)
         sessions = request.app[WHEP_SESSIONS]
-        session, answer = await sessions.open(job.id, rendition.variant, rendition.log, offer)
+        session, answer = await sessions.open(
+            job.id, rendition.variant, rendition.log, offer, job.playouts
+        )
         location = f"/v1/videos/{job.id}/whep/{session.id}"
         response = web.Response(
             status=201,

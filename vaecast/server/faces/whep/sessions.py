@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections import Counter as Tally
 from dataclasses import dataclass
 from fractions import Fraction
@@ -44,8 +45,10 @@ from vaecast.server.faces.whep.peer_wire import PeerPlan
 from vaecast.server.faces.whep.settings import WebRtcSettings
 from vaecast.server.metrics import Metrics
 from vaecast.server.stream.segment_log import SegmentLog
+from vaecast.server.stream.viewers import JobViewers, ViewerPlayout
 
 log = logging.getLogger("vaecast.webrtc")
+FACE = "webrtc"  # its viewers' playouts are labelled so
 
 RETRY_AFTER_S = 5
 
@@ -60,6 +63,9 @@ class WhepSession:
     binding: asyncio.Task[None] | None = None  # finds the streams its tracks send
     outcome: str | None = None
     stalls: int = 0
+    # Its viewer's playout among its job's (vaecast.server.stream.viewers), if told one.
+    playouts: JobViewers | None = None
+    playout: ViewerPlayout | None = None
 
 
 class WhepSessions:
@@ -93,9 +99,15 @@ class WhepSessions:
         return session
 
     async def open(
-        self, job_id: str, variant: Variant, segments: SegmentLog, offer: Offer
+        self,
+        job_id: str,
+        variant: Variant,
+        segments: SegmentLog,
+        offer: Offer,
+        playouts: JobViewers | None = None,
     ) -> tuple[WhepSession, str]:
-        """A session for a viewer of `segments` (a job's rendition): it and its SDP answer."""
+        """A session for a viewer of `segments` (a job's rendition): it and its SDP answer.
+        `playouts`: the job's viewers' playouts, which this viewer's joins."""
         if self._closing:
             raise ServerBusyError("the server is shutting down", RETRY_AFTER_S)
         # A place is reserved before the peer is set up (which awaits), and released on
@@ -117,6 +129,9 @@ class WhepSessions:
                 await self._release_media(key)
                 raise
             self._sessions[session.id] = session
+            if playouts is not None:
+                session.playouts = playouts
+                session.playout = playouts.open(FACE, time.perf_counter())
         finally:
             self._reserved -= 1
         self._count_viewers()
@@ -141,6 +156,8 @@ class WhepSessions:
         self._sessions.pop(session.id, None)
         self._count_viewers()
         self._metrics.webrtc_sessions.labels(outcome).inc()
+        if session.playouts is not None and session.playout is not None:
+            session.playouts.close(session.playout)
         if session.binding is not None:
             session.binding.cancel()
         if self._peers is not None:
@@ -173,7 +190,7 @@ class WhepSessions:
         async with self._starting:
             if self._peers is None or not self._peers.alive:
                 self._peers = await PeerProcess.start(
-                    self.settings, self._on_ended, self._on_stalls, self._on_lost
+                    self.settings, self._on_ended, self._on_playout, self._on_lost
                 )
             return self._peers
 
@@ -249,11 +266,14 @@ class WhepSessions:
         if session is not None:
             self._end_later(session, outcome)
 
-    def _on_stalls(self, session_id: str, count: int) -> None:
-        self._metrics.webrtc_stalls.inc(count)
+    def _on_playout(self, session_id: str, stalls: int, stalled_s: float, playing: bool) -> None:
         session = self._sessions.get(session_id)
-        if session is not None:
-            session.stalls += count
+        if session is None:
+            return
+        self._metrics.webrtc_stalls.inc(max(0, stalls - session.stalls))
+        session.stalls = stalls
+        if session.playouts is not None and session.playout is not None and playing:
+            session.playouts.paced(session.playout, stalls, stalled_s, time.perf_counter())
 
     def _on_lost(self) -> None:
         for session in list(self._sessions.values()):

@@ -1,0 +1,65 @@
+"""A WHEP viewer's playout in its job's `viewers` and in /metrics: a real aiortc peer
+watches a push session whose producer pauses longer than the video it had sent, so the
+viewer's paced tracks stall, and the server hears of it from the peers' process."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from tests.helpers import safetensors_bytes, until
+from tests.helpers.server import StartServer
+from tests.helpers.whep import WhepViewer
+from tests.webrtc.test_whep import LATENTS, metrics, push_session
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_webrtc_viewer_that_stalls_shows_in_viewers_and_metrics(
+    start_server: StartServer,
+):
+    server = await start_server()
+    session = await push_session(server, audio=False)
+    token = {"X-Push-Token": session["push"]["token"]}
+
+    async def push(first: int, last: int, final: bool = False) -> None:
+        body = safetensors_bytes(latents=LATENTS[:, :, first:last].contiguous())
+        params = {"final": "1"} if final else {}
+        async with server.client.post(
+            session["push"]["url"], data=body, headers=token, params=params
+        ) as response:
+            assert response.status == 202, await response.text()
+
+    viewer, response, answer = await WhepViewer.connect(
+        server.client, f"/v1/videos/{session['id']}/whep"
+    )
+    try:
+        assert response.status == 201, answer
+        await until(lambda: viewer.pc.connectionState == "connected", 10)
+        await push(0, 2)  # 5 frames: 0.31 s of video at 16 fps
+        await viewer.wait_for_frames(3)
+        await asyncio.sleep(1.5)  # the producer pauses: the viewer runs out and waits
+        await push(2, 6, final=True)
+        await viewer.wait_for_frames(19)
+
+        async def viewers() -> dict:
+            async with server.client.get(session["urls"]["self"]) as reply:
+                return (await reply.json())["viewers"]
+
+        for _ in range(100):  # the peers' process reports every half second
+            summary = await viewers()
+            if summary["stalls"] >= 1:
+                break
+            await asyncio.sleep(0.1)
+        assert summary["watching"] == 1 and summary["stalls"] >= 1
+        assert summary["stalled_s"] > 0.5 and summary["min_slack_s"] <= -0.5
+    finally:
+        await viewer.close(server.client)
+    text = await metrics(server)
+    stalls = re.search(r'vaecast_viewer_stalls_total\{face="webrtc"\} (\S+)', text)
+    assert stalls is not None and float(stalls.group(1)) >= 1
+    async with server.client.get(session["urls"]["self"]) as reply:
+        after = (await reply.json())["viewers"]
+    assert after["watching"] == 0 and after["seen"] == 1 and after["stalls"] >= 1
