@@ -34,9 +34,15 @@ async def test_the_page_scrubs_through_a_growing_spritesheet(server: Server, pag
     await push(0, 2)  # 1 + 4 frames
     await page.navigate(f"{server.url}/?video={session['id']}")
     await page.wait_for("window.vaecast && window.vaecast.state.ready")
+    # The bar shows with the first chunk; its sheet is fetched once someone reaches for it.
+    await page.wait_for("!document.getElementById('scrub').hidden")
+    await page.evaluate("new Promise((ok) => setTimeout(ok, 300))")
+    assert (await page.evaluate(SCRUB))["loads"] == 0
+    await page.evaluate(
+        "document.getElementById('scrub-bar').dispatchEvent(new PointerEvent('pointerenter'))"
+    )
     first = await page.wait_for(f"(s => s.layout && s.layout.covered === 5 && s)({SCRUB})")
     assert (first["layout"]["columns"], first["layout"]["rows"]) == (4, 2)
-    assert await page.evaluate("document.getElementById('scrub').hidden") is False
 
     await push(2, 5, final=True)  # the sheet grows to the whole video
     grown = await page.wait_for(

@@ -267,24 +267,28 @@ function swap(from, to) {
 const WATCH_MS = 250;
 const STUCK_MS = 1000;
 const NUDGE_S = 0.001;
+// A playhead this close to the end of the data it stands in is at a hole's edge (a
+// player stops a frame or two short of a buffered range's end): it jumps the hole.
+const EDGE_S = 0.25;
 
 // Where a playhead stuck at `t` can play on from: a hair ahead inside the data it stands
-// in, or the start of the next data past a hole; null when nothing is buffered ahead
-// (then it waits for data, as it should).
+// in, or, at its edge, the start of the next data past the hole; null when nothing is
+// buffered ahead (then it waits for data, as it should).
 export function nudgeTarget(buffered, t) {
   for (let i = 0; i < buffered.length; i += 1) {
     const start = buffered.start(i);
     const end = buffered.end(i);
-    if (start <= t && end > t + 0.05) return t + NUDGE_S;
+    if (start <= t && end > t + EDGE_S) return t + NUDGE_S;
     if (start > t) return start;
   }
   return null;
 }
 
 // A playhead that stops while data ahead of it is buffered (a hole between appended
-// segments, or a decoder that did not resume: what made Gradio add a watchdog that
-// restarts a frozen player) is nudged: after STUCK_MS without moving, not paused, not
-// seeking, not ended, it is moved to `nudgeTarget` and played. `onNudge()` counts it.
+// segments, a seek that never completes, or a decoder that did not resume: what made
+// Gradio add a watchdog that restarts a frozen player) is nudged: after STUCK_MS
+// without moving, not paused, not ended, it is moved to `nudgeTarget` and played.
+// `onNudge()` counts it.
 export class Watchdog {
   #timer = null;
   #last = null;
@@ -306,7 +310,9 @@ export class Watchdog {
 
   check(now) {
     const video = this.video();
-    if (!video || video.paused || video.ended || video.seeking || !video.buffered.length) {
+    // A seek is given longer (a seek over a hole may never complete, one into data does).
+    const patience = video?.seeking ? 3 * STUCK_MS : STUCK_MS;
+    if (!video || video.paused || video.ended || !video.buffered.length) {
       this.#last = null;
       return;
     }
@@ -316,7 +322,7 @@ export class Watchdog {
       this.#since = now;
       return;
     }
-    if (now - this.#since < STUCK_MS) return;
+    if (now - this.#since < patience) return;
     this.#since = now;
     const target = nudgeTarget(video.buffered, t);
     if (target === null) return;

@@ -1,9 +1,11 @@
 // The scrubbing preview under the video: the job's spritesheet
 // (`/content?variant=spritesheet`, a grid of up to 16 frames of the video so far).
 // Moving along the bar shows the frame nearest that point of the video; letting go
-// seeks the video there. The sheet grows with the job: it is fetched again when the
-// job has new chunks, at most once a second, and once more when it ends; the server
-// answers 304 while the sheet has not changed (its ETag), which costs nothing here.
+// seeks the video there. The bar shows once the job has a chunk; the sheet is fetched
+// only once someone reaches for the bar (pointer or focus), so a page nobody scrubs
+// costs the server no still. From then on it grows with the job: it is fetched again
+// when the job has new chunks, at most once a second, and once more when it ends; the
+// server answers 304 while the sheet has not changed (its ETag).
 
 import { apiFetch } from "./api.js";
 
@@ -44,6 +46,7 @@ export class Scrubber {
   #loading = null;
   #again = false;
   #lastLoad = 0;
+  #wanted = false; // someone reached for the bar: keep its sheet fresh
 
   constructor(root) {
     this.#root = root;
@@ -56,6 +59,15 @@ export class Scrubber {
     this.#bar.addEventListener("input", () => this.#preview());
     this.#bar.addEventListener("change", () => this.#seek());
     this.#bar.addEventListener("pointerleave", () => this.#hideTile());
+    for (const reach of ["pointerenter", "focus", "touchstart"]) {
+      this.#bar.addEventListener(reach, () => this.#want(), { passive: true });
+    }
+  }
+
+  #want() {
+    if (this.#wanted) return;
+    this.#wanted = true;
+    if (this.#chunksSeen !== -1) this.#reload(true);
   }
 
   // A new job shown: forget the last one's sheet. `video()` is the <video> in front.
@@ -63,6 +75,7 @@ export class Scrubber {
     this.#job = job;
     this.#video = video;
     this.#chunksSeen = -1;
+    this.#wanted = false;
     this.layout = null;
     this.loads = 0;
     this.covered = [];
@@ -79,7 +92,8 @@ export class Scrubber {
     const mark = ended ? Infinity : state.chunksDone;
     if (mark === this.#chunksSeen) return;
     this.#chunksSeen = mark;
-    this.#reload(ended);
+    this.#root.hidden = false;
+    if (this.#wanted) this.#reload(ended);
   }
 
   #reload(now) {
@@ -116,7 +130,6 @@ export class Scrubber {
     this.#tile.style.backgroundImage = `url("${url}")`;
     this.#tile.style.width = `${layout.tileWidth}px`;
     this.#tile.style.height = `${layout.tileHeight}px`;
-    this.#root.hidden = false;
     if (this.shown !== null) this.#preview();
   }
 
