@@ -10,7 +10,9 @@ go in order (its end waits for its start to be delivered or given up); a message
 tried up to `attempts` times, the waits between tries growing fivefold, every try in
 a task of its own so that a slow receiver holds back nothing but its own messages.
 
-Each message delivered or given up is written to the store (`Store.delivery`). A job's
+A message goes out only once what it states is committed to the store (a crash
+after it cannot undo the end a receiver was told of), and each message delivered or
+given up is written there (`Store.delivery`). A job's
 end is what is owed across a restart: the store gives back a finished job, and if no
 delivery of its end is recorded (the process died between the job's end and the
 receiver's answer, or while retrying), its end is sent then, with the same
@@ -29,6 +31,7 @@ from typing import Any
 from aiohttp import web
 from standardwebhooks import Webhook
 
+from vaecast.errors import StoreUnavailableError
 from vaecast.job.links import with_links
 from vaecast.job.record import Transition
 from vaecast.job.views import job_object
@@ -177,10 +180,13 @@ class Webhooks:
         delays = retry_delays(settings.first_retry_s, settings.max_retry_s, settings.attempts)
         error: str | None = None
         tries = 0
+        store = self._store()
         for delay in (0.0, *delays):
             await asyncio.sleep(delay)
             tries += 1
-            error = await sender.send(sent, signed_headers(signer, sent, now()))
+            error = await self._committed(store) or await sender.send(
+                sent, signed_headers(signer, sent, now())
+            )
             if error is None:
                 break
             self._tally["failed_tries"] += 1
@@ -189,9 +195,20 @@ class Webhooks:
         self._tally[outcome] += 1
         if error is not None:
             log.warning("webhook %s given up after %d tries: %s", sent.id, tries, error)
-        store = self._store()
         if store is not None:
             store.delivery(sent.job_id, sent.type, outcome, tries, error)
+
+    @staticmethod
+    async def _committed(store: Store | None) -> str | None:
+        """None once what the message states (a job's end) is committed to the store, as
+        every answer of the server waits for; else why not (the try fails, and waits)."""
+        if store is None:
+            return None
+        try:
+            await store.settle()
+        except StoreUnavailableError as error:
+            return f"not sent: {error.message}"
+        return None
 
 
 async def _after(before: asyncio.Task[None] | None, sending: Any) -> None:
