@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import safetensors_bytes
 from tests.helpers.browser import PLAY_TIMEOUT_S, STATE, Server, assert_no_script_errors
 from tests.helpers.cdp import Page
+from tests.server.test_push import push as push_block
 from vaecast.codecs.stills import sprite_frames
 from vaecast.demo.sources import SceneSpec, scene_latents
 
@@ -21,15 +21,10 @@ async def test_the_page_scrubs_through_a_growing_spritesheet(server: Server, pag
     latents = scene_latents(SPEC)
     async with server.client.post("/v1/videos", json={"input": "push", "fps": 16}) as response:
         session = await response.json()
-    token = {"X-Push-Token": session["push"]["token"]}
 
     async def push(first: int, last: int, final: bool = False) -> None:
-        body = safetensors_bytes(latents=latents[:, :, first:last].contiguous())
-        params = {"final": "1"} if final else {}
-        async with server.client.post(
-            session["push"]["url"], data=body, headers=token, params=params
-        ) as response:
-            assert response.status == 202, await response.text()
+        status, answer = await push_block(server, session, latents[:, :, first:last], final)
+        assert status == 202, answer
 
     await push(0, 2)  # 1 + 4 frames
     await page.navigate(f"{server.url}/?video={session['id']}")

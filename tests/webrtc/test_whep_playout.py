@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from tests.helpers import safetensors_bytes, until
+from tests.helpers import until
 from tests.helpers.server import StartServer
 from tests.helpers.whep import WhepViewer
+from tests.server.test_push import push as push_block
 from tests.webrtc.test_whep import LATENTS, metrics, push_session
 
 pytestmark = pytest.mark.slow
@@ -22,15 +23,10 @@ async def test_a_webrtc_viewer_that_stalls_shows_in_viewers_and_metrics(
 ):
     server = await start_server()
     session = await push_session(server, audio=False)
-    token = {"X-Push-Token": session["push"]["token"]}
 
     async def push(first: int, last: int, final: bool = False) -> None:
-        body = safetensors_bytes(latents=LATENTS[:, :, first:last].contiguous())
-        params = {"final": "1"} if final else {}
-        async with server.client.post(
-            session["push"]["url"], data=body, headers=token, params=params
-        ) as response:
-            assert response.status == 202, await response.text()
+        status, answer = await push_block(server, session, LATENTS[:, :, first:last], final)
+        assert status == 202, answer
 
     viewer, response, answer = await WhepViewer.connect(
         server.client, f"/v1/videos/{session['id']}/whep"
