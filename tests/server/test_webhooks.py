@@ -165,6 +165,12 @@ async def test_without_a_secret_a_webhook_url_is_refused(start_server: StartServ
         "/v1/videos", json={"input": "push", "webhook_url": "https://example.com/h"}
     ) as response:
         assert response.status == 422
+    # In the query of a JSON request too: refused, never ignored.
+    for body in ({"input": "push"}, {"scene": "shapes", "frames": 17}):
+        async with server.client.post(
+            "/v1/videos", json=body, params={"webhook_url": "https://example.com/h"}
+        ) as response:
+            assert response.status == 422, body
 
 
 async def test_a_name_that_resolves_inside_is_refused_as_a_delivery_connects(

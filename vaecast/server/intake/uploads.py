@@ -133,10 +133,12 @@ async def read_decode_request(
     model's `sound_for` decoder, while the upload is read."""
     if request.content_type == "application/json":
         body = await _read_json_object(request, config)
-        if body.get("input") == JobInput.PUSH:
-            for name in ("preview", "webhook_url"):  # the query's, where the body has none
-                if name in request.query and name not in body:
-                    body = {**body, name: request.query[name]}
+        push = body.get("input") == JobInput.PUSH
+        # The query's, where the body has none (a webhook for any request: never ignored).
+        for name in ("preview", "webhook_url") if push else ("webhook_url",):
+            if name in request.query and name not in body:
+                body = {**body, name: request.query[name]}
+        if push:
             return _push_request(body, config)
         return await _demo_request(body, config, check_names)
     upload = await read_upload(request, config)
