@@ -27,6 +27,7 @@ import pytest
 import vaecast.job.record as job_record_module
 from vaecast.errors import VaecastError
 from vaecast.job.record import (
+    FINAL,
     FINAL_STATUSES,
     PREVIEW,
     ChunkEncoded,
@@ -39,6 +40,8 @@ from vaecast.job.record import (
     JobRecord,
     JobStatus,
     LengthKnown,
+    LiveChunk,
+    LiveProgress,
     NotStored,
     PlanFacts,
     PreviewProgress,
@@ -161,6 +164,7 @@ EXPECTED_ALLOWED: dict[JobStatus, frozenset[type]] = {
             Geometry,
             SegmentAdded,
             ChunkEncoded,
+            LiveChunk,
             LengthKnown,
             VariantEnded,
             FinalReady,
@@ -180,6 +184,7 @@ ALL_TRANSITION_TYPES: tuple[type, ...] = (
     Geometry,
     SegmentAdded,
     ChunkEncoded,
+    LiveChunk,
     LengthKnown,
     VariantEnded,
     FinalReady,
@@ -192,9 +197,11 @@ ALL_TRANSITION_TYPES: tuple[type, ...] = (
 def record_in_status(status: JobStatus) -> JobRecord:
     """A push record (no plan yet, no chunk yet) brought to `status` by legal transitions,
     so that the sample transition of every allowed type is legal on it. It reads no clock.
-    It has a preview, whose first chunk is in once it runs (so that `FinalReady` may be)."""
+    It has a preview, whose first chunk is in once it runs (so that `FinalReady` may be),
+    and a live rendition."""
     record = make_push_record(clock=forbidden_clock)
     record.preview = PreviewProgress("linear", None)
+    record.live = LiveProgress()
     if status is JobStatus.QUEUED:
         return record
     record.apply(Started(at=101.0))
@@ -220,6 +227,7 @@ def sample_transition(transition_type: type) -> Any:
         Geometry: Geometry(64, 32),
         SegmentAdded: SegmentAdded(700),
         ChunkEncoded: chunk(0, at=102.0),
+        LiveChunk: LiveChunk(0, FINAL, 0, 1, 500, delay_s=0.25, at=102.5),
         LengthKnown: LengthKnown(PlanFacts(frames=32, chunks=2, width=64, height=32)),
         VariantEnded: VariantEnded(PREVIEW, JobStatus.COMPLETED, at=103.5),
         FinalReady: FinalReady(at=103.6),

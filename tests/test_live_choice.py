@@ -61,7 +61,7 @@ def test_the_rule_takes_the_final_when_it_is_there_and_the_preview_at_the_last_m
     assert decide(4.9, due=5.0, encode_s=0.1, final_ready=False, preview_ready=True) == PREVIEW
     assert decide(6.0, due=5.0, encode_s=0.1, final_ready=False, preview_ready=False) is None
     assert start_delay_s(None, 0.5, 0.1) is None
-    assert start_delay_s(0.0, None, 0.1) == 0.1
+    assert start_delay_s(0.0, None, 0.1) == 1.0  # a final not measured yet: the tunable's
     assert start_delay_s(0.0, 0.0, 0.1) == 0.1  # a final ahead of real time: no wait
     assert start_delay_s(0.0, 2.5, 0.1) == 1.0  # a slow final: what the tunable allows
     assert start_delay_s(1.5, 2.5, 0.1) == pytest.approx(1.6)  # never less than the preview

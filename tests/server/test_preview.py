@@ -14,7 +14,14 @@ import aiohttp
 import pytest
 import torch
 
-from tests.helpers import GatedDecoder, decode_mp4, safetensors_bytes, smooth_latents, until
+from tests.helpers import (
+    GatedDecoder,
+    decode_mp4,
+    psnr,
+    safetensors_bytes,
+    smooth_latents,
+    until,
+)
 from tests.helpers.server import Server, StartServer
 from tests.server.test_push import create_session, push
 from vaecast.models.linear import LinearDecoder
@@ -108,9 +115,12 @@ async def test_the_preview_plays_first_and_the_final_is_the_job_without_one(
     assert "variants" not in alone
     await events_of(server, alone["id"])
     assert await content(server, alone["id"]) == final
+    # The preview is the preview decoder's video; it has a keyframe at every chunk
+    # (where the live rendition may switch down to it), so its bytes are its own.
     linear = await upload(server, model="linear")
     await events_of(server, linear["id"])
-    assert await content(server, linear["id"]) == preview
+    alone_frames = decode_mp4(await content(server, linear["id"]))
+    assert min(map(psnr, decode_mp4(preview), alone_frames)) > 40
     metrics = await (await server.client.get("/metrics")).text()
     assert 'vaecast_variant_time_to_first_fragment_seconds_count{variant="preview"} 1.0' in metrics
     assert "vaecast_preview_to_final_ready_seconds_count 1.0" in metrics
@@ -132,11 +142,12 @@ async def test_a_server_default_preview_and_each_rendition_over_hls(start_server
             text = await response.text()
         assert text.rstrip().endswith("#EXT-X-ENDLIST")
         base = f"/v1/videos/{job['id']}/{playlist.removesuffix('playlist.m3u8')}"
-        parts = [
-            line.split('URI="')[1].split('"')[0] for line in text.splitlines() if "PART:" in line
-        ]
+        # Each whole segment (a preview with a keyframe at every chunk has a segment per
+        # chunk, and a playlist lists parts only for its last segments).
+        lines = text.splitlines()
+        segments = [lines[i + 1] for i, line in enumerate(lines) if line.startswith("#EXTINF")]
         body = await (await server.client.get(base + "hls/init.mp4")).read()
-        for uri in parts:
+        for uri in segments:
             async with server.client.get(base + uri) as response:
                 assert response.status == 200
                 body += await response.read()
@@ -392,7 +403,7 @@ async def test_a_job_says_what_plays_and_every_face_of_a_stopped_rendition_agree
             return await response.json()
 
     session = await create_session(server, preview="linear", fps=8)
-    assert session["plays"] == ["preview", "final"]
+    assert session["plays"] == ["live", "preview", "final"]
     for i in range(2):
         assert (await push(server, session, LATENTS[:, :, i : i + 1]))[0] == 202
     async with server.client.delete(
@@ -400,7 +411,8 @@ async def test_a_job_says_what_plays_and_every_face_of_a_stopped_rendition_agree
     ) as response:
         assert response.status == 200
     running = await job_object(session["id"])
-    assert (running["status"], running["plays"]) == ("in_progress", ["preview"])
+    # The live rendition plays on: the preview's fragments from now on.
+    assert (running["status"], running["plays"]) == ("in_progress", ["live", "preview"])
     assert await statuses(session["id"]) == {
         "content?variant=preview": 200,
         "preview/playlist.m3u8": 200,
@@ -416,8 +428,10 @@ async def test_a_job_says_what_plays_and_every_face_of_a_stopped_rendition_agree
     job = server.manager.jobs[session["id"]]
     await asyncio.wait_for(job.wait(), 30)
     ended = await job_object(session["id"])
-    assert (ended["status"], ended["plays"]) == ("cancelled", ["preview"])
+    assert (ended["status"], ended["plays"]) == ("cancelled", ["live", "preview"])
     assert ended["variants"]["preview"]["status"] == "completed"
+    assert ended["variants"]["live"]["status"] == "completed"
+    assert ended["variants"]["live"]["sources"][-1] == "preview"
     assert len(decode_mp4(await content(server, session["id"], "preview"))) == FRAMES
     assert (await statuses(session["id"]))["playlist.m3u8"] == 409
 

@@ -163,9 +163,11 @@ class H264Encoder:
                 f"got {frames.width}x{frames.height}"
             )
 
-    def encode(self, frames: Yuv420Frames) -> list[Sample]:
+    def encode(self, frames: Yuv420Frames, keyframe: bool = False) -> list[Sample]:
         """Encode BT.601 limited-range 4:2:0 frames, as the stream declares (no
-        conversion left to do); one Sample per frame, in order."""
+        conversion left to do); one Sample per frame, in order. `keyframe`: the first
+        frame is one, whatever the interval (a point where a live rendition may switch
+        to this stream, `vaecast.server.stream.live_rendition`)."""
         if self._context is None:
             raise RuntimeError("encoder is closed")
         self.check_frames(frames)
@@ -173,11 +175,13 @@ class H264Encoder:
         for index in range(len(frames)):
             frame = self._from_i420(frames.planes[index])
             frame.pts = self.frames_encoded * self.frame_duration
-            if index == 0 and (self.calls == 1 or self.frames_encoded >= self._next_keyframe):
+            due = keyframe or self.calls == 1 or self.frames_encoded >= self._next_keyframe
+            if index == 0 and due:
                 # A keyframe starts the first call (a chunk, a fragment) at or past each
                 # interval, whatever x264's scenecut does between: so a fragment starts
                 # with one now and then, and HLS can start a segment there. The second
-                # call starts one too, so that the first fragment is a segment alone.
+                # call starts one too, so that the first fragment is a segment alone;
+                # and a call asked for one.
                 frame.pict_type = PictureType.I
                 self._next_keyframe = self.frames_encoded + self.keyframe_interval_frames
             packets = self._context.encode(frame)

@@ -199,7 +199,9 @@ class VideoStreamEncoder:
         if self.finished:
             raise RuntimeError("stream is finished")
 
-    def encode_chunk(self, frames: Yuv420Frames, last: bool | None = None) -> Fragment:
+    def encode_chunk(
+        self, frames: Yuv420Frames, last: bool | None = None, keyframe: bool = False
+    ) -> Fragment:
         """`Yuv420Frames` of T >= 1 frames -> exactly one moof + mdat for these frames.
 
         `last` matters to live audio only: True, these are the video's last frames (the
@@ -207,7 +209,8 @@ class VideoStreamEncoder:
         adds nothing); False, more frames will follow (the audio may reach just past
         these frames, see `live_audio.reach_past`); None, not known (the audio ends
         within these frames). A False that turns out wrong can leave `finish` unable
-        to end the audio with the video: it raises ValueError then."""
+        to end the audio with the video: it raises ValueError then. `keyframe`: the
+        fragment starts with one, whatever the interval (`H264Encoder.encode`)."""
         self._check_usable()
         self._check_video_open()
         # Bad input is refused before any frame reaches the codec; only a failure
@@ -216,7 +219,7 @@ class VideoStreamEncoder:
         if len(frames) == 0:
             raise ValueError("a chunk must hold at least one frame")
         try:
-            samples = self._encoder.encode(frames)
+            samples = self._encoder.encode(frames, keyframe)
         except Exception:
             self._failed = True
             raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vaecast.job.record import PREVIEW
+from vaecast.job.record import LIVE, PREVIEW
 
 
 def job_urls(job_id: str) -> dict[str, str]:
@@ -29,4 +29,9 @@ def with_links(job_object: dict[str, Any], queue_position: int | None = None) ->
             "preview_playlist": f"{base}/{PREVIEW}/playlist.m3u8",
             "master_playlist": f"{base}/master.m3u8",
         }
+        if LIVE in job_object["variants"]:  # its preview and final line up
+            urls |= {
+                "live_content": f"{base}/content?variant={LIVE}",
+                "live_playlist": f"{base}/{LIVE}/playlist.m3u8",
+            }
     return {**job_object, "queue_position": queue_position, "urls": urls}

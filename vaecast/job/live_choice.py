@@ -1,9 +1,10 @@
 """Which decoder's frames a live rendition carries, chunk by chunk: the final's when
 they are ready in time for that chunk's playout deadline, the preview's otherwise.
 
-This is the rule of the live rendition a job with a preview decoder will serve (one
-stream from one encoder that never stalls a viewer who starts with its first fragment
-and plays in real time); it is pure, and `simulate` plays it over decode timelines.
+This is the rule of the live rendition a job with a preview decoder serves
+(`vaecast.server.stream.live_rendition`: one stream that never stalls a viewer who
+starts with its first fragment and plays in real time); it is pure, and `simulate`
+plays it over decode timelines.
 
 - The live stream's first fragment is committed at `start_at`; a viewer starts it
   `delay_s` later. Chunk i, whose first frame is `frame_start`, plays from
@@ -23,6 +24,8 @@ and plays in real time); it is pure, and `simulate` plays it over decode timelin
   stall-free start as the one tunable allows, `max_delay_s` (a live latency, as
   LL-HLS players keep one): the longer the delay, the more chunks the final makes in
   time. A final faster than real time needs none, and the delay is the preview's.
+  While the final's rate is not known yet, the stream waits as long as the tunable
+  allows, unless the final shows it needs less first.
 - The first chunk has no deadline to keep: it goes out as soon as either decoder has
   made it (the time to the first frame is the faster decoder's, the preview's).
 - A final always ahead of real time: every chunk after the first is the final's. A
@@ -55,13 +58,19 @@ def deadline(start_at: float, delay_s: float, frame_start: int, fps: float) -> f
 
 
 def decide(
-    now: float, due: float, encode_s: float, final_ready: bool, preview_ready: bool
+    now: float,
+    due: float,
+    encode_s: float,
+    final_ready: bool,
+    preview_ready: bool,
+    final_coming: bool = True,
 ) -> Source | None:
     """The source of a chunk due at `due`, at `now`; None: not yet (wait and ask again:
-    the final may still come in time, or neither is there)."""
+    the final may still come in time, or neither is there). A final that is no longer
+    `final_coming` (it ended, or was stopped) brings nothing more: the preview at once."""
     if final_ready:
         return FINAL
-    if preview_ready and now >= due - encode_s:
+    if preview_ready and (now >= due - encode_s or not final_coming):
         return PREVIEW
     return None
 
@@ -133,9 +142,13 @@ def start_delay_s(
     encode_s: float,
     max_delay_s: float = MAX_DELAY_S,
 ) -> float | None:
-    """The live stream's start delay (None while the preview's rate is not known)."""
+    """The live stream's start delay (None while the preview's rate is not known). A
+    final whose rate is not known yet (`final_stall_free_s` None) may need all the
+    tunable allows: the stream waits that long for it, unless it shows it needs less."""
     if preview_stall_free_s is None:
         return None
     floor = max(0.0, preview_stall_free_s) + encode_s
-    wanted = floor if final_stall_free_s is None else max(0.0, final_stall_free_s) + encode_s
+    if final_stall_free_s is None:
+        return max(floor, max_delay_s)
+    wanted = max(0.0, final_stall_free_s) + encode_s
     return max(floor, min(wanted, max_delay_s))

@@ -36,6 +36,7 @@ from vaecast.job.transitions import (
     ALLOWED,
     FINAL,
     FINAL_STATUSES,
+    LIVE,
     PREVIEW,
     ChunkEncoded,
     Completed,
@@ -47,6 +48,7 @@ from vaecast.job.transitions import (
     JobInput,
     JobStatus,
     LengthKnown,
+    LiveChunk,
     NotStored,
     PlanFacts,
     SegmentAdded,
@@ -59,6 +61,7 @@ from vaecast.playback_deadlines import Commit, stall_free_start_s
 __all__ = [
     "FINAL",
     "FINAL_STATUSES",
+    "LIVE",
     "PREVIEW",
     "ChunkEncoded",
     "Completed",
@@ -70,6 +73,8 @@ __all__ = [
     "JobRecord",
     "JobStatus",
     "LengthKnown",
+    "LiveChunk",
+    "LiveProgress",
     "NotStored",
     "PlanFacts",
     "PreviewProgress",
@@ -90,6 +95,25 @@ class PreviewProgress:
     status: JobStatus = JobStatus.QUEUED
     error: VaecastError | None = None
     chunks_done: int = 0
+    frames_done: int = 0
+    bytes: int = 0
+    first_fragment: float | None = None
+    finished: float | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
+@dataclass(slots=True)
+class LiveProgress:
+    """The live rendition of a job with a preview: its start delay, status, counters,
+    and each fragment's source (`sources[i]`: the rendition chunk i's came from)."""
+
+    status: JobStatus = JobStatus.QUEUED
+    error: VaecastError | None = None
+    delay_s: float | None = None
+    sources: list[str] = field(default_factory=list)
     frames_done: int = 0
     bytes: int = 0
     first_fragment: float | None = None
@@ -147,6 +171,8 @@ class JobRecord:
     # A job with a preview decoder: the preview rendition's progress; and how the
     # final ended while the job went on (`VariantEnded`), and when it was ready.
     preview: PreviewProgress | None = None
+    # A job whose preview and final fragments line up: the live rendition's progress.
+    live: LiveProgress | None = None
     final_ended: VariantEnded | None = None
     final_ready: float | None = None
     # The final's fragments as played (vaecast.playback_deadlines), and the earliest
@@ -215,11 +241,15 @@ class JobRecord:
         if isinstance(t, SegmentAdded):
             if t.variant == PREVIEW:
                 self._preview().bytes += t.size
+            elif t.variant == LIVE:
+                self._live().bytes += t.size
             else:
                 self.bytes += t.size
             return None
         if isinstance(t, ChunkEncoded):
             return self._preview_chunk(t) if t.variant == PREVIEW else self._chunk(t)
+        if isinstance(t, LiveChunk):
+            return self._live_chunk(t)
         if isinstance(t, LengthKnown):
             if self.plan is not None:
                 raise IllegalTransition(f"job {self.id}: its length was known already")
@@ -251,6 +281,36 @@ class JobRecord:
         if self.preview is None:
             raise IllegalTransition(f"job {self.id} has no preview")
         return self.preview
+
+    def _live(self) -> LiveProgress:
+        if self.live is None:
+            raise IllegalTransition(f"job {self.id} has no live rendition")
+        return self.live
+
+    def _live_chunk(self, t: LiveChunk) -> dict[str, Any]:
+        live = self._live()
+        if live.is_final or t.index != len(live.sources) or t.source not in (PREVIEW, FINAL):
+            raise IllegalTransition(
+                f"job {self.id}: live chunk {t.index} from {t.source!r} came where "
+                f"{len(live.sources)} was due ({live.status.value})"
+            )
+        live.sources.append(str(t.source))
+        live.frames_done += t.frames
+        live.status, live.delay_s = JobStatus.IN_PROGRESS, t.delay_s
+        if live.first_fragment is None:
+            live.first_fragment = t.at
+        return self._emit(
+            "chunk",
+            variant=LIVE,
+            source=str(t.source),
+            index=t.index,
+            total=None if self.plan is None else self.plan.chunks,
+            frame_start=t.frame_start,
+            frames=t.frames,
+            bytes=t.bytes,
+            frames_done=live.frames_done,
+            total_bytes=live.bytes,
+        )
 
     def _preview_chunk(self, t: ChunkEncoded) -> dict[str, Any]:
         preview = self._preview()
@@ -288,6 +348,11 @@ class JobRecord:
             if self.final_ended is not None:
                 raise IllegalTransition(f"job {self.id}: its final ended already")
             self.final_ended = t
+        elif t.variant == LIVE:
+            live = self._live()
+            if live.is_final:
+                raise IllegalTransition(f"job {self.id}: its live rendition ended already")
+            live.status, live.error, live.finished = t.status, t.error, t.at
         else:
             raise IllegalTransition(f"job {self.id}: no variant {t.variant!r}")
         if t.error is None:
@@ -365,9 +430,9 @@ class JobRecord:
             )
         self.status, self.error, self.finished = t.status, t.error, t.at
         self.partial = t.partial
-        if self.preview is not None and not self.preview.is_final:  # it ends with the job
-            self.preview.status, self.preview.error = t.status, t.error
-            self.preview.finished = t.at
+        for other in (self.preview, self.live):  # each still running ends with the job
+            if other is not None and not other.is_final:
+                other.status, other.error, other.finished = t.status, t.error, t.at
         stopped = {} if t.decoded_chunks is None else {"decoded_chunks": t.decoded_chunks}
         kept = {"partial": True} if t.partial else {}
         error = {"type": t.error.type, "message": t.error.message}
@@ -421,4 +486,6 @@ class JobRecord:
         playing = [] if self.final_status() in stopped else [FINAL]
         if self.preview is not None and self.preview.status not in stopped:
             playing.insert(0, PREVIEW)
+        if self.live is not None and self.live.status not in stopped:
+            playing.insert(0, LIVE)
         return playing

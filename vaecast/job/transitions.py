@@ -68,13 +68,15 @@ class Geometry:
 
 class Variant(StrEnum):
     """A job's renditions: with a preview (`JobRecord.preview`), the preview decoder's
-    and the model's own, the final; a job without a preview has only its final."""
+    and the model's own, the final, and (`JobRecord.live`) the live one, whose every
+    fragment is one of theirs; a job without a preview has only its final."""
 
     PREVIEW = "preview"
     FINAL = "final"
+    LIVE = "live"
 
 
-PREVIEW, FINAL = Variant.PREVIEW, Variant.FINAL
+PREVIEW, FINAL, LIVE = Variant.PREVIEW, Variant.FINAL, Variant.LIVE
 
 
 class JobInput(StrEnum):
@@ -106,6 +108,20 @@ class ChunkEncoded:
     latency_s: float | None = None  # from its pushed block's arrival (push sessions)
     at: float | None = None
     variant: Variant = FINAL
+
+
+@dataclass(frozen=True, slots=True)
+class LiveChunk:
+    """The live rendition took chunk `index`'s fragment from rendition `source` (the
+    preview or the final): `delay_s` is its start delay, chosen with its first."""
+
+    index: int
+    source: Variant
+    frame_start: int
+    frames: int
+    bytes: int
+    delay_s: float
+    at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +185,7 @@ Transition = (
     | Geometry
     | SegmentAdded
     | ChunkEncoded
+    | LiveChunk
     | LengthKnown
     | VariantEnded
     | FinalReady
@@ -185,6 +202,7 @@ ALLOWED: dict[JobStatus, tuple[type, ...]] = {
         Geometry,
         SegmentAdded,
         ChunkEncoded,
+        LiveChunk,
         LengthKnown,
         VariantEnded,
         FinalReady,

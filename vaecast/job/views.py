@@ -8,11 +8,12 @@ library only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vaecast.errors import VaecastError
-from vaecast.job.record import JobRecord
-from vaecast.job.transitions import FINAL, PREVIEW, JobStatus
+from vaecast.job.record import JobRecord, LiveProgress
+from vaecast.job.transitions import FINAL, LIVE, PREVIEW, JobStatus
 
 
 def job_timings(
@@ -163,4 +164,27 @@ def variants_json(record: JobRecord) -> dict[str, Any]:
             ),
             "error": error_json(final_error),
         },
+        **({} if record.live is None else {LIVE: _live_json(record.live, since_created)}),
     }
+
+
+def _live_json(live: LiveProgress, since_created: Callable[[float | None], float | None]) -> Any:
+    """The live rendition: its start delay, and which rendition each fragment is."""
+    return {
+        "status": live.status.value,
+        "start_delay_s": live.delay_s,
+        "chunks": {"done": len(live.sources)},
+        "sources": live.sources,
+        "final_share": (
+            None if not live.sources else round(live.sources.count(FINAL) / len(live.sources), 4)
+        ),
+        "frames_done": live.frames_done,
+        "bytes": live.bytes,
+        "time_to_first_fragment_s": since_created(live.first_fragment),
+        "total_s": since_created(live.finished),
+        "error": None if live.error is None else _error_json(live.error),
+    }
+
+
+def _error_json(error: VaecastError) -> dict[str, str]:
+    return {"type": error.type, "message": error.message}

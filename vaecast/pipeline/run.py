@@ -91,6 +91,7 @@ async def run_pipeline(
     observer: PipelineObserver | None = None,
     queue_chunks: int = DEFAULT_QUEUE_CHUNKS,
     audio_wait_s: float = DEFAULT_AUDIO_WAIT_S,
+    keyframes: Callable[[int], bool] | None = None,
 ) -> None:
     """Decode `source` with `decoder`, encode each chunk, append each fragment to `sink`.
 
@@ -98,10 +99,16 @@ async def run_pipeline(
     chunk sizes, not the length) for one whose length is known when its source ends.
     `audio_wait_s` bounds each chunk's wait for its audio (audio arriving with the
     latents of a `LiveSource` only; see `vaecast.pipeline.live_audio`).
+    `keyframes(index)`, asked on the event loop as chunk `index` goes to the encoder:
+    whether its fragment must start with a keyframe (a live rendition's switch points;
+    not for a stream with live audio, whose fragments are cut by the audio's arrival).
     Raises DecodeFailedError when the decoder, the encoder or the sink fails, or the
     decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
     """
     run = _PipelineRun(source, decoder, plan, output, sink, workers, stages, observer)
+    if keyframes is not None and run.live is not None:
+        raise ValueError("keyframes are not for a stream with live audio")
+    run.keyframes = keyframes
     run.start(queue_chunks)
     try:
         await run.stream(audio_wait_s)
@@ -131,6 +138,7 @@ class _PipelineRun:
         self.encoding: asyncio.Future[Any] | None = None
         self.chunks_done = self.frames_done = 0
         self.ended_video = False  # a chunk was encoded as the video's last
+        self.keyframes: Callable[[int], bool] | None = None
         live = output.audio_format is not None and isinstance(source, LiveSource)
         self.live: LiveSource | None = source if live else None  # type: ignore[assignment]
 
@@ -208,8 +216,10 @@ class _PipelineRun:
         pool = self.workers.after_first() if caught_up else self.workers.encode
         audio_waited_s = 0.0
         if self.live is None:
+            keyframe = self.keyframes is not None and self.keyframes(item.index)
             encode_from = time.perf_counter()
-            fragment = await self.encode_call(pool, _encode, item.pixels, self.source.take_audio())
+            audio = self.source.take_audio()
+            fragment = await self.encode_call(pool, _encode, item.pixels, audio, keyframe)
         else:
             assert self.encoder is not None
             fragment, self.ended_video, audio_waited_s, encode_from = await encode_aligned(
@@ -276,9 +286,13 @@ def _audio_options(output: VideoOutput, plan: DecodePlan | StreamPlan) -> dict[s
     return {"soundtrack": output.soundtrack, "total_frames": total_frames}
 
 
-def _encode(encoder: VideoStreamEncoder, pixels: Any, audio: list[TimedAudio]) -> bytes:
+def _encode(
+    encoder: VideoStreamEncoder, pixels: Any, audio: list[TimedAudio], keyframe: bool
+) -> bytes:
     """One chunk on the encode thread, after the audio that arrived with its latents."""
     append_audio(encoder, audio)
+    if keyframe:  # (asked only then: an injected encoder need not know the option)
+        return encoder.encode_chunk(pixels, keyframe=True)
     return encoder.encode_chunk(pixels)
 
 

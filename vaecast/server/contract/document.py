@@ -220,9 +220,10 @@ def _webhooks(schemas: _Schemas) -> dict[str, Any]:
 
 VIDEO_PATH = "/v1/videos/{video_id}"
 VIDEO_ID_FROM_ANSWER = "$response.body#/id"
-# Routes only some videos have: a preview's (a video made with one) and a push
-# session's blocks (a video created with `input: push`); 404 for the others.
-OF_SOME_VIDEOS = ("/preview/", "/latents")
+# Routes only some videos have: a preview's and a live rendition's (a video made with
+# a preview) and a push session's blocks (a video created with `input: push`); 404
+# for the others.
+OF_SOME_VIDEOS = ("/preview/", "/live/", "/latents")
 
 
 def _link_created_video(paths: dict[str, dict[str, Any]]) -> None:

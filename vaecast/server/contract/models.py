@@ -19,7 +19,7 @@ from vaecast.job.transitions import JobStatus
 
 Count = Annotated[int, Meta(ge=0)]
 Seconds = Annotated[float, Meta(description="seconds")]
-Variant = Literal["preview", "final"]
+Variant = Literal["preview", "final", "live"]
 ErrorTypeName = Annotated[
     str, Meta(pattern=r"^[a-z0-9_]+$", description="machine-readable kind of error")
 ]
@@ -81,11 +81,39 @@ class FinalRendition(Struct, forbid_unknown_fields=True):
     error: ErrorDetail | None
 
 
+class LiveChunks(Struct, forbid_unknown_fields=True):
+    done: Count
+
+
+class LiveRendition(Struct, forbid_unknown_fields=True):
+    """The live rendition: each chunk the final's fragment when it came in time for
+    that chunk's playout deadline, the preview's otherwise."""
+
+    status: JobStatus
+    start_delay_s: Annotated[
+        float | None,
+        Meta(description="from the first fragment of either rendition to the live one's"),
+    ]
+    chunks: LiveChunks
+    sources: Annotated[
+        list[Literal["preview", "final"]],
+        Meta(description="the rendition each fragment is, in order"),
+    ]
+    final_share: Annotated[float, Meta(ge=0, le=1)] | None
+    frames_done: Count
+    bytes: Count
+    time_to_first_fragment_s: Seconds | None
+    total_s: Seconds | None
+    error: ErrorDetail | None
+
+
 class Variants(Struct, forbid_unknown_fields=True):
-    """A job with a preview: each rendition's progress."""
+    """A job with a preview: each rendition's progress (`live` where its preview's
+    and final's chunks line up)."""
 
     preview: PreviewRendition
     final: FinalRendition
+    live: LiveRendition | UnsetType = UNSET
 
 
 class JobUrls(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -98,6 +126,8 @@ class JobUrls(Struct, kw_only=True, forbid_unknown_fields=True):
     preview_content: str | UnsetType = UNSET
     preview_playlist: str | UnsetType = UNSET
     master_playlist: str | UnsetType = UNSET
+    live_content: str | UnsetType = UNSET
+    live_playlist: str | UnsetType = UNSET
 
 
 class PushTarget(Struct, forbid_unknown_fields=True):
@@ -157,7 +187,7 @@ class JobObject(Struct, forbid_unknown_fields=True):
     urls: JobUrls
     variants: Variants | UnsetType = UNSET
     # With `variants`: the renditions whose content plays (running or completed).
-    plays: list[Literal["preview", "final"]] | UnsetType = UNSET
+    plays: list[Variant] | UnsetType = UNSET
     # Only in the answer that created a push session.
     push: PushTarget | UnsetType = UNSET
     # In the API's answers (not in events or webhooks): its live viewers' playout.
@@ -318,6 +348,8 @@ class ChunkEvent(Struct, tag_field="event", tag="chunk", forbid_unknown_fields=T
     stall_free_start_s: Seconds | UnsetType | None = UNSET
     latency_s: Seconds | UnsetType = UNSET
     variant: Variant | UnsetType = UNSET
+    # A live chunk's: the rendition whose fragment it is.
+    source: Literal["preview", "final"] | UnsetType = UNSET
 
 
 class DoneEvent(Struct, tag_field="event", tag="done", forbid_unknown_fields=True):
@@ -354,6 +386,17 @@ class FinalErrorEvent(Struct, tag_field="event", tag="final_error", forbid_unkno
     error: ErrorDetail
 
 
+class LiveDoneEvent(Struct, tag_field="event", tag="live_done", forbid_unknown_fields=True):
+    status: JobStatus
+    variant: Literal["live"]
+
+
+class LiveErrorEvent(Struct, tag_field="event", tag="live_error", forbid_unknown_fields=True):
+    status: JobStatus
+    variant: Literal["live"]
+    error: ErrorDetail
+
+
 class FinalReadyEvent(Struct, tag_field="event", tag="final_ready", forbid_unknown_fields=True):
     status: JobStatus
     variant: Literal["final"]
@@ -372,6 +415,8 @@ JobEvent = (
     | FinalDoneEvent
     | PreviewErrorEvent
     | FinalErrorEvent
+    | LiveDoneEvent
+    | LiveErrorEvent
     | FinalReadyEvent
 )
 EVENT_TYPES: tuple[type[Struct], ...] = JobEvent.__args__  # type: ignore[attr-defined]

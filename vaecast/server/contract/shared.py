@@ -23,7 +23,7 @@ from vaecast.errors import (
     UnknownModelError,
     UnsupportedMediaError,
 )
-from vaecast.job.record import FINAL, PREVIEW
+from vaecast.job.record import FINAL, LIVE, PREVIEW
 from vaecast.latent_files.audio import AUDIO_RATE_KEY
 from vaecast.params import MAX_NUMBER_CHARS
 from vaecast.push_ledger import MAX_SEQ_DIGITS, SEQ_HEADER
@@ -56,15 +56,21 @@ VIDEO_ID = Param(
 VARIANT = Param(
     "variant",
     "query",
-    {"type": "string", "enum": [FINAL, PREVIEW], "default": FINAL},
-    "which rendition of a job with a preview decoder (404 for a preview it lacks)",
+    {"type": "string", "enum": [FINAL, PREVIEW, LIVE], "default": FINAL},
+    "which rendition of a job with a preview decoder (404 for one it lacks): `live` is "
+    "each chunk the final's when it came in time to play, else the preview's",
 )
 # /content's: a rendition, or a still of the final (the stills face's).
 CONTENT_VARIANT = Param(
     "variant",
     "query",
-    {"type": "string", "enum": [FINAL, PREVIEW, "thumbnail", "spritesheet"], "default": FINAL},
-    "which rendition of a job with a preview decoder (404 for a preview it lacks), or a "
+    {
+        "type": "string",
+        "enum": [FINAL, PREVIEW, LIVE, "thumbnail", "spritesheet"],
+        "default": FINAL,
+    },
+    "which rendition of a job with a preview decoder (404 for one it lacks; `live`: each "
+    "chunk the final's when it came in time to play, else the preview's), or a "
     "still of its video so far: `thumbnail` (its middle frame) or `spritesheet` (a JPEG "
     "grid of up to 16 evenly spaced frames, `X-Spritesheet` says which)",
 )

@@ -36,6 +36,7 @@ from vaecast.errors import (
 from vaecast.job.record import (
     FINAL,
     FINAL_STATUSES,
+    LIVE,
     PREVIEW,
     Ended,
     JobRecord,
@@ -120,13 +121,16 @@ class Job:
         push_kind: PushKind | None = None,
         log: SegmentLog | None = None,
         preview: ChunkedDecoder | None = None,
+        live: bool = False,
     ) -> None:
         """`plan` is None for a push session: its length is known at its last block.
         `attach`: what each new rendition is shown to (the faces' hooks; None: none).
         `log`: its MP4's log when it has one already (a durable store's file, or a
         restored video); by default a new one in memory, spilling to a temp file.
         `preview`: the preview decoder of a job with two renditions (its record has
-        a `preview`); its MP4 is kept in memory and a temp file, not in the store."""
+        a `preview`); its MP4 is kept in memory and a temp file, not in the store.
+        `live`: such a job also has the live rendition spliced from those two (its
+        record has a `live`; `vaecast.server.stream.live_rendition`), kept likewise."""
         self.record = record
         self.id = record.id
         self.decoder = decoder
@@ -158,6 +162,14 @@ class Job:
                 Rendition(
                     PREVIEW, preview, SegmentLog(config.spill_threshold_bytes, config.spill_dir)
                 )
+            )
+        )
+        # The live rendition: each chunk the preview's or the final's fragment.
+        self.live = (
+            None
+            if not live or self.preview is None
+            else attach(
+                Rendition(LIVE, decoder, SegmentLog(config.spill_threshold_bytes, config.spill_dir))
             )
         )
         # The record's events (queued, started, chunk..., then done or error), for
@@ -298,16 +310,26 @@ class Job:
             return self.final
         if variant == PREVIEW and self.preview is not None:
             return self.preview
+        if variant == LIVE and self.live is not None:
+            return self.live
+        if variant == LIVE and self.record.live is not None:  # restored from the store
+            raise GoneError(f"the live rendition of {self.id} is not kept across a restart")
+        if variant == LIVE:
+            raise NotFoundError(
+                f"video {self.id} has no live rendition (a job has one when it has a preview "
+                "whose chunks line up with its final's)"
+            )
         if variant == PREVIEW and self.record.preview is not None:  # restored from the store
             raise GoneError(f"the preview of {self.id} is not kept across a restart; its final is")
         if variant == PREVIEW:
             raise NotFoundError(f"video {self.id} has no preview rendition")
         shown = variant if len(variant) <= 20 else f"{variant[:20]}..."
-        raise InvalidRequestError(f"variant must be preview or final, got {shown!r}")
+        raise InvalidRequestError(f"variant must be preview, final or live, got {shown!r}")
 
     @property
     def renditions(self) -> list[Rendition]:
-        return [self.final] if self.preview is None else [self.preview, self.final]
+        extra = [r for r in (self.preview, self.live) if r is not None]
+        return [*extra, self.final]
 
     @property
     def memory_bytes(self) -> int:
@@ -322,16 +344,20 @@ class Job:
     def status_of(self, rendition: Rendition) -> JobStatus:
         """A rendition's status: the preview's own, or the final's (the job's, unless
         the final ended while the job went on)."""
-        preview = self.record.preview
+        preview, live = self.record.preview, self.record.live
         if rendition.variant == PREVIEW and preview is not None:
             return preview.status
+        if rendition.variant == LIVE and live is not None:
+            return live.status
         return self.record.final_status()
 
     def error_of(self, rendition: Rendition) -> VaecastError | None:
         """Why a rendition ended without completing (or is being stopped)."""
-        preview = self.record.preview
+        preview, live = self.record.preview, self.record.live
         if rendition.variant == PREVIEW and preview is not None:
             return preview.error
+        if rendition.variant == LIVE and live is not None:
+            return live.error
         final = self.record.final_ended
         return final.error if final is not None and final.error is not None else self.error
 

@@ -15,12 +15,13 @@ import secrets
 import time
 from typing import Any, Protocol
 
-from vaecast.job.record import JobRecord, PreviewProgress
+from vaecast.job.record import JobRecord, LiveProgress, PreviewProgress
 from vaecast.job.transitions import JobInput
 from vaecast.models.base import ChunkedDecoder, DecodePlan
 from vaecast.server.config import ServerConfig
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
+from vaecast.server.stream.live_rendition import lines_up
 from vaecast.server.stream.local_runner import LocalRunner, PreviewSetup
 from vaecast.server.stream.services import JobServices, JobTable
 
@@ -80,6 +81,7 @@ class LocalRunners:
     ) -> Job:
         push = isinstance(request, PushRequest)
         job_id = "video_" + secrets.token_hex(12)
+        live = preview is not None and lines_up(decoder, preview, request)
         record = JobRecord(
             job_id,
             JobInput.PUSH if push else JobInput.LATENTS,
@@ -92,6 +94,7 @@ class LocalRunners:
             preview=None
             if preview is None
             else PreviewProgress(preview.name, _chunks(preview, request)),
+            live=LiveProgress() if live else None,
         )
         setup = None
         if preview is not None:
@@ -110,6 +113,7 @@ class LocalRunners:
             request.kind if push else None,
             log=services.new_log(job_id),
             preview=preview,
+            live=live,
         )
 
     def start(self, table: JobTable) -> None:

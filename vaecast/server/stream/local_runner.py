@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ from vaecast.server.config import ServerConfig
 from vaecast.server.stream.finished_file import state_duration
 from vaecast.server.stream.job import Job, plan_facts
 from vaecast.server.stream.job_requests import DecodeRequest, PushRequest
+from vaecast.server.stream.live_rendition import LiveRendition
 
 log = logging.getLogger("vaecast.jobs")
 
@@ -195,6 +197,7 @@ class LocalRunner:
         output: VideoOutput,
         workers: Workers,
         variant: Variant = FINAL,
+        keyframes: Callable[[int], bool] | None = None,
     ) -> None:
         await run_pipeline(
             source,
@@ -206,11 +209,14 @@ class LocalRunner:
             stages=self._stages,
             observer=self if variant == FINAL else _PreviewObserver(job),
             queue_chunks=self._queue_chunks,
+            keyframes=keyframes,
         )
 
     async def _run_renditions(self, job: Job, plan: DecodePlan | StreamPlan) -> None:
-        """Both renditions, each to its own end; cancelled, both stop."""
+        """Both renditions, each to its own end, and the live one spliced from them;
+        cancelled, all stop."""
         assert job.preview is not None
+        live = None if job.live is None else LiveRendition(job)
         runs = [run for run in self._renditions.values() if run.stop is None]
         for run in self._renditions.values():
             if run.stop is not None:  # stopped before it ran: it holds nothing back
@@ -218,8 +224,14 @@ class LocalRunner:
         for run in runs:
             decoder = job.rendition(run.variant).decoder
             own_plan = plan if run.variant == FINAL else self._preview_plan(decoder)
-            run.task = asyncio.create_task(self._rendition(job, run, decoder, own_plan))
+            keyframes = None
+            if live is not None:
+                final = run.variant == FINAL
+                keyframes = live.final_keyframe if final else live.preview_keyframe
+            run.task = asyncio.create_task(self._rendition(job, run, decoder, own_plan, keyframes))
         tasks = [run.task for run in runs if run.task is not None]
+        if live is not None:
+            tasks.append(asyncio.create_task(live.run()))
         try:
             await asyncio.wait(tasks)
         finally:
@@ -233,11 +245,14 @@ class LocalRunner:
         run: _RenditionRun,
         decoder: ChunkedDecoder,
         plan: DecodePlan | StreamPlan,
+        keyframes: Callable[[int], bool] | None,
     ) -> None:
         """One rendition's pipeline, and how it ended (`VariantEnded`)."""
         variant, log = run.variant, job.rendition(run.variant).log
         try:
-            await self._pipeline(job, run.source, decoder, plan, run.output, run.workers, variant)
+            await self._pipeline(
+                job, run.source, decoder, plan, run.output, run.workers, variant, keyframes
+            )
             await state_duration(job.rendition(variant))
         except asyncio.CancelledError:
             if run.stop is None:

@@ -12,10 +12,11 @@
   segment, fragment n, and the fragments of segment k, read from the log. A part that
   does not exist yet (the playlist's preload hint) is answered when it does.
 - The same under `/v1/videos/{id}/preview/` for a job's preview rendition (a job with
-  a preview decoder): a media playlist of its own, its media relative to it.
+  a preview decoder), and under `/v1/videos/{id}/live/` for its live rendition: a
+  media playlist of its own, its media relative to it.
 - `GET /v1/videos/{id}/master.m3u8`: the multivariant playlist, listing the final
-  rendition (and the preview, ranked below it by `SCORE`), less one that failed or was
-  stopped. It waits, bounded, for the init segment, which names the CODECS every
+  rendition (and the live one and the preview, ranked below it by `SCORE`), less one
+  that failed or was stopped. It waits, bounded, for the init segment, which names the CODECS every
   variant must carry.
 
 A rendition that failed or was stopped answers its playlist, init and parts as its
@@ -33,7 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from aiohttp import web
 
 from vaecast.errors import MalformedRequestError, NotFoundError, VaecastError
-from vaecast.job.record import FINAL, FINAL_STATUSES, PREVIEW
+from vaecast.job.record import FINAL, FINAL_STATUSES, LIVE, PREVIEW
 from vaecast.job.transitions import Variant as JobVariant
 from vaecast.params import leading_int
 from vaecast.server.contract.shared import (
@@ -120,6 +121,7 @@ def add_hls_routes(app: web.Application) -> None:
     base = "/v1/videos/{video_id}"
     _add_rendition_routes(app, FINAL, base)
     _add_rendition_routes(app, PREVIEW, f"{base}/{PREVIEW}")
+    _add_rendition_routes(app, LIVE, f"{base}/{LIVE}")
 
     @MASTER
     async def master(request: web.Request) -> web.Response:
@@ -234,7 +236,7 @@ def _variant(job: Job, rendition: Rendition) -> Variant:
     parts = rendition.fragments.facts
     seconds = sum(part.duration_s for part in parts)
     measured = rendition.log.size * 8 / seconds if seconds > 0 else None
-    uri = "playlist.m3u8" if rendition.variant == FINAL else f"{PREVIEW}/playlist.m3u8"
+    uri = "playlist.m3u8" if rendition.variant == FINAL else f"{rendition.variant}/playlist.m3u8"
     return Variant(
         uri=uri,
         name=rendition.variant,
@@ -243,8 +245,12 @@ def _variant(job: Job, rendition: Rendition) -> Variant:
         height=None if size is None else size.height,
         fps=float(job.record.fps),
         bits_per_second=measured,
-        score=2.0 if rendition.variant == FINAL else 1.0,
+        score=_SCORES[rendition.variant],
     )
+
+
+# The final is the best picture; the live rendition the best that never stalls.
+_SCORES = {FINAL: 2.0, LIVE: 1.5, PREVIEW: 1.0}
 
 
 def _codecs(content_type: str) -> str | None:
@@ -261,7 +267,7 @@ def _part_target_s(job: Job, rendition: Rendition) -> float:
     elif job.stream_plan is not None:  # a push session: its length is not known yet
         longest_chunk = max(job.stream_plan.first_chunk_frames, job.stream_plan.chunk_frames)
     part_target_s = float(longest_chunk / job.record.fps)
-    if rendition.variant == PREVIEW or (
+    if rendition.variant != FINAL or (
         job.plan is None and job.stream_plan is None and job.record.is_final
     ):
         # A preview's chunks are its own decoder's; a job restored from the store

@@ -2,7 +2,7 @@
 
 - `POST /v1/videos/{id}/whep` with an SDP offer (`application/sdp`): 201 with the SDP
   answer, `Location` naming the session, and a `Link` per configured ICE server (what
-  WHEP clients read them from). `?variant=preview|final` as on `/content`.
+  WHEP clients read them from). `?variant=preview|final|live` as on `/content`.
 - `DELETE /v1/videos/{id}/whep/{session}`: ends the session (200).
 - `PATCH` on a session (trickle ICE) is 405: the answer carries every candidate.
 
