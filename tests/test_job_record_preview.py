@@ -13,6 +13,7 @@ from tests.test_job_record import FakeClock, chunk
 from vaecast.errors import DecodeCancelled, DecodeFailedError
 from vaecast.job.record import (
     FINAL,
+    LIVE,
     PREVIEW,
     Completed,
     Ended,
@@ -21,6 +22,8 @@ from vaecast.job.record import (
     JobRecord,
     JobStatus,
     LengthKnown,
+    LiveChunk,
+    LiveProgress,
     PlanFacts,
     PreviewProgress,
     SegmentAdded,
@@ -166,3 +169,61 @@ def test_the_variants_survive_a_snapshot():
     clock.now = 110.0
     again = from_snapshot(snapshot(record), record.events, clock=FakeClock(500.0))
     assert job_object(again) == job_object(record)
+
+
+def test_the_live_rendition_records_each_fragments_source_and_ends_with_the_job():
+    record = record_with_preview(FakeClock())
+    record.live = LiveProgress()
+    record.apply(Started(at=100.5))
+    record.apply(SegmentAdded(300, variant=LIVE))
+    event = record.apply(LiveChunk(0, PREVIEW, 0, 16, 900, delay_s=0.75, at=101.0))
+    assert event == {
+        "event": "chunk",
+        "status": "in_progress",
+        "variant": "live",
+        "source": "preview",
+        "index": 0,
+        "total": 3,
+        "frame_start": 0,
+        "frames": 16,
+        "bytes": 900,
+        "frames_done": 16,
+        "total_bytes": 300,
+    }
+    record.apply(LiveChunk(1, FINAL, 16, 16, 800, delay_s=0.75, at=102.0))
+    with pytest.raises(IllegalTransition):  # out of order
+        record.apply(LiveChunk(3, FINAL, 48, 16, 800, delay_s=0.75, at=103.0))
+    with pytest.raises(IllegalTransition):  # a live chunk is the preview's or the final's
+        record.apply(LiveChunk(2, LIVE, 32, 16, 800, delay_s=0.75, at=103.0))
+    live = job_object(record)["variants"]["live"]
+    assert (live["sources"], live["final_share"], live["start_delay_s"]) == (
+        ["preview", "final"],
+        0.5,
+        0.75,
+    )
+    assert (live["status"], live["chunks"], live["frames_done"], live["bytes"]) == (
+        "in_progress",
+        {"done": 2},
+        32,
+        300,
+    )
+    assert live["time_to_first_fragment_s"] == 1.0
+    assert record.plays() == ["live", "preview", "final"]
+    record.apply(Ended(JobStatus.CANCELLED, DecodeCancelled("stop"), at=104.0))
+    assert record.live.status is JobStatus.CANCELLED and record.plays() == []
+    assert job_object(record)["variants"]["live"]["error"]["type"] == "cancelled"
+
+
+def test_a_live_rendition_ends_on_its_own_and_a_record_without_one_refuses_its_chunks():
+    record = record_with_preview(FakeClock())
+    record.apply(Started(at=100.5))
+    with pytest.raises(IllegalTransition):
+        record.apply(LiveChunk(0, PREVIEW, 0, 16, 900, delay_s=0.5, at=101.0))
+    record.live = LiveProgress()
+    failed = DecodeFailedError("its preview and final streams differ")
+    assert record.apply(VariantEnded(LIVE, JobStatus.FAILED, failed, at=101.5))["event"] == (
+        "live_error"
+    )
+    assert record.plays() == ["preview", "final"]
+    with pytest.raises(IllegalTransition):
+        record.apply(VariantEnded(LIVE, JobStatus.COMPLETED, at=102.0))

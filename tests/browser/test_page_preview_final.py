@@ -1,9 +1,11 @@
 """The page's preview-then-final playback in real headless Chromium, against a real server.
 
-A demo asked for with a fast preview (`"preview": "linear"`) plays its preview at
-once; once the server says the final has caught up (`final_ready`), the page loads
-the final into a second, invisible <video> and swaps it in at the same playback
-time. "Stop full decode" stops the final and keeps the preview playing to its end.
+By default the page plays a job's live rendition (one stream, nothing to switch: the
+last test here); with `?play=switch`, a demo asked for with a fast preview
+(`"preview": "linear"`) plays its preview at once; once the server says the final has
+caught up (`final_ready`), the page loads the final into a second, invisible <video>
+and swaps it in at the same playback time. "Stop full decode" stops the final and
+keeps the preview playing to its end.
 
 The final is the gated `tiny` decoder (tests/helpers/browser.py): holding it back
 while the ungated `linear` preview runs makes both orders deterministic, the
@@ -49,8 +51,8 @@ FRONT = "document.querySelector('.screen video:not(.behind)')"
 BADGE = "document.getElementById('rendition').textContent"
 
 
-async def open_page(page: Page, server: Server) -> None:
-    await page.navigate(server.url + "/")
+async def open_page(page: Page, server: Server, play: str = "switch") -> None:
+    await page.navigate(server.url + f"/?play={play}")
     await page.wait_for("window.vaecast && window.vaecast.state.ready")
 
 
@@ -213,4 +215,31 @@ async def test_a_demo_without_a_preview_shows_no_rendition(server: Server, page:
     assert await page.evaluate("document.getElementById('rendition').hidden")
     assert await page.evaluate("document.getElementById('stop-final').hidden")
     assert (await job_json(server, state["jobId"])).get("variants") is None
+    assert_no_script_errors(page)
+
+
+async def test_by_default_the_page_plays_the_live_rendition_at_once_to_its_end(
+    server: Server, page: Page
+) -> None:
+    """The final held back, the live rendition carries the preview's chunks in time; once
+    released, the final's. One <video>, never swapped, plays it all from its start."""
+    server.decoder.hold(HOLD_AT)
+    await open_page(page, server, play="live")
+    await start_with_preview(page)
+    state = await page.wait_for(
+        f"(s => s.playsLive && s.firstFrameAt !== null && s.framesShown > 2 && s)({STATE})",
+        PLAY_TIMEOUT_S,
+    )
+    assert state["renditions"] is None and state["rendition"] is None
+    assert (await page.evaluate(BADGE)).startswith("live · 0 of")
+    server.decoder.release()
+    await page.wait_for(f"{FRONT}.ended", PLAY_TIMEOUT_S)
+    state = await page.wait_for(f"(s => s.status === 'completed' && s)({STATE})")
+    video = await page.evaluate(FACTS % "video")
+    assert video["front"] and video["error"] is None
+    assert video["totalVideoFrames"] == DEMO.frames  # one stream, from its start to its end
+    job = await job_json(server, state["jobId"])
+    sources = job["variants"]["live"]["sources"]
+    assert state["liveSources"] == sources and sources[0] == "preview"
+    assert state["switches"] == [] and state["errors"] == []
     assert_no_script_errors(page)

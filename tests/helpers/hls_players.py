@@ -33,8 +33,8 @@ from vaecast.models.base import ChunkCallback, DecodedChunk
 
 HLS_JS = Path(__file__).resolve().parents[2] / "tools/node/node_modules/hls.js/dist/hls.min.js"
 HLS_JS_PATH = "/test/hls.min.js"
-NATIVE_PAGE = "/test/native"  # + /{video_id}
-HLS_JS_PAGE = "/test/hls-js"  # + /{video_id}
+NATIVE_PAGE = "/test/native"  # + /{video_id}[?rendition=live|preview]
+HLS_JS_PAGE = "/test/hls-js"  # + /{video_id}[?rendition=live|preview]
 VIDEO_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 # The page's hls.js: low-latency mode (parts, blocking playlist reloads), from the
@@ -130,10 +130,12 @@ def add_player_pages(app: web.Application, hls_js: Path) -> None:
 
 
 def _playlist(request: web.Request) -> str:
+    """The job's playlist, or (`?rendition=live|preview`) that rendition's."""
     video_id = request.match_info["video_id"]
-    if not VIDEO_ID.fullmatch(video_id):
+    rendition = request.query.get("rendition", "")
+    if not VIDEO_ID.fullmatch(video_id) or rendition not in ("", "live", "preview"):
         raise web.HTTPNotFound()
-    return f"/v1/videos/{video_id}/playlist.m3u8"
+    return f"/v1/videos/{video_id}/{rendition + '/' if rendition else ''}playlist.m3u8"
 
 
 def _page(body: str) -> web.Response:

@@ -65,9 +65,11 @@ async def encode_aligned(
     chunk: HostChunk,
     call: Callable[..., Awaitable[Any]],
     max_wait_s: float,
+    keyframe: bool = False,
 ) -> tuple[bytes, bool, float, float]:
     """Encode `chunk` once the audio that ends its fragment with its video is in, or
-    there is no more to wait for (module docstring). Returns the fragment, whether it
+    there is no more to wait for (module docstring); with a keyframe first where
+    `keyframe`. Returns the fragment, whether it
     ended the video, how long the chunk waited for audio, and when its encode began.
 
     Once a later block (or the end) is in, each try takes in the audio that came (the
@@ -101,6 +103,7 @@ async def encode_aligned(
                 settled,
                 None if stop_waiting or settled >= need else need,
                 True if last else (False if more_follows else None),
+                keyframe,
             )
             if fragment is not None:
                 return fragment, last, encode_from - taken, encode_from
@@ -116,6 +119,7 @@ def _encode_live(
     settled: int,
     need: int | None,
     last: bool | None,
+    keyframe: bool,
 ) -> bytes | None:
     """On the encode thread: take in the audio that came and settle the gaps before
     `settled`; then the chunk's fragment, or None while fewer than `need` samples are
@@ -124,6 +128,8 @@ def _encode_live(
     encoder.settle_audio(settled)
     if need is not None and encoder.audio_received < need:
         return None
+    if keyframe:  # (asked only then: an injected encoder need not know the option)
+        return encoder.encode_chunk(pixels, last=last, keyframe=True)
     return encoder.encode_chunk(pixels, last=last)
 
 

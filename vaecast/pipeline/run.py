@@ -100,14 +100,11 @@ async def run_pipeline(
     `audio_wait_s` bounds each chunk's wait for its audio (audio arriving with the
     latents of a `LiveSource` only; see `vaecast.pipeline.live_audio`).
     `keyframes(index)`, asked on the event loop as chunk `index` goes to the encoder:
-    whether its fragment must start with a keyframe (a live rendition's switch points;
-    not for a stream with live audio, whose fragments are cut by the audio's arrival).
+    whether its fragment must start with a keyframe (a live rendition's switch points).
     Raises DecodeFailedError when the decoder, the encoder or the sink fails, or the
     decoder breaks its plan; DecodeCancelled or CancelledError when stopped.
     """
     run = _PipelineRun(source, decoder, plan, output, sink, workers, stages, observer)
-    if keyframes is not None and run.live is not None:
-        raise ValueError("keyframes are not for a stream with live audio")
     run.keyframes = keyframes
     run.start(queue_chunks)
     try:
@@ -215,8 +212,8 @@ class _PipelineRun:
         caught_up = self.chunks_done > 0 and self.bridge.backlog == 0
         pool = self.workers.after_first() if caught_up else self.workers.encode
         audio_waited_s = 0.0
+        keyframe = self.keyframes is not None and self.keyframes(item.index)
         if self.live is None:
-            keyframe = self.keyframes is not None and self.keyframes(item.index)
             encode_from = time.perf_counter()
             audio = self.source.take_audio()
             fragment = await self.encode_call(pool, _encode, item.pixels, audio, keyframe)
@@ -229,6 +226,7 @@ class _PipelineRun:
                 item,
                 functools.partial(self.encode_call, pool),
                 audio_wait_s,
+                keyframe,
             )
         encode_s = time.perf_counter() - encode_from
         await _append(self.sink, fragment)

@@ -4,7 +4,8 @@
 // which session is shown, the forms, the jobs list, and window.vaecast.
 //
 //   app.js ── ui.js        DOM: forms, rendering, jobs table, key form
-//          ├─ session.js   one job: fetch + EventSource + its state (preview, then final)
+//          ├─ session.js   one job: fetch + EventSource + its state (its live rendition,
+//          │               or with ?play=switch its preview, then its final)
 //          │    ├─ player.js   <video>: MSE append queue, <video src> fallback, hand-over
 //          │    └─ boxes.js    MP4 byte stream -> boxes -> segments (pure)
 //          ├─ scrub.js     the job's spritesheet under the video: scrub, then seek
@@ -75,7 +76,8 @@ function shownVideo() {
 function show(job, clickedAt, playsElsewhere = null) {
   page.session?.close();
   if (!playsElsewhere) stopWhep();
-  const session = new Session(job, { player, spare, clickedAt, playsElsewhere });
+  const live = new URLSearchParams(location.search).get("play") !== "switch";
+  const session = new Session(job, { player, spare, clickedAt, playsElsewhere, live });
   page.session = session;
   page.requestErrors = [];
   scrubber.show(job, shownVideo);

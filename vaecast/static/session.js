@@ -28,6 +28,7 @@ import { handOver } from "./player.js";
 const LIVE = ["queued", "in_progress"];
 const PREVIEW = "preview";
 const FINAL = "final";
+const LIVE_RENDITION = "live";
 // The video's clock standing still between two presented frames longer than this is a
 // stall (a 16 fps frame: 62 ms).
 const STALL_MS = 150;
@@ -59,6 +60,8 @@ export function blankState() {
     jobId: null,
     status: "idle",         // the job's status, as the server last reported it
     partial: false,         // it failed or was cancelled keeping its video so far
+    playsLive: false,       // it plays the job's live rendition (one stream, nothing to switch)
+    liveSources: [],        // playing it: the rendition each of its chunks so far is
     playback: null,         // "mse", "mms" (ManagedMediaSource), "src" or "hls" (none)
     contentType: null,
     clickedAt: null,        // performance.now() when the user started the job
@@ -115,7 +118,8 @@ export class Session extends EventTarget {
 
   // `playsElsewhere`: another player (the WebRTC one) has the <video>; this session
   // follows the job's state and events only, and leaves the video alone.
-  constructor(job, { player, spare = null, clickedAt, playsElsewhere = null }) {
+  // `live`: a job with a live rendition plays it (false: its preview, then its final).
+  constructor(job, { player, spare = null, clickedAt, playsElsewhere = null, live = true }) {
     super();
     this.job = job;
     this.id = job.id;
@@ -124,7 +128,16 @@ export class Session extends EventTarget {
     this.playsElsewhere = playsElsewhere; // "webrtc", or null: this session plays it
     this.cancelled = false; // the user cancelled: the cut stream that follows is no fault
     this.state = { ...blankState(), jobId: job.id, clickedAt };
-    if (job.variants && spare) {
+    // A running job with a live rendition plays it: one stream, each chunk the final's
+    // when it came in time, the preview's otherwise; the server chose its start delay
+    // so that it never stalls, so it plays at once and nothing is switched here.
+    const spliced = live ? job.variants?.live : null;
+    this.playsLive =
+      Boolean(spliced && job.urls.live_content) &&
+      LIVE.includes(job.status) &&
+      LIVE.includes(spliced.status);
+    this.state.playsLive = this.playsLive;
+    if (job.variants && spare && !this.playsLive) {
       this.state.rendition = PREVIEW;
       this.state.renditions = {
         [PREVIEW]: blankRendition(job.variants.preview.decoder),
@@ -174,7 +187,8 @@ export class Session extends EventTarget {
     this.#followEvents();
     const renditions = this.state.renditions;
     if (renditions === null) {
-      await this.#playCaught(this.job.urls.content, this.player, this.state, this.#abort.signal, true);
+      const url = this.playsLive ? this.job.urls.live_content : this.job.urls.content;
+      await this.#playCaught(url, this.player, this.state, this.#abort.signal, true);
       return;
     }
     if (this.#finalAlone) {
@@ -447,7 +461,7 @@ export class Session extends EventTarget {
   #startRemainingMs(into) {
     const state = this.state;
     const preview = state.renditions?.[PREVIEW];
-    if (into === preview || this.cancelled || into.streamEnded) return 0;
+    if (into === preview || this.playsLive || this.cancelled || into.streamEnded) return 0;
     if (!LIVE.includes(state.status)) return 0;
     if (!this.#rateKnown()) return Infinity;
     return state.firstFragmentAt + state.stallFreeStartS * 1000 - performance.now();
@@ -592,6 +606,9 @@ export class Session extends EventTarget {
     });
     on("chunk", (event) => {
       state.status = event.status;
+      // Playing the live rendition: its chunks are the stream's; else they are not.
+      if ((event.variant === LIVE_RENDITION) !== this.playsLive) return;
+      if (this.playsLive) state.liveSources[event.index] = event.source;
       if (event.variant !== PREVIEW) {
         // The job's (its final's) own figures: the start and the swap wait on them.
         if (event.stall_free_start_s !== undefined) state.stallFreeStartS = event.stall_free_start_s;

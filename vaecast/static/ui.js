@@ -159,6 +159,16 @@ export function render(state, { cancellable, finalStoppable, video }) {
 function renderRenditions(state, finalStoppable) {
   const renditions = state.renditions;
   const badge = $("rendition");
+  if (state.playsLive) {
+    // One stream: how much of it so far is the final's (the rest the preview's).
+    const finals = state.liveSources.filter((source) => source === "final").length;
+    badge.hidden = false;
+    $("renditions-figure").hidden = true;
+    $("stop-final").hidden = true;
+    badge.textContent = `live · ${finals} of ${state.liveSources.length} chunks full quality`;
+    badge.dataset.rendition = "live";
+    return;
+  }
   badge.hidden = renditions === null;
   $("renditions-figure").hidden = renditions === null;
   $("stop-final").hidden = renditions === null;

@@ -34,9 +34,11 @@ the final has ended: nothing better will come). A chunk committed late moves lat
 deadlines by as much, as a player that stalled does. Once both renditions have
 ended, nothing is left to wait for and the rest goes out at once.
 
-A job is given one only where the splice can hold: the two decoders cut the same
-chunks (`lines_up`), and the audio, if any, is the job's own soundtrack (a push
-session's live audio is cut by its arrival, differently in each rendition).
+A job is given one where the two decoders cut the same chunks (`lines_up`). A push
+session's sound is cut into fragments by its arrival, which each rendition may see
+differently: a fragment is taken only where its audio starts where the live stream's
+ends (`_can_take`), and the sound after the last frame comes from the rendition
+whose last chunk the live stream took.
 """
 
 from __future__ import annotations
@@ -47,13 +49,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from vaecast.codecs.fragment import Fragment
+from vaecast.codecs.fragment import Fragment, FragmentFacts
+from vaecast.codecs.stream import AUDIO_TRACK_ID as AUDIO
+from vaecast.codecs.stream import VIDEO_TRACK_ID as VIDEO
 from vaecast.errors import DecodeFailedError, VaecastError
 from vaecast.job.live_choice import MAX_DELAY_S, decide, start_delay_s
 from vaecast.job.record import (
     FINAL,
     LIVE,
     PREVIEW,
+    JobInput,
     JobStatus,
     LiveChunk,
     SegmentAdded,
@@ -82,12 +87,10 @@ def lines_up(
     final: ChunkedDecoder, preview: ChunkedDecoder, request: DecodeRequest | PushRequest
 ) -> bool:
     """Whether a job of `request` can have a live rendition: both decoders cut its
-    latents into the same chunks, and its audio (if any) is known up front."""
+    latents into the same chunks."""
     if isinstance(request, DecodeRequest):
         shape = tuple(request.latents.shape)
         return final.plan(shape).chunk_frames == preview.plan(shape).chunk_frames
-    if request.audio_format is not None:
-        return False
     # A push session's length comes at its end: compare the chunk rule on a probe block
     # (the splice checks each chunk's length as it goes).
     probe = (1, final.latent_channels, 3, 32, 32)
@@ -105,16 +108,28 @@ class _Side:
     rendition: Rendition
     commits: list[Commit] = field(default_factory=list)
     frames: int = 0  # its fragments' frames so far
+    audio_ends: list[int] = field(default_factory=list)  # audio ticks to each fragment's end
 
     @property
     def log_closed(self) -> bool:
         return self.rendition.log.closed
 
     def has(self, index: int) -> bool:
-        return len(self.rendition.fragments) > index
+        return len(self.audio_ends) > index
 
     def keyframe(self, index: int) -> bool:
         return self.rendition.fragments.facts[index].keyframe
+
+    def audio_before(self, index: int) -> int:
+        return self.audio_ends[index - 1] if index > 0 else 0
+
+    def took(self, facts: FragmentFacts, at: float, fps: float) -> None:
+        """Its next fragment came, at `at`."""
+        ticks = dict(facts.track_ticks)
+        self.audio_ends.append(self.audio_before(len(self.audio_ends)) + ticks.get(AUDIO, 0))
+        if VIDEO in ticks:  # (not the sound after a push session's last frame)
+            self.commits.append(Commit(at, self.frames / fps, facts.duration_s))
+            self.frames += round(facts.duration_s * fps)
 
 
 class LiveRendition:
@@ -129,6 +144,7 @@ class LiveRendition:
         self._clock = job.record.clock
         self._fps = float(job.record.fps)
         self._sources: list[Variant] = []
+        self._audio_ticks = 0  # the live stream's audio so far, in its track's ticks
         self._changed = asyncio.Event()
         self._first_at: float | None = None  # either rendition's first fragment
         job.observe(self._transition)
@@ -181,6 +197,7 @@ class LiveRendition:
             self._check_lengths(index)
             data = await self._sides[choice].rendition.log.read_segment(index + 1)
             self._sources.append(choice)
+            self._audio_ticks = self._sides[choice].audio_ends[index]
             await sink.append(Fragment(data, facts))
             committed = self._clock()
             if due is None:
@@ -192,7 +209,27 @@ class LiveRendition:
             delay = round(start_at - self._first_at, 4)
             self._job.apply(LiveChunk(index, choice, frames_taken, frames, len(data), delay))
             frames_taken += frames
+        await self._take_tail(sink)
         await state_duration(self._live)
+
+    async def _take_tail(self, sink: Any) -> None:
+        """A push session's sound after its last frame: the last fragment of the
+        rendition the last chunk came from (or of the other, where it continues the
+        same audio), once that rendition has ended. Nothing for a video without live
+        audio: its last chunk's fragment carried all of its sound."""
+        record = self._job.record
+        if record.input != JobInput.PUSH or record.audio is None or not self._sources:
+            return
+        index = len(self._sources)
+        last = self._sides[self._sources[-1]]
+        while not (last.log_closed or self._both_ended()):
+            self._changed.clear()
+            await self._wait(None)
+        for side in (last, *(s for s in self._sides.values() if s is not last)):
+            if side.has(index) and side.audio_before(index) == self._audio_ticks:
+                data = await side.rendition.log.read_segment(index + 1)
+                await sink.append(Fragment(data, side.rendition.fragments.facts[index]))
+                return
 
     async def _choose(self, index: int, due: float | None) -> Variant:
         """Which rendition's chunk `index` the live stream takes (`due`: its deadline;
@@ -240,20 +277,28 @@ class LiveRendition:
             if now < self._first_at + delay:
                 return None, self._first_at + delay
         for source in (FINAL, PREVIEW):
-            if self._sides[source].has(0):
+            if self._can_take(source, 0):
                 return source, None
         return None, None
 
     def _next(self, index: int, now: float, due: float) -> tuple[Variant | None, float | None]:
         """Chunk `index`, due at `due`: the rule, given what can follow the last chunk."""
-        final, preview = self._sides[FINAL], self._sides[PREVIEW]
-        previous = self._sources[-1]
-        final_ready = final.has(index) and (previous == FINAL or final.keyframe(index))
-        preview_ready = preview.has(index) and (previous == PREVIEW or preview.keyframe(index))
-        final_coming = final_ready or not final.log_closed
+        final_ready = self._can_take(FINAL, index)
+        preview_ready = self._can_take(PREVIEW, index)
+        final_coming = final_ready or not self._sides[FINAL].log_closed
         choice = decide(now, due, self._margin_s, final_ready, preview_ready, final_coming)
         wake_at = due - self._margin_s if choice is None and preview_ready else None
         return None if choice is None else Variant(choice), wake_at
+
+    def _can_take(self, source: Variant, index: int) -> bool:
+        """Whether `source`'s chunk `index` is there and can follow the live stream so
+        far: it starts on a keyframe or follows its own chunk before, and its audio
+        starts where the live stream's ends (a push session's sound is cut by its
+        arrival, which each rendition may have seen differently)."""
+        side = self._sides[source]
+        if not side.has(index) or side.audio_before(index) != self._audio_ticks:
+            return False
+        return index == 0 or self._sources[-1] == source or side.keyframe(index)
 
     def _start_delay(self) -> float | None:
         """From the rates so far: each rendition's stall-free start, from the first
@@ -317,11 +362,9 @@ class LiveRendition:
         if isinstance(transition, SegmentAdded) and transition.variant in self._sides:
             side = self._sides[transition.variant]
             facts = side.rendition.fragments.facts
-            if len(facts) > len(side.commits):  # a fragment (not the init segment)
-                fact = facts[-1]
+            if len(facts) > len(side.audio_ends):  # a fragment (not the init segment)
                 at = self._clock()
-                side.commits.append(Commit(at, side.frames / self._fps, fact.duration_s))
-                side.frames += round(fact.duration_s * self._fps)
+                side.took(facts[-1], at, self._fps)
                 if self._first_at is None:
                     self._first_at = at
             self._changed.set()

@@ -1,0 +1,91 @@
+"""The live rendition in real players in headless Chromium: hls.js on its LL-HLS
+playlist, while the job decodes with a final 1.5x slower than real time.
+
+The server decodes the demo (a push session, with its sound) with `tiny` held to 1.5x
+real time (`benchmarks.paced`) and previews it with `linear`. hls.js opens the live
+rendition's playlist as soon as the job exists, plays from its start, and never waits
+for data once it plays; the live rendition carries some of the final's chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from benchmarks.paced import PacedDecoder
+from tests.helpers.browser import PLAY_TIMEOUT_S, VIDEO_FACTS, Server, serving
+from tests.helpers.cdp import Page
+from tests.helpers.hls_players import HLS_JS, HLS_JS_PAGE, add_player_pages
+from vaecast.models.tiny import TinyDecoder
+
+pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
+
+FPS = 16
+DEMO = {
+    "scene": "shapes",
+    "frames": 49,
+    "width": 256,
+    "height": 160,
+    "fps": FPS,
+    "preview": "linear",
+}
+# A wait for data longer than this, once playing, is a stall (shorter ones are the
+# media pipeline's own hand-offs: a frame at 25 fps).
+STALL_MS = 40
+
+# Each wait for data after the video first played: `waits` (ms), from the page's start.
+PLAYOUT_WATCH = """
+window.playout = {playingAt: null, waitingSince: null, waits: []};
+document.addEventListener("DOMContentLoaded", () => {
+  const video = document.getElementById("video");
+  video.addEventListener("playing", () => {
+    const now = performance.now();
+    if (playout.playingAt === null) playout.playingAt = now;
+    if (playout.waitingSince !== null) playout.waits.push(now - playout.waitingSince);
+    playout.waitingSince = null;
+  });
+  video.addEventListener("waiting", () => {
+    if (playout.playingAt !== null && !video.ended) playout.waitingSince = performance.now();
+  });
+});
+"""
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def server() -> AsyncIterator[Server]:
+    if not HLS_JS.exists():
+        pytest.fail(f"{HLS_JS} is missing: run tools/install-test-deps")
+
+    def extend(app: web.Application) -> None:
+        add_player_pages(app, HLS_JS)
+
+    decoder = PacedDecoder(TinyDecoder(), pace=1.5, fps=FPS)
+    async with serving(decoder, extend=extend) as server:  # type: ignore[arg-type]
+        yield server
+
+
+async def test_hls_js_plays_the_live_rendition_of_a_slow_final_without_a_stall(
+    server: Server, page: Page
+) -> None:
+    await page.send("Page.addScriptToEvaluateOnNewDocument", source=PLAYOUT_WATCH)
+    job = await server.create_demo(**DEMO)
+    assert job["urls"]["live_playlist"] == f"/v1/videos/{job['id']}/live/playlist.m3u8"
+    await page.navigate(f"{server.url}{HLS_JS_PAGE}/{job['id']}?rendition=live")
+    ended = await page.wait_for(
+        f"(f => (f.ended || f.error || window.hlsErrors.some(e => e.fatal)) && f)({VIDEO_FACTS})",
+        PLAY_TIMEOUT_S,
+    )
+    errors = await page.evaluate("window.hlsErrors")
+    assert ended["error"] is None and not [e for e in errors if e["fatal"]], errors
+    assert ended["totalVideoFrames"] == DEMO["frames"]
+    playout = await page.evaluate("window.playout")
+    assert playout["playingAt"] is not None
+    assert [wait for wait in playout["waits"] if wait > STALL_MS] == [], playout
+    async with server.client.get(f"/v1/videos/{job['id']}") as response:
+        done = await response.json()
+    sources = done["variants"]["live"]["sources"]
+    assert "final" in sources and "preview" in sources, sources
+    assert any("/live/hls/part/" in url for url in page.requests)
