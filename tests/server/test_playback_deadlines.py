@@ -5,6 +5,7 @@ started at the first fragment."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from fractions import Fraction
 
@@ -64,3 +65,38 @@ async def test_a_decode_below_real_time_publishes_a_start_that_plays_stall_free(
     )
     assert stalls >= 7  # every chunk after the first two came late for an eager viewer
     assert "vaecast_fragment_slack_seconds_bucket" in metrics
+
+
+@pytest.mark.slow
+async def test_a_producer_slower_than_real_time_states_a_start_that_never_stalls(
+    start_server: StartServer,
+):
+    """A push session that says how long it will be (`expected_frames`): its producer
+    pushes at half real time, and the start it states a few blocks in is one from which
+    a viewer never stalls while that rate holds, to the video's end."""
+    from tests.server.test_push import create_session, push
+
+    latents = smooth_latents(frames=11, height=6, width=8)  # 41 frames: 1, then 4 a block
+    fps = 16
+    server = await start_server()
+    session = await create_session(server, fps=fps, expected_frames=41)
+    assert session["expected_frames"] == 41
+    stated = None
+    began = time.perf_counter()
+    for index in range(11):
+        # Each block once twice its video's span has passed since the last: half real time.
+        made = 1 + 4 * index
+        await asyncio.sleep(max(0.0, began + 2 * made / fps - time.perf_counter()))
+        status, _ = await push(server, session, latents[:, :, index : index + 1], index == 10)
+        assert status == 202
+        if index == 4:  # four chunks in: the rate is known
+            async with server.client.get(session["urls"]["self"]) as response:
+                stated = (await response.json())["stall_free_start_s"]
+    job = server.manager.jobs[session["id"]]
+    await asyncio.wait_for(job.wait(), 30)
+    commits = job.record.commits
+    needed = max(-slack(commits[0], commit) for commit in commits)
+    assert stated is not None
+    # Predicted over the whole expected length: the last chunk comes about 2.6 s late.
+    assert stated > 2.0
+    assert needed <= stated + 0.15  # a viewer who started then never waited (the jitter)

@@ -209,8 +209,14 @@ async def test_delete_cancels_a_session(start_server: StartServer):
         (
             {"frames": 5},
             "unknown field(s) frames; a push session takes: "
-            "audio_channels, audio_sample_rate, batch, fps, height, input, kind, model, "
-            "preview, value_range, webhook_url, width",
+            "audio_channels, audio_sample_rate, batch, expected_frames, fps, height, input, "
+            "kind, model, preview, value_range, webhook_url, width",
+        ),
+        ({"expected_frames": 0}, "expected_frames must be an integer from 1 to 2001, got '0'"),
+        (
+            {"expected_frames": "9" * 10_000},
+            "expected_frames must be an integer from 1 to 2001, got "
+            f"'{'9' * 40}'... (10000 characters)",
         ),
     ],
 )

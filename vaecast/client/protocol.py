@@ -142,13 +142,16 @@ class PushSessionBase:
         batch: int = 1,
         preview: str | None = None,
         webhook_url: str | None = None,
+        expected_frames: int | None = None,
     ) -> None:
         """`kind` "frames" pushes decoded frames (see `vaecast.client`); `width` and
         `height` crop the video to its top-left part (a decoder's padding); `batch` > 1
         pushes blocks of that many videos at once, `(B, C, t, H, W)`, watched as one
         job each (`content_urls`); `preview` names a fast decoder of the same latents
         that plays first (`"none"`: none, where the server has a default);
-        `webhook_url` is where the job's start and end are POSTed, signed."""
+        `webhook_url` is where the job's start and end are POSTed, signed;
+        `expected_frames`, the length the producer expects, lets the server predict a
+        viewer's stall-free start over the whole video."""
         if urlsplit(url).scheme not in ("http", "https"):
             raise InvalidRequestError(f"the server URL must be http:// or https://, got {url!r}")
         if kind not in ("latents", "frames"):
@@ -171,6 +174,7 @@ class PushSessionBase:
             "batch": batch if batch != 1 else None,
             "preview": preview,
             "webhook_url": webhook_url,
+            "expected_frames": expected_frames,
         }
         create.update({key: value for key, value in optional.items() if value is not None})
         self._create_body = json.dumps(create).encode()

@@ -186,6 +186,9 @@ class JobRecord:
     # Where the job's start and end are POSTed: its request's (checked), or the
     # server's default when it was made.
     webhook_url: str | None = None
+    # A push session's length as its producer expects it (a hint: the video ends where
+    # its last block says), over which its stall-free start is predicted meanwhile.
+    expected_frames: int | None = None
 
     def __post_init__(self) -> None:
         if self.created is None:
@@ -405,8 +408,7 @@ class JobRecord:
         self.commits.append(
             Commit(t.at, float(t.frame_start / self.fps), float(t.frames / self.fps))
         )
-        total_s = None if self.plan is None else float(self.plan.frames / self.fps)
-        self.stall_free_start_s = stall_free_start_s(self.commits, total_s)
+        self.stall_free_start_s = stall_free_start_s(self.commits, self.length_s())
         latency = {} if t.latency_s is None else {"latency_s": round(t.latency_s, 4)}
         return self._emit(
             "chunk",
@@ -448,6 +450,16 @@ class JobRecord:
     @property
     def is_final(self) -> bool:
         return self.status in FINAL_STATUSES
+
+    def length_s(self) -> float | None:
+        """The video's length in seconds: its plan's, or (a push session's, until its
+        last block) what its producer expects while the video is shorter; else None."""
+        if self.plan is not None:
+            return float(self.plan.frames / self.fps)
+        expected = self.expected_frames
+        if expected is not None and self.frames_done < expected:
+            return float(expected / self.fps)
+        return None
 
     @property
     def progress(self) -> int | None:

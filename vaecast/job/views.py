@@ -85,6 +85,7 @@ def job_object(record: JobRecord) -> dict[str, Any]:
         "not_stored": record.not_stored,
         "partial": record.partial,
         "webhook_url": record.webhook_url,
+        **({} if record.expected_frames is None else {"expected_frames": record.expected_frames}),
         **(
             {}
             if record.preview is None

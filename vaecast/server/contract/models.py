@@ -192,6 +192,8 @@ class JobObject(Struct, forbid_unknown_fields=True):
     push: PushTarget | UnsetType = UNSET
     # In the API's answers (not in events or webhooks): its live viewers' playout.
     viewers: Viewers | UnsetType = UNSET
+    # A push session created with `expected_frames`: its producer's expected length.
+    expected_frames: Count | UnsetType = UNSET
 
 
 class WebhookMessage(Struct, forbid_unknown_fields=True):
@@ -262,6 +264,18 @@ class PushSessionRequest(Struct, forbid_unknown_fields=True):
     height: int | str | UnsetType = UNSET
     preview: Annotated[str, Meta(min_length=1, max_length=200)] | UnsetType = UNSET
     webhook_url: Annotated[str, Meta(max_length=2048)] | UnsetType = UNSET
+    expected_frames: (
+        Annotated[
+            int,
+            Meta(
+                ge=1,
+                description="the frames the producer expects to push: the stall-free "
+                "start is then predicted over the whole video",
+            ),
+        ]
+        | str
+        | UnsetType
+    ) = UNSET
 
 
 class WarmUp(Struct, forbid_unknown_fields=True):

@@ -90,6 +90,7 @@ PUSH_FIELDS = frozenset(
         "value_range",
         "width",
         "height",
+        "expected_frames",
     }
 )
 # The largest magnitude of a frames session's value_range ends.
@@ -237,9 +238,11 @@ async def _read_json_object(request: web.Request, config: ServerConfig) -> dict[
 
 def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
     """`{"input": "push", "kind", "fps", "model", "audio_sample_rate", "audio_channels",
-    "value_range", "width", "height"}`: `kind` "latents" (the default) or "frames";
-    `value_range` (frames only) the [low, high] of float frames, default [0, 1];
-    `width` and `height` crop the video to its top-left part."""
+    "value_range", "width", "height", "expected_frames"}`: `kind` "latents" (the
+    default) or "frames"; `value_range` (frames only) the [low, high] of float frames,
+    default [0, 1]; `width` and `height` crop the video to its top-left part;
+    `expected_frames` the video's length as the producer expects it (a hint for the
+    stall-free start; the video ends where its last block says)."""
     unknown = sorted(set(body) - PUSH_FIELDS)
     if unknown:
         raise InvalidRequestError(
@@ -278,6 +281,7 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
         audio_format=audio_format,
         kind=kind,
         value_range=(0.0, 1.0) if value_range is None else _value_range(value_range),
+        expected_frames=_expected_frames(body, config),
         crop=_crop({key: _text_field(body, key, numbers=True) for key in ("width", "height")}),
         batch=parse_int(
             _text_field(body, "batch", numbers=True) or "1",
@@ -286,6 +290,13 @@ def _push_request(body: dict[str, Any], config: ServerConfig) -> PushRequest:
             config.decode_slots + config.max_queued_jobs,
         ),
     )
+
+
+def _expected_frames(body: dict[str, Any], config: ServerConfig) -> int | None:
+    text = _text_field(body, "expected_frames", numbers=True)
+    if text is None:
+        return None
+    return parse_int(text, "expected_frames", 1, config.limits.max_frames)
 
 
 def webhook_target(text: str | None, config: ServerConfig) -> str | None:

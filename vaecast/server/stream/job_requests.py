@@ -56,6 +56,9 @@ class PushRequest:
     batch: int = 1  # videos pushed together (a job each)
     preview: str | None = None  # its preview decoder; None: the server's default for model
     webhook_url: str | None = None  # where its start and end are POSTed (checked)
+    # The frames the producer expects to push, if it says: a viewer's stall-free start
+    # is then predicted over the whole video, not only its next chunk.
+    expected_frames: int | None = None
 
 
 # A request's "preview" that asks for none, whatever the server's default.

@@ -95,6 +95,7 @@ class LocalRunners:
             if preview is None
             else PreviewProgress(preview.name, _chunks(preview, request)),
             live=LiveProgress() if live else None,
+            expected_frames=request.expected_frames if push else None,
         )
         setup = None
         if preview is not None:

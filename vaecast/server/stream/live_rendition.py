@@ -322,8 +322,7 @@ class LiveRendition:
         return None if own is None else own + side.commits[0].at - self._first_at
 
     def _total_s(self) -> float | None:
-        plan = self._job.record.plan
-        return None if plan is None else plan.frames / self._fps
+        return self._job.record.length_s()
 
     def _all_taken(self) -> bool:
         plan = self._job.record.plan
