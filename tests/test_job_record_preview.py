@@ -157,18 +157,23 @@ def test_a_push_session_learns_the_preview_length_with_its_own():
 def test_the_variants_survive_a_snapshot():
     clock = FakeClock(100.0)
     record = record_with_preview(clock)
+    record.live = LiveProgress()
     record.apply(Started(at=100.0))
     for index in range(3):
         record.apply(preview_chunk(index, at=100.1 + index / 10))
     record.apply(VariantEnded(PREVIEW, JobStatus.COMPLETED, at=100.4))
     for index in range(3):
         record.apply(chunk(index, at=101.0 + index))
+        source = PREVIEW if index == 0 else FINAL
+        record.apply(LiveChunk(index, source, 16 * index, 16, 700, delay_s=1.0, at=101.5 + index))
+    record.apply(VariantEnded(LIVE, JobStatus.COMPLETED, at=103.0))
     record.apply(FinalReady(at=103.0))
     record.apply(VariantEnded(FINAL, JobStatus.COMPLETED, at=103.0))
     record.apply(Completed(at=103.0))
     clock.now = 110.0
     again = from_snapshot(snapshot(record), record.events, clock=FakeClock(500.0))
     assert job_object(again) == job_object(record)
+    assert job_object(again)["variants"]["live"]["sources"] == ["preview", "final", "final"]
 
 
 def test_the_live_rendition_records_each_fragments_source_and_ends_with_the_job():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from benchmarks.paced import PacedDecoder
-from tests.helpers import decode_mp4, smooth_latents, split_stream
+from tests.helpers import FailingDecoder, decode_mp4, smooth_latents, split_stream
 from tests.helpers.server import Server, StartServer
 from tests.server.test_preview import content, ended, upload
 from vaecast.codecs.fmp4_reader import iter_boxes
@@ -150,3 +150,32 @@ async def test_a_final_ahead_of_real_time_is_all_the_live_rendition_carries(
     live_file = await content(server, job["id"], "live")
     assert live_file == await content(server, job["id"], "final")
     assert done["plays"] == ["live", "preview", "final"]
+
+
+async def test_a_final_that_fails_leaves_a_whole_live_rendition_of_the_preview(
+    start_server: StartServer,
+):
+    """The full decode fails at its third chunk: the live rendition takes the preview's
+    chunks from there on, at once (nothing better is coming), and ends whole."""
+    decoders = {"gated": FailingDecoder(fail_at=2), "linear": LinearDecoder()}
+    server = await start_server(decoders=decoders, default_model="gated")
+    latents = smooth_latents(frames=6, height=6, width=8)  # linear: 21 frames, 6 chunks
+    job = await upload(server, latents, preview="linear", fps=str(FPS))
+    done = await ended(server, job["id"])
+    assert done["status"] == "failed"
+    live = done["variants"]["live"]
+    assert live["status"] == "completed" and len(live["sources"]) == 6
+    assert live["sources"][2:] == ["preview"] * 4
+    assert "live" in done["plays"]
+    assert len(decode_mp4(await content(server, job["id"], "live"))) == 21
+
+
+async def test_a_job_without_a_preview_has_no_live_rendition(start_server: StartServer):
+    server = await start_server()
+    job = await upload(server, smooth_latents(frames=2, height=6, width=8))
+    assert "live_content" not in job["urls"]
+    await ended(server, job["id"])
+    for path in ("content?variant=live", "live/playlist.m3u8"):
+        async with server.client.get(f"/v1/videos/{job['id']}/{path}") as response:
+            assert response.status == 404
+            assert "has no live rendition" in (await response.json())["error"]["message"]

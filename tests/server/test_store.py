@@ -310,9 +310,13 @@ async def test_a_job_with_a_preview_keeps_its_final_across_a_restart(tmp_path: P
         assert await whole(server, job) == (final, etag)
         _, again = await status_of(server, job)
         assert again["variants"]["preview"]["status"] == "completed"
-        async with server.client.get(job["urls"]["content"], params={"variant": "preview"}) as r:
-            assert r.status == 410
-            assert "not kept across a restart" in (await r.json())["error"]["message"]
+        for variant in ("preview", "live"):
+            params = {"variant": variant}
+            async with server.client.get(job["urls"]["content"], params=params) as r:
+                assert r.status == 410
+                assert "not kept across a restart" in (await r.json())["error"]["message"]
+        assert again["variants"]["live"]["status"] == "completed"
+        assert len(again["variants"]["live"]["sources"]) == again["chunks"]["done"]
 
 
 # Each kind of damage a job row may have: what the `jobs` row's columns are set to.

@@ -21,6 +21,7 @@ from vaecast.job.record import (
     Geometry,
     JobRecord,
     JobStatus,
+    LiveProgress,
     PlanFacts,
     PreviewProgress,
     VariantEnded,
@@ -84,6 +85,18 @@ def _variants(record: JobRecord, since: Callable[[float | None], float | None]) 
             else [final_ended.status.value, _error(final_ended.error), since(final_ended.at)]
         ),
         "final_ready": since(record.final_ready),
+        **({} if record.live is None else {"live": _live(record.live, since)}),
+    }
+
+
+def _live(live: LiveProgress, since: Callable[[float | None], float | None]) -> dict[str, Any]:
+    return {
+        "status": live.status.value,
+        "error": _error(live.error),
+        "delay_s": live.delay_s,
+        "sources": list(live.sources),
+        "counts": [live.frames_done, live.bytes],
+        "moments": [since(live.first_fragment), since(live.finished)],
     }
 
 
@@ -149,6 +162,15 @@ def from_snapshot(
                 moment(at),
             )
         record.final_ready = moment(data["final_ready"])
+        if (live := data.get("live")) is not None:  # (absent from older stores' rows)
+            record.live = LiveProgress(
+                JobStatus(live["status"]),
+                None if live["error"] is None else error_of_type(*live["error"]),
+                live["delay_s"],
+                list(live["sources"]),
+                *live["counts"],
+                *map(moment, live["moments"]),
+            )
     if not record.is_final:  # its process is gone: end it as a reader would have seen
         error = JobInterruptedError(
             f"the server stopped while the job was {data['status']}; its video "
