@@ -158,18 +158,21 @@ def assert_threads_end(before: Iterable[threading.Thread], bound_s: float = THRE
 
 
 def split_stream(data: bytes) -> tuple[bytes, list[bytes]]:
-    """(init segment, [moof+mdat, ...]) of a whole fMP4 stream; fails on anything else."""
+    """(init segment, [moof+mdat, ...]) of a whole fMP4 stream; fails on anything else.
+    A fragment's timed metadata (`emsg` boxes before its `moof`, as the live rendition
+    writes) is part of it."""
     from vaecast.codecs.fmp4_reader import iter_boxes
 
     boxes = list(iter_boxes(data))
     types = [box.type for box in boxes]
     assert types[:2] == ["ftyp", "moov"], types
-    assert types[2:] == ["moof", "mdat"] * ((len(types) - 2) // 2), types
+    media = [box for box in boxes[2:] if box.type != "emsg"]
+    assert [box.type for box in media] == ["moof", "mdat"] * (len(media) // 2), types
     init = data[: boxes[1].offset + boxes[1].size]
-    fragments = [
-        data[moof.offset : mdat.offset + mdat.size]
-        for moof, mdat in zip(boxes[2::2], boxes[3::2], strict=True)
-    ]
+    fragments, start = [], boxes[1].offset + boxes[1].size
+    for mdat in media[1::2]:
+        fragments.append(data[start : mdat.offset + mdat.size])
+        start = mdat.offset + mdat.size
     return init, fragments
 
 

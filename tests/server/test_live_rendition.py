@@ -85,6 +85,21 @@ def stalls(arrivals: list[float]) -> tuple[int, float]:
     return count, stalled
 
 
+def _source_mark(fragment: bytes) -> tuple[tuple[int, str], bytes]:
+    """A live fragment's emsg, read as a player would: (its id, the ID3 TXXX frame's
+    value), and the fragment after it."""
+    (emsg, *_) = iter_boxes(fragment)
+    assert emsg.type == "emsg"
+    body = fragment[emsg.payload_offset : emsg.end]
+    event_id = int.from_bytes(body[20:24], "big")
+    scheme, value, tag = body[24:].split(b"\x00", 2)
+    assert (scheme, value) == (b"https://aomedia.org/emsg/ID3", b"")
+    assert tag[:3] == b"ID3" and tag[10:14] == b"TXXX"
+    description, source = tag[21:].split(b"\x00")
+    assert description == b"vaecast_source"
+    return (event_id, source.decode()), fragment[emsg.end :]
+
+
 @pytest.fixture
 def server_decoders() -> Any:
     made: list[Any] = []
@@ -130,7 +145,10 @@ async def test_a_final_slower_than_real_time_live_never_stalls_and_carries_some_
     assert len(live_frames) == 41
     start = 0
     for index, source in enumerate(sources):
-        assert live_fragments[index] == fragments[source][index]
+        # Its source's very bytes, after the emsg that names that source.
+        mark, copied = _source_mark(live_fragments[index])
+        assert copied == fragments[source][index]
+        assert mark == (index, source)
         for offset in range(start, start + CHUNK_FRAMES[index]):
             assert np.array_equal(live_frames[offset], frames[source][offset]), (index, source)
         start += CHUNK_FRAMES[index]
@@ -147,8 +165,10 @@ async def test_a_final_ahead_of_real_time_is_all_the_live_rendition_carries(
     live = done["variants"]["live"]
     assert live["status"] == "completed"
     assert live["sources"] == ["final"] * 11 and live["final_share"] == 1.0
-    live_file = await content(server, job["id"], "live")
-    assert live_file == await content(server, job["id"], "final")
+    live_init, live = split_stream(await content(server, job["id"], "live"))
+    final_init, final = split_stream(await content(server, job["id"], "final"))
+    assert live_init == final_init  # both state the same duration once finished
+    assert [_source_mark(f)[1] for f in live] == final
     assert done["plays"] == ["live", "preview", "final"]
 
 

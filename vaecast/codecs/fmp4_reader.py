@@ -195,8 +195,11 @@ class ParsedFragment:
 
 
 def parse_fragment(data: bytes) -> ParsedFragment:
-    """Read one `moof` + `mdat` (exactly those two top-level boxes)."""
+    """Read one `moof` + `mdat` (exactly those two top-level boxes, after any `emsg`:
+    timed metadata, as the live rendition puts before each fragment)."""
     boxes = list(iter_boxes(data))
+    while boxes and boxes[0].type == "emsg":
+        boxes.pop(0)
     if [b.type for b in boxes] != ["moof", "mdat"]:
         raise ValueError(f"a fragment is moof + mdat, found {[b.type for b in boxes]}")
     moof, mdat = boxes

@@ -3,12 +3,14 @@ is there by that chunk's playout deadline, the preview's otherwise.
 
 One stream any player plays (`/content?variant=live`, `live/playlist.m3u8`, WHEP
 `?variant=live`): one init segment, one track, and each fragment the very bytes of
-the preview's or the final's fragment of that chunk. Both renditions are encoded
+the preview's or the final's fragment of that chunk, after an `emsg` box naming which
+(`codecs.timed_metadata`: an ID3 `TXXX` frame `vaecast_source`, which hls.js shows
+as a metadata cue). Both renditions are encoded
 with the same settings at the same size, so their init segments are the same bytes,
 and their fragment k has the same sequence number and decode times (`codecs.stream`
 numbers them by chunk). The live rendition re-encodes nothing: no third encoder
 competes with the decode, and each of its chunks decodes to exactly the frames of
-the rendition its record names (`sources`).
+the rendition its record names (`sources`) and its `emsg` says.
 
 Splicing needs each switch to land on a keyframe. `preview_keyframe` and
 `final_keyframe` are asked (on the loop) as each rendition's chunk goes to its
@@ -50,8 +52,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vaecast.codecs.fragment import Fragment, FragmentFacts
+from vaecast.codecs.h264 import media_timescale
 from vaecast.codecs.stream import AUDIO_TRACK_ID as AUDIO
 from vaecast.codecs.stream import VIDEO_TRACK_ID as VIDEO
+from vaecast.codecs.timed_metadata import emsg_id3, id3_txxx
 from vaecast.errors import DecodeFailedError, VaecastError
 from vaecast.job.live_choice import MAX_DELAY_S, decide, start_delay_s
 from vaecast.job.record import (
@@ -79,6 +83,8 @@ log = logging.getLogger("vaecast.jobs")
 # is not there: a copy takes well under a millisecond; the rest is the way to the
 # viewer (a socket write, a player's append).
 MARGIN_S = 0.1
+# The ID3 frame that names each live fragment's source (its `emsg`).
+SOURCE_KEY = "vaecast_source"
 # Chunk sizes compared when a push session's plans are checked before its first block.
 _PROBE_CHUNKS = 8
 
@@ -198,6 +204,8 @@ class LiveRendition:
             data = await self._sides[choice].rendition.log.read_segment(index + 1)
             self._sources.append(choice)
             self._audio_ticks = self._sides[choice].audio_ends[index]
+            frames = round(facts.duration_s * self._fps)
+            data = self._source_mark(index, choice, frames_taken, frames) + data
             await sink.append(Fragment(data, facts))
             committed = self._clock()
             if due is None:
@@ -205,12 +213,17 @@ class LiveRendition:
             else:
                 shift += max(0.0, committed - due)
             assert self._first_at is not None and start_at is not None
-            frames = round(facts.duration_s * self._fps)
             delay = round(start_at - self._first_at, 4)
             self._job.apply(LiveChunk(index, choice, frames_taken, frames, len(data), delay))
             frames_taken += frames
         await self._take_tail(sink)
         await state_duration(self._live)
+
+    def _source_mark(self, index: int, source: Variant, frame_start: int, frames: int) -> bytes:
+        """Which rendition chunk `index` is, as timed metadata over its span."""
+        timescale, tick = media_timescale(self._job.record.fps)
+        tag = id3_txxx(SOURCE_KEY, str(source))
+        return emsg_id3(frame_start * tick, timescale, frames * tick, index, tag)
 
     async def _take_tail(self, sink: Any) -> None:
         """A push session's sound after its last frame: the last fragment of the
