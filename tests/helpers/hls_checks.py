@@ -24,7 +24,7 @@ import m3u8
 
 from vaecast.codecs.avc import split_length_prefixed
 from vaecast.codecs.fmp4 import VideoTrack
-from vaecast.codecs.fmp4_reader import parse_fragment, parse_init_segment
+from vaecast.codecs.fmp4_reader import iter_boxes, parse_fragment, parse_init_segment
 
 HLS_PARSER = Path(__file__).resolve().parents[2] / "tools/node/node_modules/hls-parser"
 # Reads a JSON list of playlists on stdin; writes a JSON list: each one's error or null.
@@ -116,17 +116,15 @@ async def strict_errors(texts: list[str]) -> list[str | None]:
 
 
 def starts_with_idr(segment: bytes) -> bool:
-    """Whether the first video sample of this run of fragments holds an IDR slice."""
-    offset = 0
-    while offset < len(segment):
-        moof_size = int.from_bytes(segment[offset : offset + 4], "big")
-        mdat_size = int.from_bytes(segment[offset + moof_size : offset + moof_size + 4], "big")
-        fragment = parse_fragment(segment[offset : offset + moof_size + mdat_size])
+    """Whether the first video sample of this run of fragments holds an IDR slice (a
+    fragment's timed metadata, `emsg` boxes before its `moof`, is passed over)."""
+    boxes = [box for box in iter_boxes(segment) if box.type != "emsg"]
+    for moof, mdat in zip(boxes[::2], boxes[1::2], strict=True):
+        fragment = parse_fragment(segment[moof.offset : mdat.end])
         for run in fragment.runs:
             if run.track_id == 1 and run.sample_data:  # the video track
                 units = split_length_prefixed(run.sample_data[0])
                 return any(unit[0] & 0x1F == IDR_NAL_TYPE for unit in units)
-        offset += moof_size + mdat_size
     return False  # no video at all
 
 

@@ -187,5 +187,8 @@ async def test_a_preview_jobs_multivariant_and_media_playlists(start_server: Sta
     job = await upload(server)
     await asyncio.wait_for(server.manager.get(job["id"]).wait(), 60)
     base = f"{server.url}/v1/videos/{job['id']}/"
-    for uri in ("master.m3u8", "playlist.m3u8", "preview/playlist.m3u8"):
+    for uri in ("master.m3u8", "playlist.m3u8", "preview/playlist.m3u8", "live/playlist.m3u8"):
         await check_playlist(server.client, base + uri)
+    # FFmpeg reads the live rendition's playlist whole, past each fragment's emsg.
+    probe = await start_ffprobe(base + "live/playlist.m3u8")
+    assert await frames_read(probe) == {"video": 21}  # test_preview's latents: 21 frames
