@@ -199,3 +199,18 @@ async def test_a_job_without_a_preview_has_no_live_rendition(start_server: Start
         async with server.client.get(f"/v1/videos/{job['id']}/{path}") as response:
             assert response.status == 404
             assert "has no live rendition" in (await response.json())["error"]["message"]
+
+
+async def test_the_live_rendition_is_not_stopped_on_its_own(
+    start_server: StartServer, server_decoders: Any
+):
+    server = await start_server(decoders=server_decoders(3.0), default_model="tiny")
+    job = await upload(server, LATENTS, preview="linear", fps=str(FPS))
+    params = {"variant": "live"}
+    async with server.client.delete(f"/v1/videos/{job['id']}", params=params) as response:
+        assert response.status == 422
+        assert "DELETE ?variant=final" in (await response.json())["error"]["message"]
+    async with server.client.delete(f"/v1/videos/{job['id']}") as response:
+        assert response.status == 200
+    done = await ended(server, job["id"])
+    assert done["status"] == "cancelled" and done["variants"]["live"]["status"] == "cancelled"

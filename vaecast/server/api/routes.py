@@ -16,7 +16,7 @@ from aiohttp import web
 
 from vaecast.errors import InvalidRequestError, JobStateError, NotFoundError
 from vaecast.job.links import job_urls, with_links
-from vaecast.job.transitions import Variant
+from vaecast.job.transitions import LIVE, Variant
 from vaecast.job.views import job_object
 from vaecast.params import leading_int, parse_int
 from vaecast.server.api.operations import (
@@ -156,7 +156,8 @@ async def delete_video(request: web.Request) -> web.Response:
     so far as a file (`partial`), unless `?keep=false`: "an incomplete file anyway, so
     that we can check the computed frames". `?variant=final` (or `preview`) of a
     running job with a preview stops that rendition only: "the preview looks wrong,
-    stop the full decode" keeps the preview; answered once it has stopped.
+    stop the full decode" keeps the preview; answered once it has stopped. The live
+    rendition follows the other two and is not stopped on its own (422).
     """
     manager = request.app[MANAGER]
     job = manager.get(request.match_info["video_id"])
@@ -182,6 +183,11 @@ def _keep(text: str | None) -> bool:
 
 async def _stop_variant(job: Job, variant: Variant, manager: JobManager) -> web.Response:
     rendition = job.rendition(variant)  # 404 for a preview the job does not have
+    if rendition.variant == LIVE:
+        raise InvalidRequestError(
+            "the live rendition decodes nothing of its own (each chunk is its preview's or "
+            "its final's): DELETE ?variant=final or ?variant=preview, or the job"
+        )
     if job.preview is None:
         raise InvalidRequestError(
             f"video {job.id} has one rendition: DELETE it without ?variant to cancel it"
