@@ -40,6 +40,9 @@ async def test_upload_wait_download_and_delete(start_server: StartServer, tmp_pa
     preview = tmp_path / "preview.mp4"
     await asyncio.to_thread(client.download, job["id"], preview, variant="preview")
     assert len(decode_mp4(preview.read_bytes())) == FRAMES
+    live = tmp_path / "live.mp4"
+    await asyncio.to_thread(client.download, job["id"], live, variant="live")
+    assert len(decode_mp4(live.read_bytes())) == FRAMES
     assert [j["id"] for j in await asyncio.to_thread(client.jobs, 5)] == [job["id"]]
     assert client.page_url(job["id"]) == f"{server.url}/?video={job['id']}"
     await asyncio.to_thread(client.delete, job["id"])

@@ -257,7 +257,8 @@ class Client:
         self, video_id: str, path: str | os.PathLike[str], *, variant: str | None = None
     ) -> Path:
         """Write the job's MP4 to `path`: a running job's as it grows, to its end; a kept
-        partial too. ApiError if it has none (409) or it broke off."""
+        partial too. `variant`: `"preview"` or `"live"` of a job with a preview (the
+        final by default). ApiError if it has none (409) or it broke off."""
         target = Path(path)
         request = self._requests.content(video_id, variant)
         connection, response = self._open(request)
