@@ -152,6 +152,10 @@ async def test_a_final_slower_than_real_time_live_never_stalls_and_carries_some_
         for offset in range(start, start + CHUNK_FRAMES[index]):
             assert np.array_equal(live_frames[offset], frames[source][offset]), (index, source)
         start += CHUNK_FRAMES[index]
+    metrics = await (await server.client.get("/metrics")).text()
+    for source in ("final", "preview"):
+        line = f'vaecast_live_chunks_total{{source="{source}"}} {sources.count(source)}.0'
+        assert line in metrics, metrics
     # The finished file is those fragments, its init segment stating their duration.
     assert split_stream(await content(server, job["id"], "live"))[1] == live_fragments
 

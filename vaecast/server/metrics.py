@@ -172,6 +172,13 @@ class Metrics:
             ["face"],
             registry=r,
         )
+        self.live_chunks = Counter(
+            "vaecast_live_chunks",
+            "Chunks of live renditions, by the rendition each came from (the final's in "
+            "time for its playout deadline, else the preview's)",
+            ["source"],
+            registry=r,
+        )
         self.decode_seconds = Histogram(
             "vaecast_decode_seconds",
             "From a job's start to its last chunk",

@@ -215,6 +215,7 @@ class LiveRendition:
             assert self._first_at is not None and start_at is not None
             delay = round(start_at - self._first_at, 4)
             self._job.apply(LiveChunk(index, choice, frames_taken, frames, len(data), delay))
+            self._job.metrics.live_chunks.labels(str(choice)).inc()
             frames_taken += frames
         await self._take_tail(sink)
         await state_duration(self._live)
