@@ -4,22 +4,22 @@ is there by that chunk's playout deadline, the preview's otherwise.
 One stream any player plays (`/content?variant=live`, `live/playlist.m3u8`, WHEP
 `?variant=live`): one init segment, one track, and each fragment the very bytes of
 the preview's or the final's fragment of that chunk, after an `emsg` box naming which
-(`codecs.timed_metadata`: an ID3 `TXXX` frame `vaecast_source`, which hls.js shows
-as a metadata cue). Both renditions are encoded
-with the same settings at the same size, so their init segments are the same bytes,
-and their fragment k has the same sequence number and decode times (`codecs.stream`
-numbers them by chunk). The live rendition re-encodes nothing: no third encoder
-competes with the decode, and each of its chunks decodes to exactly the frames of
-the rendition its record names (`sources`) and its `emsg` says.
+(`codecs.timed_metadata`: an ID3 `TXXX` frame `vaecast_source`, which hls.js shows as
+a metadata cue). Both renditions are encoded with the same settings at the same size,
+so their init segments are the same bytes, and their fragment k has the same sequence
+number and decode times (`codecs.stream` numbers them by chunk). The live rendition
+re-encodes nothing: no third encoder competes with the decode, and each of its chunks
+decodes to exactly the frames of the rendition its record (`sources`) and its `emsg`
+name.
 
 Splicing needs each switch to land on a keyframe. `preview_keyframe` and
 `final_keyframe` are asked (on the loop) as each rendition's chunk goes to its
 encoder: the preview starts chunk k with a keyframe unless the live stream has
 already taken the preview's chunk k-1 (a switch down to the preview must always be
 possible: that is what keeps a viewer from stalling; a preview running ahead thus
-has a keyframe at every chunk, and more bytes, benchmarks/results/never_stall.md); the final
-starts chunk k with one only where the live stream has taken the preview's chunk k-1
-and may still take this one (a switch up). Where the live stream has not decided
+has a keyframe at every chunk, and more bytes: benchmarks/results/never_stall.md); the
+final starts chunk k with one only where the live stream has taken the preview's chunk
+k-1 and may still take this one (a switch up). Where the live stream has not decided
 chunk k-1 yet, the final's chunk k-1 is out already (each rendition's chunks are
 encoded in order), the rule will take it, and chunk k follows it as it is. So a final
 that is ahead, or falls behind for good, encodes as it would alone. The splice checks
@@ -102,7 +102,7 @@ def lines_up(
     probe = (1, final.latent_channels, 3, 32, 32)
     try:
         ours, theirs = final.plan_stream(probe), preview.plan_stream(probe)
-    except VaecastError:
+    except Exception:  # a decoder (a plugin's) that cannot plan the probe: no splice
         return False
     return all(ours.frames_of(i) == theirs.frames_of(i) for i in range(_PROBE_CHUNKS))
 
