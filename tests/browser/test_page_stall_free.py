@@ -37,6 +37,7 @@ FRAMES = 1 + 4 * (LATENT_FRAMES - 1)
 START_TOLERANCE = 0.10
 BRISK_DECODE_S = 0.05  # 4 frames in 0.05 s: 2.5 times real time
 FAST_START_MS = 250  # "at once": the first fragment, then the next chunk event
+WAIT_TICK_MS = 100  # the page's timer while a start waits (vaecast/static/session.js)
 
 
 class PacedDecoder(LinearDecoder):
@@ -200,7 +201,12 @@ async def test_a_running_decode_faster_than_real_time_starts_at_once(
     await watch(page, server, job["id"])
     started = await page.wait_for(f"(s => s.startDelayMs !== null && s)({STATE})", PLAY_TIMEOUT_S)
     assert started["status"] == "in_progress"  # still decoding when it started
-    assert started["startDelayMs"] < FAST_START_MS
+    # At once: as soon as the page knew the rate (the next chunk event, on this page's
+    # clock, however late a busy machine delivered it), or the stall-free start the
+    # server said then (the first chunks' jitter), within one tick of the page's timer.
+    known_ms = max(0.0, started["rateKnownAt"] - started["firstFragmentAt"])
+    bound_ms = max(known_ms, started["startedAtStallFreeS"] * 1000) + WAIT_TICK_MS
+    assert started["startDelayMs"] <= bound_ms, (started["startDelayMs"], bound_ms)
     state = await played_to_the_end(page, job["id"], 1 + 4 * (latent_frames - 1))
     final = await job_json(server, job["id"])
     print(f"waited {state['startDelayMs']:.0f} ms; stall-free start {final['stall_free_start_s']}")

@@ -96,6 +96,8 @@ export function blankState() {
     // Playing a job still decoding no earlier than it plays stall-free (see the top).
     stallFreeStartS: null,  // the latest stall_free_start_s heard (the final's, with a preview)
     firstFragmentAt: null,  // performance.now() when the front's first fragment was appended
+    rateKnownAt: null,      // performance.now() when the server's decode rate was first known
+    startedAtStallFreeS: null, // the stall-free start the server said when playback began
     startingInMs: null,     // while the start waits: how long still, as last computed
     startDelayMs: null,     // how long after the first fragment the page started playing
   };
@@ -431,7 +433,9 @@ export class Session extends EventTarget {
   // job) or once the job's stall-free start has passed.
   #startWhenStallFree(player, into) {
     const state = this.state;
-    state.firstFragmentAt = performance.now();
+    // When it went in: its updateend, or its first frame on screen if the video showed
+    // that first (a frame callback may run before the updateend event is dispatched).
+    state.firstFragmentAt = Math.min(performance.now(), state.firstFrameAt ?? Infinity);
     this.#waiting = { player, into };
     this.#checkStart();
   }
@@ -452,6 +456,7 @@ export class Session extends EventTarget {
     this.#waiting = null;
     state.startingInMs = null;
     state.startDelayMs = performance.now() - state.firstFragmentAt;
+    state.startedAtStallFreeS = state.stallFreeStartS; // what the start waited for
     state.lastFrameAt = null; // the wait, paused on the first frame, is no stall
     waiting.player.play().catch((error) => this.fail(`playback: ${error.message}`));
   }
@@ -465,6 +470,11 @@ export class Session extends EventTarget {
     if (!LIVE.includes(state.status)) return 0;
     if (!this.#rateKnown()) return Infinity;
     return state.firstFragmentAt + state.stallFreeStartS * 1000 - performance.now();
+  }
+
+  // When the page first knew the decode's rate (what a start waits for, at the least).
+  #noteRate() {
+    if (this.state.rateKnownAt === null && this.#rateKnown()) this.state.rateKnownAt = performance.now();
   }
 
   // Whether stallFreeStartS is the server's prediction from a decode rate.
@@ -614,6 +624,7 @@ export class Session extends EventTarget {
         if (event.stall_free_start_s !== undefined) state.stallFreeStartS = event.stall_free_start_s;
         this.#rateChunks = Math.max(this.#rateChunks, event.index + 1);
         if (event.index === 0 && this.#firstChunkAt === null) this.#firstChunkAt = performance.now();
+        this.#noteRate();
       }
       if (event.variant !== undefined && state.renditions) {
         const rendition = state.renditions[event.variant];
@@ -701,6 +712,7 @@ export class Session extends EventTarget {
     // Chunks done before this page listened count toward the rate (no anchor, though).
     const done = job.variants ? job.variants.final.chunks.done : job.chunks.done;
     this.#rateChunks = Math.max(this.#rateChunks, done);
+    this.#noteRate();
     const { queued_s: queued, total_s: total } = job.timings;
     if (job.status === "completed" && queued !== null && total > queued) {
       state.decodeFps = job.frames / (total - queued); // the server's own clock
