@@ -54,7 +54,7 @@ from benchmarks.arms import now_utc
 from benchmarks.models import _commit
 from benchmarks.paced import PacedDecoder
 from tests.helpers.cdp import Browser, launch_chromium
-from tests.helpers.hls_players import HLS_JS, HLS_JS_PAGE, add_player_pages
+from tests.helpers.hls_players import HLS_JS, HLS_JS_PAGE, PLAYOUT_WATCH, add_player_pages
 from tests.helpers.server import serve_on_loopback
 from vaecast.demo.sources import SceneSpec, scene_latents
 from vaecast.embed import ServerConfig, create_app, runner_settings
@@ -67,23 +67,6 @@ CASES = (("final ahead", None), ("final 1.5x slower", 1.5), ("final 3x slower", 
 RENDITIONS = ("live", "final", "preview")
 STALL_MS = 40  # a Chromium wait over a frame at 25 fps
 JOB_TIMEOUT_S = 120.0
-
-PLAYOUT_WATCH = """
-window.playout = {playingAt: null, lastAt: null, waitingSince: null, waits: []};
-document.addEventListener("DOMContentLoaded", () => {
-  const video = document.getElementById("video");
-  video.addEventListener("playing", () => {
-    const now = performance.now();
-    if (playout.playingAt === null) playout.playingAt = now;
-    if (playout.waitingSince !== null) playout.waits.push(now - playout.waitingSince);
-    playout.waitingSince = null;
-  });
-  video.addEventListener("waiting", () => {
-    if (playout.playingAt !== null && !video.ended) playout.waitingSince = performance.now();
-  });
-  video.addEventListener("ended", () => { playout.lastAt = performance.now(); });
-});
-"""
 
 
 def played(arrivals: Sequence[float], durations: Sequence[float], created: float) -> dict:

@@ -18,7 +18,7 @@ from aiohttp import web
 from benchmarks.paced import PacedDecoder
 from tests.helpers.browser import PLAY_TIMEOUT_S, VIDEO_FACTS, Server, serving
 from tests.helpers.cdp import Page
-from tests.helpers.hls_players import HLS_JS, HLS_JS_PAGE, add_player_pages
+from tests.helpers.hls_players import HLS_JS, HLS_JS_PAGE, PLAYOUT_WATCH, add_player_pages
 from vaecast.models.tiny import TinyDecoder
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="module")]
@@ -37,24 +37,6 @@ DEMO = {
 # A wait for data longer than this, once playing, is a stall (shorter ones are the
 # media pipeline's own hand-offs: a frame at 25 fps).
 STALL_MS = 40
-
-# Each wait for data after the video first played: `waits` (ms), from the page's start.
-PLAYOUT_WATCH = """
-window.playout = {playingAt: null, waitingSince: null, waits: []};
-document.addEventListener("DOMContentLoaded", () => {
-  const video = document.getElementById("video");
-  video.addEventListener("playing", () => {
-    const now = performance.now();
-    if (playout.playingAt === null) playout.playingAt = now;
-    if (playout.waitingSince !== null) playout.waits.push(now - playout.waitingSince);
-    playout.waitingSince = null;
-  });
-  video.addEventListener("waiting", () => {
-    if (playout.playingAt !== null && !video.ended) playout.waitingSince = performance.now();
-  });
-});
-"""
-
 
 SOURCE = "vaecast_source"  # the ID3 TXXX frame each live fragment's emsg holds
 # The timed metadata hls.js turned into cues: each ID3 frame's key, description, value.

@@ -61,6 +61,27 @@ if (typeof Hls === "undefined" || !Hls.isSupported()) {
 """
 
 
+# A player page's playout, for an init script (`Page.addScriptToEvaluateOnNewDocument`):
+# `waits`, each wait for data (ms) after the video first played; `playingAt` and
+# `lastAt` (`ended`), on the page's clock.
+PLAYOUT_WATCH = """
+window.playout = {playingAt: null, lastAt: null, waitingSince: null, waits: []};
+document.addEventListener("DOMContentLoaded", () => {
+  const video = document.getElementById("video");
+  video.addEventListener("playing", () => {
+    const now = performance.now();
+    if (playout.playingAt === null) playout.playingAt = now;
+    if (playout.waitingSince !== null) playout.waits.push(now - playout.waitingSince);
+    playout.waitingSince = null;
+  });
+  video.addEventListener("waiting", () => {
+    if (playout.playingAt !== null && !video.ended) playout.waitingSince = performance.now();
+  });
+  video.addEventListener("ended", () => { playout.lastAt = performance.now(); });
+});
+"""
+
+
 class SteppedTinyDecoder(GatedTinyDecoder):
     """The gated `tiny` decoder, but each chunk from `hold_at` on waits for its own
     `allow(index)`; `release()` allows every chunk (teardown calls it)."""

@@ -393,13 +393,16 @@ class LiveRendition:
 
 
 class _Wake:
-    """A rendition's log listener: wakes the splice at each segment and at its close."""
+    """A rendition's log listener: wakes the splice at its close (which comes after the
+    rendition's `VariantEnded`). A segment wakes it through the job's `SegmentAdded`
+    instead, which comes once the fragment's facts are indexed: a wake here, inside the
+    log's append, would find nothing new yet."""
 
     def __init__(self, changed: asyncio.Event) -> None:
         self._changed = changed
 
     def appended(self, segment: bytes) -> None:
-        self._changed.set()
+        pass
 
     def closed(self) -> None:
         self._changed.set()
