@@ -8,19 +8,22 @@ is the published model's; Wan 2.2 TI2V-5B's and LTX-2's published VAE configs wh
 defaults are another model's) and seeded random weights, saved with `save_pretrained` to a
 cache folder and loaded from it by `get_decoder(name, weights=FOLDER)`, as a server loads
 it; latents are seeded N(0, 1) in the pipeline's own layout, of 33 frames (37 for Mochi,
-whose latents stand for 6 frames), at 256x256 where one decode takes well under a minute
-on a 2-core CPU (ltx-video, ltx-2), else at the largest square that does (128x128; 64x64
-for HunyuanVideo 1.5 and Mochi, whose real decoders take half a minute there; Wan 2.1's
-takes 2.5 minutes at 256x256): where per-call overhead no longer hides what a decode
-costs (`ModelSpec.latent_shape`, in the results):
+whose latents stand for 6 frames) at 256x256 for every model (`ModelSpec.latent_shape`, in
+the results): where per-call overhead no longer hides what a decode costs. On a 2-core
+CPU one decode there takes from a quarter of a minute (LTX-Video) to several minutes
+(HunyuanVideo 1.5), so each model's arms decode the whole clip three times in all, and
+a run of every model takes hours.
 
 - geometry: latent channels, spatial and temporal compression, and the frames per chunk
   of the benchmarked latents, from the decoder's plan (checked against the chunks);
 - exactness: the decoder's chunks, concatenated, against `vae.decode` as the pipeline's
-  decode step calls it with the VAE as the decoder sets it up (max abs difference; PSNR,
-  over frames clamped to `value_range`, where not bit-identical), and against the VAE as
-  a pipeline loads it where the decoder changes its decode path (none of the built-in
-  decoders does by default: the column then says "same path");
+  decode step calls it: the pipeline arm's first decode, so no decode runs only to be
+  compared (max abs difference; PSNR, over frames clamped to `value_range`, where not
+  bit-identical); where the decoder changes the VAE's decode switches (none of the
+  built-in decoders does by default: the column then says "same path") also against
+  the decode step on the decoder's path;
+- the chunk plan's cost: the chunks decoded whole in this process (their first run,
+  outside the pairs) over the pipeline arm's decode step;
 - TTFF ratio: `vaecast serve`'s time to the first fragment over HTTP (a real subprocess
   on 127.0.0.1 --port 0: request sent to the first moof + mdat received; the client then
   cancels the job with DELETE, which returns once its decode has stopped) over the same
@@ -36,13 +39,14 @@ and are paired as `benchmarks.paired` pairs them: each repeat runs vaecast back 
 with each of the two in-process arms, the order rotated from repeat to repeat
 (`paired.schedule`); each ratio is computed within its pair, and the report gives the
 median of the per-repeat ratios with their IQR, and the raw seconds. Before the repeats,
-unmeasured: one whole stream from the server (its frame count checked), and the
-exactness decodes, which warm up the in-process arms. Torch's threads are left at their
-default in both processes, as `vaecast serve` leaves them.
+unmeasured: one stream from the server to its first fragment (its frame count is checked
+on each whole stream), and the chunks' decode, which warms up the in-process arms. Torch's
+threads are left at their default in both processes, as `vaecast serve` leaves them.
 
 A model whose VAE would not fit twice in this machine's memory (server and benchmark each
 hold one) is skipped with the reason written in the results, as is a model whose decoder
-module is missing or fails. Writes `models.json` and `models.md` to --out.
+module is missing or fails. Writes `models.json` and `models.md` to --out after each
+model; `--keep-others` keeps the rows there of the models not measured now.
 """
 
 from __future__ import annotations
@@ -96,6 +100,9 @@ PEERS = (FIRST_CHUNK, PIPELINE)
 # The server's copy and ours, each the size of the weights, plus activations and the rest
 # of the machine: a model needs this many times its weights' bytes of available memory.
 MEMORY_FACTOR = 2.5
+# What a streamed decode must beat, as shares of the pipeline's decode + export time.
+FIRST_FRAGMENT_TARGET = 0.5
+LAST_BYTE_TARGET = 1.0
 
 DecodeStep = Callable[[Any, torch.Tensor, "ModelSpec"], torch.Tensor]
 
@@ -299,7 +306,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLWan",
             "diffusers/pipelines/wan/pipeline_wan.py",
             _wan_step,
-            (16, 9, 16, 16),
+            (16, 9, 32, 32),
             config={
                 "latents_mean": _stats(16, 5, -0.2, 0.1),
                 "latents_std": _stats(16, 7, 0.5, 0.1),
@@ -310,7 +317,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLWan",
             "diffusers/pipelines/wan/pipeline_wan.py",
             _wan_step,
-            (48, 9, 8, 8),
+            (48, 9, 16, 16),
             config={
                 **WAN22_CONFIG,
                 "latents_mean": _stats(48, 5, -0.2, 0.1),
@@ -336,14 +343,14 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLHunyuanVideo",
             "diffusers/pipelines/hunyuan_video/pipeline_hunyuan_video.py",
             _hunyuan_step,
-            (16, 9, 16, 16),
+            (16, 9, 32, 32),
         ),
         ModelSpec(
             "hunyuan-video-1.5",
             "AutoencoderKLHunyuanVideo15",
             "diffusers/pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5.py",
             _hunyuan_step,
-            (32, 9, 4, 4),
+            (32, 9, 16, 16),
             spatial_scale=16,
         ),
         ModelSpec(
@@ -380,7 +387,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLCogVideoX",
             "diffusers/pipelines/cogvideo/pipeline_cogvideox.py",
             _cogvideox_step,
-            (16, 9, 16, 16),
+            (16, 9, 32, 32),
             pack=_btchw,
             needs_geometry=False,
         ),
@@ -389,7 +396,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLMochi",
             "diffusers/pipelines/mochi/pipeline_mochi.py",
             _mochi_step,
-            (12, 7, 8, 8),
+            (12, 7, 32, 32),
             config={
                 "latents_mean": _stats(12, 5, -0.2, 0.1),
                 "latents_std": _stats(12, 4, 0.6, 0.1),
@@ -519,9 +526,15 @@ def first_chunk_s(decoder: Any, latents: torch.Tensor) -> float:
 
 
 def pipeline_run(
-    spec: ModelSpec, vae: Any, latents: torch.Tensor, flags: Mapping[str, bool], path: Path
+    spec: ModelSpec,
+    vae: Any,
+    latents: torch.Tensor,
+    flags: Mapping[str, bool],
+    path: Path,
+    keep: list[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """The pipeline's decode step, its postprocessing and `export_to_video`, timed."""
+    """The pipeline's decode step, its postprocessing and `export_to_video`, timed; the
+    decoded frames are appended to `keep` where given (the exactness reference)."""
     processor = _processor(spec)
     started = time.monotonic()
     with decode_flags(vae, flags), torch.no_grad():
@@ -531,6 +544,8 @@ def pipeline_run(
     processed = time.monotonic()
     _export(frames, path)
     ended = time.monotonic()
+    if keep is not None:
+        keep.append(video)
     return {
         "total_s": ended - started,
         "decode_s": decoded - started,
@@ -575,39 +590,55 @@ def exactness(
     packed: torch.Tensor,
     plan: Any,
     work: Path,
-) -> dict[str, Any]:
-    """The chunks against the pipeline's decode path (the VAE's switches as the decoder
-    set them), and against the VAE as loaded where that is another path. These decodes
-    are also the in-process arms' unmeasured first runs."""
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """The decoder's chunks, decoded once in this process (also the in-process arms'
+    unmeasured first run), timed to the first chunk and to the last; and, where the
+    decoder changed the VAE's decode switches, the pipeline's decode step on its path.
+    The reference on the pipeline's own path is the pipeline arm's first decode
+    (`reference`), so no decode runs only to be compared."""
     chunks: list[Any] = []
+    first: list[float] = []
     started = time.monotonic()
-    decoder.decode_chunks(
-        latents, lambda c: chunks.append(dataclasses.replace(c, frames=c.frames.clone()))
-    )
+
+    def on_chunk(chunk: Any) -> None:
+        first.append(first[0] if first else time.monotonic() - started)
+        chunks.append(dataclasses.replace(chunk, frames=chunk.frames.clone()))
+
+    decoder.decode_chunks(latents, on_chunk)
     decode_s = time.monotonic() - started
     check_chunks(chunks, plan)
     streamed = torch.cat([c.frames for c in chunks], dim=2)
     chunks.clear()
     vae = decoder.vae
     streamed_flags, pipeline_flags = flags_of(vae), loaded_flags(vae)
-    with torch.no_grad():
-        video = spec.decode_step(vae, packed, spec)
     result: dict[str, Any] = {
         "decode_s": decode_s,
+        "first_chunk_s": first[0],
         "path": _describe(streamed_flags),
-        "vs_path": compare(streamed, video, decoder.value_range),
         "finite": bool(torch.isfinite(streamed).all()),
     }
     if streamed_flags != pipeline_flags:
-        with decode_flags(vae, pipeline_flags), torch.no_grad():
+        with torch.no_grad():
             video = spec.decode_step(vae, packed, spec)
+        result["vs_path"] = compare(streamed, video, decoder.value_range)
         result["loaded_path"] = _describe(pipeline_flags)
-        result["vs_loaded"] = compare(streamed, video, decoder.value_range)
     # export_to_video's first call imports imageio and reads the ffmpeg binary: not
     # part of what the pipeline arm measures.
-    frames = _processor(spec).postprocess_video(video, output_type="np")
+    frames = _processor(spec).postprocess_video(streamed, output_type="np")
     _export(frames, work / "warmup.mp4")
-    return result
+    return result, streamed
+
+
+def reference(
+    result: dict[str, Any],
+    streamed: torch.Tensor,
+    video: torch.Tensor,
+    value_range: Sequence[float],
+) -> None:
+    """The chunks against the pipeline arm's frames: its path, or the VAE as loaded where
+    the decoder's path is another."""
+    key = "vs_loaded" if "loaded_path" in result else "vs_path"
+    result[key] = compare(streamed, video, value_range)
 
 
 def _describe(flags: Mapping[str, bool]) -> str:
@@ -725,18 +756,17 @@ async def run_pairs(
     repeats: int,
     planned_frames: int,
     work: Path,
+    keep: list[torch.Tensor],
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The server's warm-up stream, then `repeats` repeats of `paired.schedule`."""
+    """The server's warm-up (a stream to its first fragment: at the sizes measured a
+    whole one would cost another full decode), then `repeats` repeats of
+    `paired.schedule`. The pipeline arm's first frames are appended to `keep`."""
     url = stream_url(base, spec)
     flags = loaded_flags(decoder.vae)
     runs: list[dict[str, Any]] = []
     loads: list[dict[str, Any]] = []
     async with client_session() as session:
-        warmup = await whole_stream(session, url, body)
-        if warmup["frames_decoded"] != planned_frames:
-            raise RuntimeError(
-                f"the MP4 has {warmup['frames_decoded']} frames, {planned_frames} planned"
-            )
+        warmup = await first_fragment(session, base, url, body)
         for repeat in range(repeats):
             repeat_start = load.sample([server_pid])
             for position, (arm, pair) in enumerate(paired.schedule(repeat, PEERS)):
@@ -751,10 +781,22 @@ async def run_pairs(
                     record |= await first_fragment(session, base, url, body)
                 elif arm == paired.VAECAST:
                     record |= await whole_stream(session, url, body)
+                    if record["frames_decoded"] != planned_frames:
+                        raise RuntimeError(
+                            f"the MP4 has {record['frames_decoded']} frames, "
+                            f"{planned_frames} planned"
+                        )
                 elif arm == FIRST_CHUNK:
                     record["first_chunk_s"] = first_chunk_s(decoder, latents)
                 else:
-                    record |= pipeline_run(spec, decoder.vae, packed, flags, work / "pipeline.mp4")
+                    record |= pipeline_run(
+                        spec,
+                        decoder.vae,
+                        packed,
+                        flags,
+                        work / "pipeline.mp4",
+                        keep=None if keep else keep,
+                    )
                 if "frames_decoded" in record or arm == PIPELINE:
                     record["frames_planned"] = planned_frames
                 record["others_cores"] = load.between(before, load.sample([server_pid]))[
@@ -846,14 +888,21 @@ def measure_model(spec: ModelSpec, repeats: int, work: Path) -> dict[str, Any]:
         f"{spec.name}: {result['geometry']['latent_shape']} -> {plan.frames} frames "
         f"{plan.width}x{plan.height}, chunks {list(plan.chunk_frames)}"
     )
-    result["exactness"] = exactness(spec, decoder, latents, packed, plan, work)
-    _say(f"{spec.name}: chunks against {spec.pipeline}'s decode: {result['exactness']['vs_path']}")
+    result["exactness"], streamed = exactness(spec, decoder, latents, packed, plan, work)
     body = latents_body(packed, FPS)
+    keep: list[torch.Tensor] = []
     with vaecast_serve(spec.name, folder, work / f"serve-{spec.name}.log") as (base, pid):
         warmup, runs, loads = asyncio.run(
-            run_pairs(spec, decoder, latents, packed, body, base, pid, repeats, plan.frames, work)
+            run_pairs(
+                spec, decoder, latents, packed, body, base, pid, repeats, plan.frames, work, keep
+            )
         )
+    reference(result["exactness"], streamed, keep[0], decoder.value_range)
+    del streamed, keep
+    _say(f"{spec.name}: chunks against {spec.pipeline}'s decode: {result['exactness']['vs_path']}")
     result |= {
+        "commit": _commit(),
+        "measured_utc": now_utc(),
         "server_warmup": warmup,
         "summary": summarize(runs, loads),
         "runs": runs,
@@ -867,11 +916,21 @@ def measure_model(spec: ModelSpec, repeats: int, work: Path) -> dict[str, Any]:
 
 
 def run(
-    specs: Sequence[ModelSpec], repeats: int, out: Path, work: Path | None = None
+    specs: Sequence[ModelSpec],
+    repeats: int,
+    out: Path,
+    work: Path | None = None,
+    keep_others: bool = False,
 ) -> dict[str, Any]:
-    """Every model in turn; writes `models.json` and `models.md` to `out`."""
+    """Every model in turn; writes `models.json` and `models.md` to `out` after each one
+    (a run cut short keeps the models it measured). With `keep_others`, the models of an
+    earlier `models.json` there that this run does not measure keep their rows, each
+    with its own commit and time."""
     work = work or out / "tmp"
     work.mkdir(parents=True, exist_ok=True)
+    earlier: dict[str, Any] = {}
+    if keep_others and (out / "models.json").is_file():
+        earlier = json.loads((out / "models.json").read_text())["models"]
     result: dict[str, Any] = {"meta": _meta(repeats), "models": {}}
     for spec in specs:
         _say(f"{spec.name}: {spec.vae_class}")
@@ -905,12 +964,20 @@ def run(
             )
         result["models"][spec.name] = entry
         gc.collect()
-    result["meta"]["finished_utc"] = now_utc()
-    result["meta"]["load_end"] = _load()
-    report.write_json(result, out / "models.json")
-    (out / "models.md").write_text(markdown(result))
+        _write(result, earlier, out)
     _say(f"wrote {out / 'models.json'}, {out / 'models.md'}")
     return result
+
+
+def _write(result: dict[str, Any], earlier: Mapping[str, Any], out: Path) -> None:
+    """The results so far, in `SPECS` order, with the earlier rows kept."""
+    result["meta"]["finished_utc"] = now_utc()
+    result["meta"]["load_end"] = _load()
+    measured = {**earlier, **result["models"]}
+    order = [name for name in SPECS if name in measured]
+    result["models"] = {name: measured[name] for name in order}
+    report.write_json(result, out / "models.json")
+    (out / "models.md").write_text(markdown(result))
 
 
 def _meta(repeats: int) -> dict[str, Any]:
@@ -970,6 +1037,10 @@ def _x(spread: Mapping[str, float]) -> str:
 
 def _values(values: Iterable[float]) -> str:
     return ", ".join(f"{value:.2f}" for value in values)
+
+
+def _yes(met: bool) -> str:
+    return "yes" if met else "no"
 
 
 def _diff(comparison: Mapping[str, Any]) -> str:
@@ -1035,18 +1106,23 @@ def markdown(result: Mapping[str, Any]) -> str:
         "",
         "| model | vaecast TTFF | decoder's first chunk alone | TTFF / first chunk "
         "| vaecast last byte | pipeline decode + export | of which export | total / pipeline "
-        "| vaecast TTFF / pipeline | loaded repeats |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| vaecast TTFF / pipeline | first fragment <= 0.5x, last byte <= 1.0x "
+        "| chunk plan: chunked decode / pipeline decode | loaded repeats |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for name, entry in models.items():
         if "summary" not in entry:
             continue
         s, r = entry["summary"]["seconds"], entry["summary"]["ratios"]
+        first_ok = r["ttff_over_pipeline"]["median"] <= FIRST_FRAGMENT_TARGET
+        last_ok = r["total_over_pipeline"]["median"] <= LAST_BYTE_TARGET
+        plan_cost = entry["exactness"]["decode_s"] / s["pipeline_decode_s"]
         lines.append(
             f"| {name} | {s['vaecast_ttff_s']:.2f} | {s['first_chunk_s']:.2f} "
             f"| {_x(r['ttff_over_first_chunk'])} | {s['vaecast_total_s']:.2f} "
             f"| {s['pipeline_total_s']:.2f} | {s['pipeline_export_s']:.2f} "
             f"| {_x(r['total_over_pipeline'])} | {_x(r['ttff_over_pipeline'])} "
+            f"| {_yes(first_ok)}, {_yes(last_ok)} | {plan_cost:.2f}x "
             f"| {entry['summary']['loaded_repeats']}/{len(entry['load'])} |"
         )
     lines += [
@@ -1055,7 +1131,11 @@ def markdown(result: Mapping[str, Any]) -> str:
         "received; the first chunk alone: the same decoder in this process, `decode_chunks` "
         "stopped at its first chunk. Last byte: the whole MP4 received. Pipeline: the "
         'pipeline\'s decode step on the VAE as loaded, `postprocess_video(output_type="np")`, '
-        "`export_to_video`; the user sees nothing before it ends. A repeat is loaded when "
+        "`export_to_video`; the user sees nothing before it ends. The targets: the first "
+        f"fragment by {FIRST_FRAGMENT_TARGET}x the pipeline's time, the last byte by "
+        f"{LAST_BYTE_TARGET}x (medians). The chunk plan's cost: the decoder's chunks decoded "
+        "whole in this process (its first, unpaired run) over the pipeline arm's decode "
+        "step. A repeat is loaded when "
         f"other processes kept more than {paired.LOADED_CORES} core busy on average.",
         "",
     ]
@@ -1075,6 +1155,16 @@ def markdown(result: Mapping[str, Any]) -> str:
         cores = _values(repeat["others_cores"] for repeat in entry["load"])
         lines.append(f"| {name} | {ttff} | {total} | {cores} |")
     lines.append("")
+    runs = [
+        f"- {name}: commit {entry['commit']}, {entry['measured_utc']}, "
+        f"{entry['elapsed_s'] / 60:.0f} min"
+        if "measured_utc" in entry
+        else f"- {name}: an earlier run that did not record when"
+        for name, entry in models.items()
+        if "summary" in entry
+    ]
+    if runs:
+        lines += ["Each model measured at:", "", *runs, ""]
     others = {name: entry for name, entry in models.items() if "summary" not in entry}
     if others:
         lines += ["## Not measured", ""]
@@ -1095,6 +1185,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=",".join(SPECS), help="comma list (default: all)")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    p.add_argument(
+        "--keep-others",
+        action="store_true",
+        help="keep the rows of models not measured now from the models.json in --out",
+    )
     return p
 
 
@@ -1106,7 +1201,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         parser().error(f"unknown models {unknown}; known: {', '.join(SPECS)}")
     if args.repeats < 1:
         parser().error("--repeats must be >= 1")
-    return run([SPECS[name] for name in names], args.repeats, args.out)
+    return run(
+        [SPECS[name] for name in names], args.repeats, args.out, keep_others=args.keep_others
+    )
 
 
 if __name__ == "__main__":

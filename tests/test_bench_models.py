@@ -41,9 +41,14 @@ def test_one_model_one_repeat_writes_its_row(tmp_path: Path) -> None:
     assert (geometry["spatial_compression"], geometry["temporal_compression"]) == (8, 4)
     assert geometry["chunk_frames"] == [1, 4, 4]
     assert (geometry["frames"], geometry["width"], geometry["height"]) == (9, 16, 16)
-    # Wan's chunks are vae.decode's to rounding (bit for bit with one thread).
-    assert entry["exactness"]["vs_path"]["max_abs_diff"] <= 1e-5
-    assert "vs_loaded" not in entry["exactness"]  # the decoder keeps the pipeline's path
+    # Wan's chunks are vae.decode's to rounding (bit for bit with one thread), compared
+    # with the pipeline arm's own frames.
+    exactness = entry["exactness"]
+    assert exactness["vs_path"]["max_abs_diff"] <= 1e-5
+    assert "vs_loaded" not in exactness  # the decoder keeps the pipeline's path
+    assert 0 < exactness["first_chunk_s"] <= exactness["decode_s"]
+    assert entry["commit"] and entry["measured_utc"]
+    assert positive(entry["server_warmup"]["ttff_s"])
 
     summary = entry["summary"]
     assert summary["frames_ok"]
@@ -64,6 +69,28 @@ def test_one_model_one_repeat_writes_its_row(tmp_path: Path) -> None:
     assert "| wan2.1 | AutoencoderKLWan |" in table
     assert "| 1, 4, 4 |" in table
     assert table.count("| wan2.1 |") == 3  # a row in each table
+    # Whether the targets are met, said in words: the ratios decide.
+    ratios = summary["ratios"]
+    met = (
+        "yes" if ratios["ttff_over_pipeline"]["median"] <= 0.5 else "no",
+        "yes" if ratios["total_over_pipeline"]["median"] <= 1.0 else "no",
+    )
+    assert f"| {met[0]}, {met[1]} |" in table
+    assert "- wan2.1: commit " in table
+
+
+def test_a_run_of_some_models_keeps_the_others_rows_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    earlier = {"meta": {}, "models": {"mochi": {"skipped": "measured before"}}}
+    (tmp_path / "models.json").write_text(json.dumps(earlier))
+    monkeypatch.setattr(models, "available_memory_bytes", lambda: 1)
+    models.run([TINY_WAN], repeats=1, out=tmp_path, keep_others=True)
+    kept = json.loads((tmp_path / "models.json").read_text())["models"]
+    assert list(kept) == ["wan2.1", "mochi"]  # the models' own order
+    assert kept["mochi"] == {"skipped": "measured before"}
+    models.run([TINY_WAN], repeats=1, out=tmp_path)
+    assert list(json.loads((tmp_path / "models.json").read_text())["models"]) == ["wan2.1"]
 
 
 def test_a_model_too_big_for_the_memory_is_skipped_with_its_reason(
