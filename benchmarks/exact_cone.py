@@ -14,7 +14,8 @@ measures the cone on each model's published architecture (seeded random weights)
 - the share is those frames' multiply-adds over all of the convs' multiply-adds (the
   convs are nearly all of a decode's work). A conv's multiply-adds per frame scale with
   its output's area, the same factor for every conv, so the share does not depend on the
-  frame size and the decoder runs on latents of one pixel.
+  frame size and the decoder runs on latents of 2x2 pixels (LTX-2's convs pad by
+  reflection, which needs two).
 
 Clip lengths: the 33 frames `benchmarks.models` decodes, and each pipeline's default
 `num_frames` (LTXPipeline 161, LTX2Pipeline 121). First chunks: the first frame alone
@@ -70,7 +71,7 @@ def cone_share(vae: Any, latent_frames: int, first_frames: int) -> float:
     try:
         generator = torch.Generator().manual_seed(0)
         channels = int(vae.config.latent_channels)
-        latents = torch.randn(1, channels, latent_frames, 1, 1, generator=generator)
+        latents = torch.randn(1, channels, latent_frames, 2, 2, generator=generator)
         video = decode_call(vae)(latents.to(vae.dtype))
         if first_frames > video.shape[2]:
             raise ValueError(f"{first_frames} frames asked of a clip of {video.shape[2]}")

@@ -79,6 +79,23 @@ def test_one_model_one_repeat_writes_its_row(tmp_path: Path) -> None:
     assert "- wan2.1: commit " in table
 
 
+@pytest.mark.slow
+def test_weights_that_fit_once_but_not_twice_are_measured_one_copy_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = models.weights_bytes(TINY_WAN)
+    monkeypatch.setattr(models, "available_memory_bytes", lambda: 2 * weights)
+    models.run([TINY_WAN], repeats=1, out=tmp_path)
+    entry = json.loads((tmp_path / "models.json").read_text())["models"]["wan2.1"]
+    assert entry["one_copy"]
+    # vaecast's arms ran before the in-process ones, every pair still complete.
+    arms = [run["arm"] for run in entry["runs"]]
+    assert arms == ["vaecast", "vaecast", *sorted(arms[2:])] and len(arms) == 4
+    assert entry["exactness"]["vs_path"]["max_abs_diff"] <= 1e-5
+    assert entry["summary"]["frames_ok"]
+    assert "| wan2.1 (one copy at a time) |" in (tmp_path / "models.md").read_text()
+
+
 def test_a_run_of_some_models_keeps_the_others_rows_when_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
