@@ -1069,7 +1069,10 @@ def _commit() -> str:
 
     try:
         commit = git("rev-parse", "--short=12", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        # Results being written are not changes to what measures them.
+        dirty = bool(
+            git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + (" (with uncommitted changes)" if dirty else "")
