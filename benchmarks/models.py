@@ -335,7 +335,7 @@ SPECS: dict[str, ModelSpec] = {
             "AutoencoderKLMiniMaxH3",
             "diffusers/modular_pipelines/minimax_h3/decoders.py",
             _minimax_step,
-            (24, 9, 16, 16),
+            (24, 10, 16, 16),
             config={
                 "latents_mean": _stats(24, 5, -0.2, 0.1),
                 "latents_std": _stats(24, 4, 0.6, 0.1),
