@@ -8,11 +8,11 @@ is the published model's; Wan 2.2 TI2V-5B's and LTX-2's published VAE configs wh
 defaults are another model's) and seeded random weights, saved with `save_pretrained` to a
 cache folder and loaded from it by `get_decoder(name, weights=FOLDER)`, as a server loads
 it; latents are seeded N(0, 1) in the pipeline's own layout, of 33 frames (37 for Mochi,
-whose latents stand for 6 frames) at 256x256 for every model (`ModelSpec.latent_shape`, in
-the results): where per-call overhead no longer hides what a decode costs. On a 2-core
-CPU one decode there takes from a quarter of a minute (LTX-Video) to several minutes
-(HunyuanVideo 1.5), so each model's arms decode the whole clip three times in all, and
-a run of every model takes hours.
+whose latents stand for 6 frames; 34 for MiniMax-H3) at 256x256 for every model
+(`ModelSpec.latent_shape`, in the results): where per-call overhead no longer hides
+what a decode costs. On a 2-core CPU one decode there takes from a quarter of a minute
+(LTX-Video) to several minutes (HunyuanVideo 1.5), so each model's arms decode the whole
+clip three times in all, and a run of every model takes hours.
 
 - geometry: latent channels, spatial and temporal compression, and the frames per chunk
   of the benchmarked latents, from the decoder's plan (checked against the chunks);
@@ -606,7 +606,8 @@ def exactness(
     started = time.monotonic()
 
     def on_chunk(chunk: Any) -> None:
-        first.append(first[0] if first else time.monotonic() - started)
+        if not first:
+            first.append(time.monotonic() - started)
         chunks.append(dataclasses.replace(chunk, frames=chunk.frames.clone()))
 
     decoder.decode_chunks(latents, on_chunk)
@@ -817,7 +818,7 @@ async def run_pairs(
                         packed,
                         loaded_flags(decoder.vae),
                         work / "pipeline.mp4",
-                        keep=None if keep else keep,
+                        keep=None if keep else keep,  # the first decode alone
                     )
                 if "frames_decoded" in record or arm == PIPELINE:
                     record["frames_planned"] = planned_frames
