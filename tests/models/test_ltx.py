@@ -1,9 +1,12 @@
-"""The `ltx-video` and `ltx-2` decoders: chunks bit-identical to their pipelines' default
-(whole-clip) decode with nothing changed on the VAE, exact windows for longer clips, the
-reach derived from the architecture against a perturbed latent's, the real pipelines' frames
-from their own latents, streams of any split, the VAE's temporal tiles where it is set to
-them (and their PSNR against the whole clip), timestep conditioning and noise injection,
-loading without the hub, and the diffusers internals they drive."""
+"""The `ltx-video` and `ltx-2` decoders: chunks equal to their pipelines' default
+(whole-clip) decode with nothing changed on the VAE, streamed layer by layer (each chunk
+once the latents it depends on are in, each frame of each layer computed once), exact
+windows where asked for or where the layer-by-layer stream is not shown to be the
+decoder's forward, the reach derived from the architecture against a perturbed latent's,
+the real pipelines' frames from their own latents, streams of any split, the VAE's
+temporal tiles where it is set to them (and their PSNR against the whole clip), timestep
+conditioning and noise injection, loading without the hub, and the diffusers internals
+they drive."""
 
 from __future__ import annotations
 
@@ -22,11 +25,14 @@ from tests.helpers import one_torch_thread
 from tests.helpers.tiny_pipelines import run_case
 from tests.helpers.tiny_pipelines.ltx import CASES, LTX2_CHANNELS, LTX_CHANNELS, ltx2_vae, ltx_vae
 from vaecast.errors import InvalidRequestError
+from vaecast.models import ltx_wavefront
 from vaecast.models.base import ChunkedDecoder, DecodedChunk, DecodePlan
 from vaecast.models.layouts import BCTHW, PackedTokens, layout_of
 from vaecast.models.ltx import LTX2VideoDecoder, LTXVideoDecoder
 from vaecast.models.ltx_reach import Reach, temporal_reach, temporal_scale
+from vaecast.models.margin_windows import MarginChunking
 from vaecast.models.registry import diffusers_model, get_decoder
+from vaecast.models.wavefront import WavefrontChunking
 from vaecast.models.weights_io import WeightsError
 
 Decoder = LTXVideoDecoder | LTX2VideoDecoder
@@ -112,6 +118,13 @@ def stream_in_blocks(
     return plan, torch.cat(frames, dim=2), published_at
 
 
+def same_as_pipeline(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Within float rounding of the pipeline's whole-clip decode: the layer-by-layer
+    stream runs every conv through oneDNN (the whole decode's kernel for every conv of a
+    real-sized clip, not for the tests' tiny ones) and its elementwise ops over pieces."""
+    return ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=0, atol=1e-5)
+
+
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """Over the [-1, 1] range (peak to peak 2)."""
     mse = float(((a.double() - b.double()) ** 2).mean())
@@ -128,16 +141,17 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
         (7, (17, 24, 8)),
     ],
 )
-def test_chunks_are_the_pipelines_default_decode_bit_for_bit(
+def test_chunks_are_the_pipelines_default_decode(
     model: str, vae: Any, decoder: Decoder, frames: int, chunk_frames: tuple[int, ...]
 ) -> None:
     """As `from_pretrained` leaves the VAE (`use_framewise_decoding` off, and left so): its
-    decode is the whole clip's, and a clip shorter than a window is that decode."""
+    decode is the whole clip's, streamed layer by layer."""
     z = latents(model, frames, seed=frames)
     chunks = collect(decoder, z)
     assert not vae.use_framewise_decoding
+    assert isinstance(decoder.chunking, WavefrontChunking)
     expected = pipeline_decode(vae, z)
-    assert torch.equal(torch.cat([c.frames for c in chunks], dim=2), expected)
+    assert same_as_pipeline(torch.cat([c.frames for c in chunks], dim=2), expected)
     plan = decoder.plan(z.shape)
     assert (plan.chunk_frames, plan.height, plan.width) == (chunk_frames, 16, 24)
     assert tuple(c.frame_count for c in chunks) == chunk_frames
@@ -167,6 +181,92 @@ def test_windows_are_the_whole_clips_decode(model: str, vae: Any, sizes: list[in
     needed = [min(3 * i + 3 + reach.after, 24) for i in range(plan.chunks)]
     ends = np.cumsum(sizes)
     assert published_at == [next(int(n) for n in ends if n >= k) for k in needed]
+
+
+@pytest.mark.parametrize(
+    "sizes", [[1] * 24, [5, 19], [13, 11], [24]], ids=["1s", "5+19", "13+11", "whole"]
+)
+def test_layer_by_layer_chunks_come_once_the_latents_they_read_are_in(
+    model: str, vae: Any, decoder: Decoder, sizes: list[int]
+) -> None:
+    """The default stream: every split gives the whole clip's frames within float rounding,
+    and no chunk waits for latents beyond the decoder's reach, nor later than the windows'
+    stream would publish it (which needs the reach on both sides of a whole window)."""
+    z = latents(model, 24, seed=24)
+    plan, streamed, published_at = stream_in_blocks(decoder, z, sizes)
+    assert plan == decoder.plan(z.shape) and plan.chunk_frames == (17,) + (24,) * 7
+    assert same_as_pipeline(streamed, pipeline_decode(vae, z))
+    assert same_as_pipeline(streamed, decoder.decode(z))
+    reach = temporal_reach(vae.decoder)
+    assert isinstance(reach, Reach)
+    ends = [int(n) for n in np.cumsum(sizes)]
+    needed = [min(3 * i + 3 + reach.after, 24) for i in range(plan.chunks)]
+    latest = [next(n for n in ends if n >= k) for k in needed]
+    assert published_at == sorted(published_at)
+    assert all(at <= then for at, then in zip(published_at, latest, strict=True))
+    _, _, windows_at = stream_in_blocks(DECODERS[model](vae, window_latents=3), z, sizes)
+    assert all(at <= then for at, then in zip(published_at, windows_at, strict=True))
+    if sizes == [1] * 24:  # the first chunk long before the clip ends
+        assert published_at[0] < 24 and published_at[:3] != windows_at[:3]
+
+
+def test_each_frame_of_each_conv_is_computed_once(
+    model: str, vae: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layer by layer, each conv outputs the frames the whole forward's does, once: the
+    stream's work is the whole decode's, however the latents arrive."""
+    computed: dict[str, int] = {}
+    names = {module: name for name, module in vae.decoder.named_modules()}
+    real_conv3d = ltx_wavefront.conv3d
+
+    def counting(module: torch.nn.Conv3d) -> Callable[[torch.Tensor], torch.Tensor]:
+        forward = real_conv3d(module)
+
+        def count(frames: torch.Tensor) -> torch.Tensor:
+            out = forward(frames)
+            computed[names[module]] = computed.get(names[module], 0) + out.shape[2]
+            return out
+
+        return count
+
+    monkeypatch.setattr(ltx_wavefront, "conv3d", counting)
+    decoder = DECODERS[model](vae)
+    z = latents(model, 9, seed=9)
+    computed.clear()  # the load's own check
+    stream_in_blocks(decoder, z, [1, 3, 5])
+    whole: dict[str, int] = {}
+    hooks = [
+        module.register_forward_hook(
+            lambda _, __, out, name=name: whole.__setitem__(name, out.shape[2])
+        )
+        for name, module in vae.decoder.named_modules()
+        if isinstance(module, torch.nn.Conv3d)
+    ]
+    try:
+        pipeline_decode(vae, z)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert computed == whole and len(whole) > 10
+
+
+def test_a_stream_not_shown_to_be_the_forward_keeps_the_windows(
+    model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The load's check: where the layers, streamed, are not the decoder's forward (here a
+    resnet whose forward was replaced), the stream is the windows', with one log line."""
+    vae = VAES[model]().eval()
+    resnet = vae.decoder.mid_block.resnets[0]
+    forward = resnet.forward
+    resnet.forward = lambda *args, **kwargs: forward(*args, **kwargs) * 1.5
+    decoder = DECODERS[model](vae)
+    assert isinstance(decoder.chunking, MarginChunking)
+    lines = [r.getMessage() for r in caplog.records if "not layer by layer" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{model}: streaming in exact windows, not layer by layer: ")
+    assert "from its forward's (bound" in lines[0]
+    z = latents(model, 4, seed=4)
+    assert torch.equal(decoder.decode(z), pipeline_decode(vae, z))  # one window: bit for bit
 
 
 def tiled_vae(model: str) -> Any:
@@ -233,7 +333,8 @@ def test_temporal_tiling_against_the_whole_clip_decode(model: str, decoder: Deco
     low, high = {"ltx-video": (17.0, 19.5), "ltx-2": (15.5, 17.5)}[model]
     assert all(low < value < high for value in measured), measured
     z = latents(model, 2, seed=2)  # one plain decode: no tiling at all
-    assert torch.equal(tiles.decode(z), decoder.decode(z))
+    assert torch.equal(tiles.decode(z), pipeline_decode(VAES[model]().eval(), z))
+    assert same_as_pipeline(tiles.decode(z), decoder.decode(z))
 
 
 @pytest.mark.parametrize(
@@ -325,7 +426,8 @@ def test_the_pipelines_frames_from_its_own_latents(case: Any) -> None:
     video = torch.cat(chunks, dim=2)
     frames = run.pipeline.video_processor.postprocess_video(video, output_type="np")[0]
     assert frames.shape == run.frames.shape == (25, 32, 32, 3)
-    np.testing.assert_array_equal(frames, run.frames)  # exact: the same whole-clip decode
+    # The same whole-clip decode, within float rounding.
+    np.testing.assert_allclose(frames, run.frames, rtol=0, atol=1e-5)
 
 
 def test_ltx_video_latents_are_packed_tokens() -> None:
@@ -344,15 +446,15 @@ def test_a_decode_timestep_conditions_the_decoder() -> None:
     vae = ltx_vae().eval()
     z = latents("ltx-video", 4, seed=4)
     at_zero = LTXVideoDecoder(vae).decode(z)
-    assert torch.equal(at_zero, pipeline_decode(vae, z, decode_timestep=0.0))
+    assert same_as_pipeline(at_zero, pipeline_decode(vae, z, decode_timestep=0.0))
     later = LTXVideoDecoder(vae, decode_timestep=0.05).decode(z)
     denormalized = LTXPipeline._denormalize_latents(
         z, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
     )
     with torch.no_grad():
         expected = vae.decode(denormalized, torch.tensor([0.05]), return_dict=False)[0]
-    assert torch.equal(later, expected)
-    assert not torch.equal(later, at_zero)
+    assert same_as_pipeline(later, expected)
+    assert not torch.allclose(later, at_zero, atol=1e-3)
 
 
 def test_injected_noise_is_seeded_per_tile() -> None:
@@ -363,6 +465,7 @@ def test_injected_noise_is_seeded_per_tile() -> None:
             if "per_channel_scale" in name:
                 parameter.fill_(0.5)
     decoder = LTXVideoDecoder(vae)
+    assert isinstance(decoder.chunking, MarginChunking)  # noise per call: windows
     z = latents("ltx-video", 5, seed=5)
     state = torch.get_rng_state()
     whole = decoder.decode(z)
@@ -382,7 +485,9 @@ def test_is_a_chunked_decoder(model: str, decoder: Decoder) -> None:
         CHANNELS[model],
         (-1, 1),
     )
-    assert (decoder.chunking.spatial_scale, decoder.chunking.windows.temporal_scale) == (8, 8)
+    assert isinstance(decoder.chunking, WavefrontChunking)
+    margins = decoder.chunking.margins
+    assert (margins.spatial_scale, margins.windows.temporal_scale) == (8, 8)
     assert not decoder.vae.use_framewise_decoding  # left as loaded: the whole clip's decode
 
 
@@ -439,7 +544,7 @@ def test_loads_from_a_local_diffusers_folder(model: str, tmp_path: Path, layout:
     assert isinstance(loaded, DECODERS[model])
     z = latents(model, 4)
     decoded = loaded.decode(z)
-    assert torch.equal(decoded, pipeline_decode(loaded.vae, z))
+    assert same_as_pipeline(decoded, pipeline_decode(loaded.vae, z))
     # The same weights, but read into unaligned (memory-mapped) storage, where a linear
     # kernel may round differently (the timestep embedder does, by ~1e-7).
     torch.testing.assert_close(decoded, pipeline_decode(vae.eval(), z), rtol=0, atol=1e-5)

@@ -231,13 +231,17 @@ def per_tile_decoder(vae: Any, tiled: TileDecoder, untiled: TileDecoder) -> Tile
     tile, else `untiled`. Read at each call, as the VAE reads it."""
 
     def decode_tile(latents: torch.Tensor) -> torch.Tensor:
-        min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
-        min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
-        if vae.use_tiling and (latents.shape[-1] > min_width or latents.shape[-2] > min_height):
-            return tiled(latents)
-        return untiled(latents)
+        return tiled(latents) if spatially_tiled(vae, latents.shape) else untiled(latents)
 
     return decode_tile
+
+
+def spatially_tiled(vae: Any, latent_shape: Sequence[int]) -> bool:
+    """Whether the VAE's decode of latents of `latent_shape` (BCTHW) takes its spatial
+    tiles: its `use_tiling` is on and they are wider or taller than one tile."""
+    min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
+    min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
+    return bool(vae.use_tiling) and (latent_shape[-1] > min_width or latent_shape[-2] > min_height)
 
 
 @dataclass(frozen=True, slots=True)

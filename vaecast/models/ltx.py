@@ -7,18 +7,24 @@ The models are diffusers' `AutoencoderKLLTXVideo` (`LTXPipeline`) and
 the VAE's config). What `vae.decode` does is what the stream is, with no attribute of
 the VAE changed:
 - by default (`from_pretrained` leaves `use_framewise_decoding` off) both decode the
-  whole clip at once. Their decoders are not causal, but each frame depends only on
-  latents within a reach derived from the architecture at load
-  (`vaecast/models/ltx_reach.py`: 25 latent frames each side for LTX-Video's released
-  VAE, 23 for LTX-2's). The stream decodes windows of latents with that margin each
-  side and keeps the frames no latent outside the window can change
-  (`vaecast/models/margin_windows.py`), in chunks of 3 latents (17 frames, then 24 each).
-  A clip no longer than one window (every usual length: 121 frames are 16 latents) is
-  decoded whole, exactly `vae.decode`, and its chunks follow at once; a longer one in
-  windows that commit `window_latents` each (by default twice the margins, so the
-  margins cost at most half again), its frames `vae.decode`'s within float rounding. A
-  decoder whose reach cannot be shown (a module the walk does not know) is decoded
-  whole, with one log line.
+  whole clip at once. Their decoders are not causal, but each layer's frame depends
+  only on a few frames of the layer before, so the stream runs the decoder layer by
+  layer (`vaecast/models/ltx_wavefront.py`): each frame of each layer computed once, as
+  soon as the frames it reads are in, the whole decode's work in the whole decode's
+  kernels, the first chunk out once the work it depends on is done (about a quarter
+  to a third of the decode at the pipelines' default lengths, most of it for short
+  clips). Its frames are `vae.decode`'s within float rounding. Chunks of 3 latents
+  (17 frames, then 24 each). Where that stream is not shown to be the decoder's forward
+  (checked at load), where the decoder injects noise, where the VAE's spatial tiles
+  apply, or where `window_latents` asks for them, the stream decodes windows of latents
+  with a margin of the decoder's reach each side (derived at load,
+  `vaecast/models/ltx_reach.py`: 25 latent frames for LTX-Video's released VAE, 23 for
+  LTX-2's) and keeps the frames no latent outside the window can change
+  (`vaecast/models/margin_windows.py`): a clip no longer than one window is decoded
+  whole, bit for bit `vae.decode`, its chunks at once; a longer one in windows that
+  commit `window_latents` each (by default twice the margins). A decoder whose reach
+  cannot be shown (a module the walk does not know) is decoded whole, with one log
+  line.
 - with `use_framewise_decoding` on (set by the user before the decoder is built, or
   `temporal_tiling=True`), their `_temporal_tiled_decode` decodes tiles of 3 latents
   every 1, each on its own (its last frame dropped after tile 0), blends each with the
@@ -27,8 +33,8 @@ the VAE changed:
   and publishes each tile's frames as soon as it is decoded, bit for bit that decode:
   an earlier first fragment, but not the whole-clip decode (16 to 19 dB PSNR from it on
   the tests' random VAEs).
-Either way each window or tile goes through the VAE's own path (`tiled_decode` where
-its `use_tiling` applies, else `decoder`).
+Each window or tile goes through the VAE's own path (`tiled_decode` where its
+`use_tiling` applies, else `decoder`).
 
 Latents are taken as each pipeline returns them with `output_type="latent"`:
 - `ltx-video`: packed tokens (B, F*H*W, C), still normalized; the upload converts them
@@ -37,8 +43,9 @@ Latents are taken as each pipeline returns them with `output_type="latent"`:
   `pipeline_ltx.py` does (`_denormalize_latents` with the VAE's `latents_mean`,
   `latents_std` and `scaling_factor`, in float32, then cast to the VAE's dtype);
 - `ltx-2`: BCTHW, already unpacked and denormalized by `pipeline_ltx2.py`, so only cast
-  to the VAE's dtype (the audio latents it returns beside them are for
-  `AutoencoderKLLTX2Audio`, which vaecast does not decode).
+  to the VAE's dtype (the audio latents it returns beside them are decoded by its
+  audio VAE and vocoder where the weights are the pipeline's folder:
+  `vaecast/models/ltx2_sound.py`).
 Frames come out in [-1, 1], unclamped, as `vae.decode` gives them.
 
 A VAE with `timestep_conditioning` (LTX-Video's later releases) is decoded at
@@ -79,13 +86,16 @@ from vaecast.models.causal_tiles import (
     TileDecoder,
     missing_scheme_lines,
     per_tile_decoder,
+    spatially_tiled,
 )
 from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
 from vaecast.models.layouts import PackedTokens
 from vaecast.models.ltx2_sound import LTX2Sound
 from vaecast.models.ltx_reach import temporal_reach, temporal_scale
+from vaecast.models.ltx_wavefront import check, noise_injecting, wavefront_net
 from vaecast.models.margin_windows import MarginChunking, MarginWindows, Reach
 from vaecast.models.streaming import Prepare
+from vaecast.models.wavefront import NetFactory, WavefrontChunking
 from vaecast.models.weights_io import WeightsError
 
 # What vaecast drives of both models beyond diffusers' public API, on the versions
@@ -146,12 +156,12 @@ def _chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., Any]:
         decode_timestep: float = 0.0,
         temporal_tiling: bool | None = None,
         window_latents: int | None = None,
-    ) -> MarginChunking | TileChunking:
-        """The VAE's decode, streamed: its whole-clip decode in exact windows, or its
-        temporal tiles where `temporal_tiling` (default: the VAE's own
-        `use_framewise_decoding`) says so; decoded at `decode_timestep` where the VAE
-        is timestep-conditioned. `window_latents` overrides the latents each window
-        commits."""
+    ) -> WavefrontChunking | MarginChunking | TileChunking:
+        """The VAE's decode, streamed: its whole-clip decode layer by layer (or in
+        exact windows where that cannot be shown, or `window_latents` asks for windows
+        committing that many latents), or its temporal tiles where `temporal_tiling`
+        (default: the VAE's own `use_framewise_decoding`) says so; decoded at
+        `decode_timestep` where the VAE is timestep-conditioned."""
         # The pipelines' `timestep` argument to `vae.decode`: None unless conditioned.
         temb = None
         if vae.config.timestep_conditioning:
@@ -175,9 +185,30 @@ def _chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., Any]:
                 blend=vae.blend_t,
             )
         windows = _windows(model, vae, window_latents)
-        return MarginChunking(windows, latent_channels, spatial_scale, prepare, decode)
+        margins = MarginChunking(windows, latent_channels, spatial_scale, prepare, decode)
+        if window_latents is not None or windows.reach is None:
+            return margins
+        make_net = _layer_by_layer(model, vae.decoder, temb)
+        if make_net is None:
+            return margins
+        return WavefrontChunking(
+            margins, make_net, takes=lambda shape: not spatially_tiled(vae, shape)
+        )
 
     return chunking
+
+
+def _layer_by_layer(model: str, decoder: Any, temb: torch.Tensor | None) -> NetFactory | None:
+    """The decoder's layer-by-layer stream, where it is shown to be its forward."""
+    if noise_injecting(decoder):
+        log.info("%s: streaming in exact windows: its decoder injects noise per call", model)
+        return None
+    make_net = wavefront_net(decoder, temb)
+    problem = check(decoder, make_net, temb)
+    if problem is not None:
+        log.warning("%s: streaming in exact windows, not layer by layer: %s", model, problem)
+        return None
+    return make_net
 
 
 def _windows(model: str, vae: Any, window_latents: int | None) -> MarginWindows:
