@@ -9,7 +9,8 @@ defaults are another model's) and seeded random weights, saved with `save_pretra
 cache folder and loaded from it by `get_decoder(name, weights=FOLDER)`, as a server loads
 it; latents are seeded N(0, 1) in the pipeline's own layout, of 33 frames (37 for Mochi,
 whose latents stand for 6 frames; 34 for MiniMax-H3) at 256x256 for every model
-(`ModelSpec.latent_shape`, in the results): where per-call overhead no longer hides
+(`ModelSpec.latent_shape`, in the results), and LTX-Video and LTX-2 at their pipelines'
+default lengths as well (rows `ltx-video-161`, `ltx-2-121`): where per-call overhead no longer hides
 what a decode costs. On a 2-core CPU one decode there takes from a quarter of a minute
 (LTX-Video) to several minutes (HunyuanVideo 1.5), so each model's arms decode the whole
 clip three times in all, and a run of every model takes hours.
@@ -138,6 +139,13 @@ class ModelSpec:
     pack: Callable[[torch.Tensor], torch.Tensor] = lambda latents: latents
     # Request parameters the layout needs (the pipeline call's num_frames, height, width).
     needs_geometry: bool = False
+    # Its row's name where a model is measured at more than one length (else `name`).
+    label: str = ""
+
+    @property
+    def key(self) -> str:
+        """The row's name, and `--models`'."""
+        return self.label or self.name
 
     @property
     def frames(self) -> int:
@@ -303,8 +311,38 @@ LTX2_CONFIG: dict[str, Any] = {
     "temporal_compression_ratio": 8,
 }
 
+LTX_VIDEO = ModelSpec(
+    "ltx-video",
+    "AutoencoderKLLTXVideo",
+    "diffusers/pipelines/ltx/pipeline_ltx.py",
+    _ltx_step,
+    (128, 5, 8, 8),
+    buffers={
+        "latents_mean": _stats(128, 5, -0.2, 0.1),
+        "latents_std": _stats(128, 4, 0.6, 0.1),
+    },
+    spatial_scale=32,
+    temporal_scale=8,
+    pack=_pack_ltx,
+    needs_geometry=True,
+)
+LTX_2 = ModelSpec(
+    "ltx-2",
+    "AutoencoderKLLTX2Video",
+    "diffusers/pipelines/ltx2/pipeline_ltx2.py",
+    _ltx2_step,
+    (128, 5, 8, 8),
+    config=LTX2_CONFIG,
+    buffers={
+        "latents_mean": _stats(128, 5, -0.2, 0.1),
+        "latents_std": _stats(128, 4, 0.6, 0.1),
+    },
+    spatial_scale=32,
+    temporal_scale=8,
+)
+
 SPECS: dict[str, ModelSpec] = {
-    spec.name: spec
+    spec.key: spec
     for spec in (
         ModelSpec(
             "wan2.1",
@@ -358,35 +396,12 @@ SPECS: dict[str, ModelSpec] = {
             (32, 9, 16, 16),
             spatial_scale=16,
         ),
-        ModelSpec(
-            "ltx-video",
-            "AutoencoderKLLTXVideo",
-            "diffusers/pipelines/ltx/pipeline_ltx.py",
-            _ltx_step,
-            (128, 5, 8, 8),
-            buffers={
-                "latents_mean": _stats(128, 5, -0.2, 0.1),
-                "latents_std": _stats(128, 4, 0.6, 0.1),
-            },
-            spatial_scale=32,
-            temporal_scale=8,
-            pack=_pack_ltx,
-            needs_geometry=True,
-        ),
-        ModelSpec(
-            "ltx-2",
-            "AutoencoderKLLTX2Video",
-            "diffusers/pipelines/ltx2/pipeline_ltx2.py",
-            _ltx2_step,
-            (128, 5, 8, 8),
-            config=LTX2_CONFIG,
-            buffers={
-                "latents_mean": _stats(128, 5, -0.2, 0.1),
-                "latents_std": _stats(128, 4, 0.6, 0.1),
-            },
-            spatial_scale=32,
-            temporal_scale=8,
-        ),
+        LTX_VIDEO,
+        LTX_2,
+        # And at their pipelines' default lengths (LTXPipeline: 161 frames, LTX2Pipeline:
+        # 121), where an exact first chunk needs a smaller share of the decode.
+        dataclasses.replace(LTX_VIDEO, latent_shape=(128, 21, 8, 8), label="ltx-video-161"),
+        dataclasses.replace(LTX_2, latent_shape=(128, 16, 8, 8), label="ltx-2-121"),
         ModelSpec(
             "cogvideox",
             "AutoencoderKLCogVideoX",
@@ -995,7 +1010,7 @@ def run(
         earlier = json.loads((out / "models.json").read_text())["models"]
     result: dict[str, Any] = {"meta": _meta(repeats), "models": {}}
     for spec in specs:
-        _say(f"{spec.name}: {spec.vae_class}")
+        _say(f"{spec.key}: {spec.vae_class}")
         entry: dict[str, Any]
         started = time.monotonic()
         try:
@@ -1014,16 +1029,16 @@ def run(
                 "error": f"{type(error).__name__}: {error}",
                 "traceback": traceback.format_exc(),
             }
-            _say(f"{spec.name}: {entry['error']}")
+            _say(f"{spec.key}: {entry['error']}")
         entry["elapsed_s"] = time.monotonic() - started
         if "summary" in entry:
             ratios = entry["summary"]["ratios"]
             _say(
-                f"{spec.name}: TTFF / first chunk {ratios['ttff_over_first_chunk']['median']:.2f}, "
+                f"{spec.key}: TTFF / first chunk {ratios['ttff_over_first_chunk']['median']:.2f}, "
                 f"total / pipeline {ratios['total_over_pipeline']['median']:.2f} "
                 f"({entry['elapsed_s']:.0f} s)"
             )
-        result["models"][spec.name] = entry
+        result["models"][spec.key] = entry
         gc.collect()
         _write(result, earlier, out)
     _say(f"wrote {out / 'models.json'}, {out / 'models.md'}")
@@ -1124,10 +1139,12 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"({meta['torch_threads']} threads, the default, in the server and here), diffusers "
         f"{meta['diffusers']}; load average at start {meta['load_start']}, at end "
         f"{meta['load_end']}. Each model's real architecture with seeded random weights; "
-        f"{meta['repeats']} repeats of vaecast paired with each in-process arm (medians, "
-        f"IQR in brackets). vaecast: `vaecast serve` over HTTP on 127.0.0.1, x264 "
-        f"{meta['encoder']}; the pipeline: its decode step, `postprocess_video` and "
-        f"`export_to_video(fps={meta['fps']})` ({meta['export_to_video']}).",
+        f"vaecast paired with each in-process arm, {meta['repeats']} repeats in this run "
+        f"(a row kept from an earlier run: its count in the last column, its commit and time "
+        f"at the end; medians, IQR in brackets). vaecast: `vaecast serve` over HTTP on "
+        f"127.0.0.1, x264 {meta['encoder']}; the pipeline: its decode step, "
+        f"`postprocess_video` and `export_to_video(fps={meta['fps']})` "
+        f"({meta['export_to_video']}).",
         "",
         "## What is decoded",
         "",

@@ -124,3 +124,13 @@ def test_unknown_models_and_no_repeats_are_usage_errors() -> None:
     for argv in (["--models", "wan2.1,nope"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             models.main(argv)
+
+
+def test_ltx_is_measured_at_its_pipelines_default_lengths_too() -> None:
+    """Rows of their own (`--models ltx-video-161,ltx-2-121`), served as the model itself,
+    from the same weights."""
+    for key, name, frames in (("ltx-video-161", "ltx-video", 161), ("ltx-2-121", "ltx-2", 121)):
+        spec = models.SPECS[key]
+        assert (spec.key, spec.name, spec.frames) == (key, name, frames)
+        assert models.SPECS[name].frames == 33 and models.SPECS[name].config == spec.config
+        assert spec.params().get("num_frames", str(frames)) == str(frames)
