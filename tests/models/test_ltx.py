@@ -269,6 +269,21 @@ def test_a_stream_not_shown_to_be_the_forward_keeps_the_windows(
     assert torch.equal(decoder.decode(z), pipeline_decode(vae, z))  # one window: bit for bit
 
 
+def test_layers_that_cannot_be_streamed_keep_the_windows(
+    model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A decoder whose modules are not as the stream re-states them (here an upsampler
+    without its `residual` attribute) is streamed in windows, with one log line."""
+    vae = VAES[model]().eval()
+    del next(b for b in vae.decoder.up_blocks if b.upsamplers).upsamplers[0].residual
+    decoder = DECODERS[model](vae)
+    assert isinstance(decoder.chunking, MarginChunking)
+    assert f"{model}: streaming in exact windows, not layer by layer: its layers could not be " in (
+        caplog.text
+    )
+    assert "AttributeError" in caplog.text
+
+
 def tiled_vae(model: str) -> Any:
     """A VAE set to its temporal tiles, as a user sets it for a pipeline."""
     vae = VAES[model]().eval()
