@@ -172,3 +172,15 @@ def test_conv3d_is_the_modules_forward(mode: str, dtype: torch.dtype) -> None:
         if mode == "reflect":  # really reflected, not zero-padded
             zero_padded = F.conv3d(x, module.weight, module.bias, padding=(0, 1, 1))
             assert not torch.allclose(conv3d(module)(x), zero_padded)
+
+
+def test_conv3d_leaves_onednn_off_where_the_user_turned_it_off() -> None:
+    torch.manual_seed(0)
+    module = torch.nn.Conv3d(3, 5, 3, padding=(0, 1, 1))
+    x = torch.randn(1, 3, 4, 6, 7)
+    torch.backends.mkldnn.enabled = False
+    try:
+        with torch.inference_mode():
+            assert torch.equal(conv3d(module)(x), module(x))
+    finally:
+        torch.backends.mkldnn.enabled = True

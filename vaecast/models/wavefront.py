@@ -21,11 +21,15 @@ forward's within float rounding (a kernel may accumulate differently over a shor
 input); `vaecast/models/ltx_wavefront.py` checks that at load for the decoders it
 builds.
 
-`WavefrontStream` is one decode through such a net as a `LatentStream`: latents go in
-one latent frame at a time and the frames out are cut into the chunks of its
+`WavefrontStream` is one decode through such a net as a `LatentStream`: each latent
+block goes in as it arrives, and the frames out are cut into the chunks of its
 `MarginWindows` geometry (the same chunk plan as the windowed stream's), each emitted
 as soon as its last frame is out. `WavefrontChunking` is a family's chunking through it,
 with the windowed chunking beside it for the streams it does not take.
+
+Written here rather than taken from a library: the streaming convs we know of (audio
+codecs' streaming modules) are built into their own models' layers, while these stages
+wrap the layers of a model that was written to see the whole clip.
 """
 
 from __future__ import annotations
@@ -132,6 +136,7 @@ def conv3d(module: torch.nn.Conv3d) -> Callable[[torch.Tensor], torch.Tensor]:
             and frames.device.type == "cpu"
             and frames.dtype == torch.float32
             and torch.backends.mkldnn.is_available()
+            and torch.backends.mkldnn.enabled  # a user who turned oneDNN off keeps it off
         ):
             return mkldnn(frames.contiguous(), weight, bias, padding, stride, dilation, groups)
         return F.conv3d(frames, weight, bias, stride, padding, dilation, groups)
