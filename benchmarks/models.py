@@ -311,16 +311,18 @@ LTX2_CONFIG: dict[str, Any] = {
     "temporal_compression_ratio": 8,
 }
 
+# Both LTX VAEs keep their latent statistics in buffers.
+LTX_STATS = {
+    "latents_mean": _stats(128, 5, -0.2, 0.1),
+    "latents_std": _stats(128, 4, 0.6, 0.1),
+}
 LTX_VIDEO = ModelSpec(
     "ltx-video",
     "AutoencoderKLLTXVideo",
     "diffusers/pipelines/ltx/pipeline_ltx.py",
     _ltx_step,
     (128, 5, 8, 8),
-    buffers={
-        "latents_mean": _stats(128, 5, -0.2, 0.1),
-        "latents_std": _stats(128, 4, 0.6, 0.1),
-    },
+    buffers=LTX_STATS,
     spatial_scale=32,
     temporal_scale=8,
     pack=_pack_ltx,
@@ -333,10 +335,7 @@ LTX_2 = ModelSpec(
     _ltx2_step,
     (128, 5, 8, 8),
     config=LTX2_CONFIG,
-    buffers={
-        "latents_mean": _stats(128, 5, -0.2, 0.1),
-        "latents_std": _stats(128, 4, 0.6, 0.1),
-    },
+    buffers=LTX_STATS,
     spatial_scale=32,
     temporal_scale=8,
 )

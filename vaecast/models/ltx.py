@@ -11,10 +11,10 @@ the VAE changed:
   only on a few frames of the layer before, so the stream runs the decoder layer by
   layer (`vaecast/models/ltx_wavefront.py`): each frame of each layer computed once, as
   soon as the frames it reads are in, the whole decode's work in the whole decode's
-  kernels, the first chunk out once the work it depends on is done (about a quarter
-  to a third of the decode at the pipelines' default lengths, most of it for short
-  clips). Its frames are `vae.decode`'s within float rounding. Chunks of 3 latents
-  (17 frames, then 24 each). Where that stream is not shown to be the decoder's forward
+  kernels, the first chunk out once the work it depends on is done (a share of the
+  decode that shrinks as the clip grows: `benchmarks/results/exact_cone.md`). Its
+  frames are `vae.decode`'s within float rounding. Chunks of 3 latents (17 frames,
+  then 24 each). Where that stream is not shown to be the decoder's forward
   (checked at load), where the decoder injects noise, where the VAE's spatial tiles
   apply, or where `window_latents` asks for them, the stream decodes windows of latents
   with a margin of the decoder's reach each side (derived at load,
@@ -92,7 +92,7 @@ from vaecast.models.diffusers_family import DiffusersDecoder, DiffusersFamily
 from vaecast.models.layouts import PackedTokens
 from vaecast.models.ltx2_sound import LTX2Sound
 from vaecast.models.ltx_reach import temporal_reach, temporal_scale
-from vaecast.models.ltx_wavefront import check, noise_injecting, wavefront_net
+from vaecast.models.ltx_wavefront import check, wavefront_net
 from vaecast.models.margin_windows import MarginChunking, MarginWindows, Reach
 from vaecast.models.streaming import Prepare
 from vaecast.models.wavefront import NetFactory, WavefrontChunking
@@ -170,7 +170,8 @@ def _chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., Any]:
             vae, lambda z: tiled(vae, z, temb), lambda z: untiled(vae, z, temb)
         )
         noise = vae.config.decoder_inject_noise
-        if any(noise) if isinstance(noise, list | tuple) else bool(noise):
+        noisy = any(noise) if isinstance(noise, list | tuple) else bool(noise)
+        if noisy:
             decode = _with_seeded_noise(decode, device)
         latent_channels = int(vae.config.latent_channels)
         spatial_scale = int(vae.spatial_compression_ratio)
@@ -188,6 +189,9 @@ def _chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., Any]:
         margins = MarginChunking(windows, latent_channels, spatial_scale, prepare, decode)
         if window_latents is not None or windows.reach is None:
             return margins
+        if noisy:  # diffusers draws the noise per call: a split decode would differ
+            log.info("%s: streaming in exact windows: its decoder injects noise", model)
+            return margins
         make_net = _layer_by_layer(model, vae.decoder, temb)
         if make_net is None:
             return margins
@@ -200,9 +204,6 @@ def _chunking(model: str, tiled: _Call, untiled: _Call) -> Callable[..., Any]:
 
 def _layer_by_layer(model: str, decoder: Any, temb: torch.Tensor | None) -> NetFactory | None:
     """The decoder's layer-by-layer stream, where it is shown to be its forward."""
-    if noise_injecting(decoder):
-        log.info("%s: streaming in exact windows: its decoder injects noise per call", model)
-        return None
     make_net = wavefront_net(decoder, temb)
     try:
         problem = check(decoder, make_net, temb)

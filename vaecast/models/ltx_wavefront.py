@@ -64,13 +64,6 @@ def wavefront_net(decoder: Any, temb: torch.Tensor | None) -> NetFactory:
     return make
 
 
-def noise_injecting(decoder: Any) -> bool:
-    """Whether any of the decoder's resnets adds noise."""
-    return any(
-        getattr(module, "per_channel_scale1", None) is not None for module in decoder.modules()
-    )
-
-
 def check(decoder: Any, make_net: NetFactory, temb: torch.Tensor | None) -> str | None:
     """Why the nets of `make_net` are not `decoder`'s forward on a small clip, or None."""
     parameter = next(decoder.parameters())
