@@ -806,7 +806,7 @@ async def run_pairs(
             for position, (arm, pair) in enumerate(paired.schedule(repeat, PEERS)):
                 if not (server if arm == paired.VAECAST else decoder):
                     continue  # an arm of the other phase
-                before = load.sample(pids)
+                before, arm_started = load.sample(pids), time.monotonic()
                 record: dict[str, Any] = {
                     "arm": arm,
                     "pair": pair,
@@ -838,6 +838,11 @@ async def run_pairs(
                     record["frames_planned"] = planned_frames
                 record["others_cores"] = load.between(before, load.sample(pids))["others_cores"]
                 runs.append(record)
+                # A line per arm: a model's repeats can take an hour between other lines.
+                _say(
+                    f"{spec.name}: repeat {repeat + 1}/{repeats}, {arm} arm of the {pair} "
+                    f"pair, {time.monotonic() - arm_started:.1f} s"
+                )
             repeat_load = load.between(repeat_start, load.sample(pids))
             repeat_load["repeat"] = repeat
             repeat_load["loaded"] = repeat_load["others_cores"] > paired.LOADED_CORES
