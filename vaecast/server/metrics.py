@@ -241,6 +241,12 @@ class Metrics:
             "Units a WHEP viewer's track sent late because they were not yet decoded",
             registry=r,
         )
+        self.webrtc_late_sends = Counter(
+            "vaecast_webrtc_late_sends",
+            "Units a WHEP viewer's track had in time but sent late: the peers' process "
+            "got no CPU soon enough (a busy host)",
+            registry=r,
+        )
 
     def record_loop_lag(self, lag_s: float) -> None:
         self.loop_lag.observe(lag_s)

@@ -31,14 +31,29 @@ log = logging.getLogger("vaecast.webrtc")
 
 
 class UnitLog(FollowableLog[AccessUnit]):
-    """Access units of one stream, in presentation order; times in `time_base`."""
+    """Access units of one stream, in presentation order; times in `time_base`.
+
+    Units given with `receive` keep the loop time they came at (the peers' process
+    tells a stream that ran dry from a sender that woke late by it)."""
 
     def __init__(self, time_base: Fraction) -> None:
         super().__init__()
         self.time_base = time_base
+        self._arrivals: list[float | None] = []  # by index; None: appended without a time
 
     def seconds(self, unit: AccessUnit) -> float:
         return float(unit.pts * self.time_base)
+
+    def receive(self, units: list[AccessUnit], at: float) -> None:
+        """Append `units`, which came at `at` (the loop's clock)."""
+        self._arrivals += [None] * (len(self) - len(self._arrivals))
+        for unit in units:
+            self.append(unit)
+            self._arrivals.append(at)
+
+    def arrived_at(self, index: int) -> float | None:
+        """When unit `index` came, if it came through `receive`."""
+        return self._arrivals[index] if index < len(self._arrivals) else None
 
 
 class JobMedia:

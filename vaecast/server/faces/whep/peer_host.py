@@ -97,8 +97,7 @@ class PeerHost:
             key, units = fields
             stream = self._streams.get(key)
             if stream is not None and not stream.closed:
-                for unit in units:
-                    stream.append(unit)
+                stream.receive(units, asyncio.get_running_loop().time())
         elif kind == "end":
             self._end(*fields)
         elif kind == "bind":
@@ -230,14 +229,19 @@ class PeerHost:
         `WhepSessions` counts); the server's close ends this watch."""
         loop = asyncio.get_running_loop()
         settings = self.settings
-        reported: tuple[int, float, bool] | None = None
+        reported: tuple[int, float, int, bool] | None = None
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             now = loop.time()
             state = peer.pc.connectionState
             clock = peer.clock
-            playout = (clock.stalls, round(clock.stalled_s, 3), clock.start_s is not None)
-            if playout != reported:  # its stalls so far, and whether it plays yet
+            playout = (
+                clock.stalls,
+                round(clock.stalled_s, 3),
+                clock.late_sends,
+                clock.start_s is not None,
+            )
+            if playout != reported:  # its stalls and late sends so far, whether it plays
                 self._send(("playout", session_id, *playout))
                 reported = playout
             outcome = None

@@ -44,7 +44,7 @@ class PeerProcess:
         self,
         process: asyncio.subprocess.Process,
         on_ended: Callable[[str, str], None],
-        on_playout: Callable[[str, int, float, bool], None],
+        on_playout: Callable[[str, int, float, int, bool], None],
         on_lost: Callable[[], None],
     ) -> None:
         self._process = process
@@ -65,7 +65,7 @@ class PeerProcess:
         cls,
         settings: WebRtcSettings,
         on_ended: Callable[[str, str], None],
-        on_playout: Callable[[str, int, float, bool], None],
+        on_playout: Callable[[str, int, float, int, bool], None],
         on_lost: Callable[[], None],
     ) -> PeerProcess:
         path = os.environ.get("PYTHONPATH")

@@ -17,9 +17,10 @@ field, never as bytes to unpickle. Messages (`peer_process` sends the first list
 
 - `("answer", session_id, sdp)`, `("refused", session_id, reason)`;
 - `("ended", session_id, outcome)`: a session the server should close;
-- `("playout", session_id, stalls, stalled_s, playing)`: a session's stalls so far and
-  how long they lasted, and whether its tracks have started; `("census", request_id,
-  counts)`;
+- `("playout", session_id, stalls, stalled_s, late_sends, playing)`: a session's
+  stalls so far (units that came after they were due) and how long they lasted, its
+  late sends (units here in time that this process sent late), and whether its tracks
+  have started; `("census", request_id, counts)`;
 - `("log", level, logger, message)`: the peers' log lines, which the server logs.
 """
 

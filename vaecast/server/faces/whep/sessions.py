@@ -63,6 +63,7 @@ class WhepSession:
     binding: asyncio.Task[None] | None = None  # finds the streams its tracks send
     outcome: str | None = None
     stalls: int = 0
+    late_sends: int = 0
     # Its viewer's playout among its job's (vaecast.server.stream.viewers), if told one.
     playouts: JobViewers | None = None
     playout: ViewerPlayout | None = None
@@ -164,12 +165,13 @@ class WhepSessions:
             self._peers.close_peer(session.id)
         await self._release_media(session.media_key)
         log.info(
-            "whep session %s of %s ended: %s (%s, %d stalls)",
+            "whep session %s of %s ended: %s (%s, %d stalls, %d late sends)",
             session.id,
             session.job_id,
             outcome,
             session.video.value,
             session.stalls,
+            session.late_sends,
         )
 
     async def close_all(self) -> None:
@@ -266,12 +268,15 @@ class WhepSessions:
         if session is not None:
             self._end_later(session, outcome)
 
-    def _on_playout(self, session_id: str, stalls: int, stalled_s: float, playing: bool) -> None:
+    def _on_playout(
+        self, session_id: str, stalls: int, stalled_s: float, late_sends: int, playing: bool
+    ) -> None:
         session = self._sessions.get(session_id)
         if session is None:
             return
         self._metrics.webrtc_stalls.inc(max(0, stalls - session.stalls))
-        session.stalls = stalls
+        self._metrics.webrtc_late_sends.inc(max(0, late_sends - session.late_sends))
+        session.stalls, session.late_sends = stalls, late_sends
         if session.playouts is not None and session.playout is not None and playing:
             session.playouts.paced(session.playout, stalls, stalled_s, time.perf_counter())
 

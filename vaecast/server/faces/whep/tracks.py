@@ -9,9 +9,12 @@ arrives, and a chunk's sixteen frames sent in one burst would play as one jump.
 One `ViewerClock` per viewer maps presentation time to the loop's clock for its video
 and audio tracks alike, which keeps them in step: the video track picks the start (its
 first keyframe at the join point), the audio track starts at the same instant. A unit
-that exists only after it was due (a decode slower than real time) is a stall: the
-clock moves on by as much, so what follows keeps its spacing, and the RTP timestamps
-move with it, as a live source's would.
+that reached this process only after it was due (a decode slower than real time) is a
+stall: the stream ran dry. A unit that was here in time but went out late all the same
+(this process got no CPU soon enough: a busy host) is a late send, counted apart, for it
+says nothing of the job's media. Either way the clock moves on by as much, so what
+follows keeps its spacing, and the RTP timestamps move with it, as a live source's
+would.
 
 The tracks run in the peers' process (`peer_host`), on copies of the server's unit
 logs that grow as the server sends their units.
@@ -30,7 +33,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from vaecast.codecs.access_units import AccessUnit
 from vaecast.server.faces.whep.media import UnitLog, index_at
 
-# A unit sent this much after it was due counts as a stall (a scheduler's wake-up is late
+# A unit sent this much after it was due counts as late (a scheduler's wake-up is late
 # by a millisecond or two; a frame interval at 60 fps is 17 ms).
 STALL_TOLERANCE_S = 0.05
 
@@ -39,8 +42,10 @@ class ViewerClock:
     def __init__(self, join_s: float) -> None:
         self.join_s = join_s
         self.start_s: float | None = None
-        self.stalls = 0
+        self.stalls = 0  # units that came after they were due: the stream ran dry
         self.stalled_s = 0.0
+        self.late_sends = 0  # units here in time, sent late all the same: a busy host
+        self.late_s = 0.0
         self._origin = 0.0
         self._started = asyncio.Event()
 
@@ -57,15 +62,22 @@ class ViewerClock:
     def stream_time(self, media_s: float) -> float:
         """Seconds since the viewer's start at which `media_s` plays."""
         assert self.start_s is not None
-        return media_s - self.start_s + self.stalled_s
+        return media_s - self.start_s + self.stalled_s + self.late_s
 
-    async def wait_until_due(self, media_s: float) -> None:
+    async def wait_until_due(self, media_s: float, arrived_at: float | None) -> None:
+        """Wait until the unit at `media_s` is due; count it if it is late: a stall if
+        it came (`arrived_at`, the loop's clock; None: just now) after it was due."""
         loop = asyncio.get_running_loop()
+        now = loop.time()
         due = self._origin + self.stream_time(media_s)
-        late = loop.time() - due
+        late = now - due
         if late > STALL_TOLERANCE_S:
-            self.stalls += 1
-            self.stalled_s += late
+            if (now if arrived_at is None else arrived_at) - due > STALL_TOLERANCE_S:
+                self.stalls += 1
+                self.stalled_s += late
+            else:
+                self.late_sends += 1
+                self.late_s += late
         elif late < 0:
             await asyncio.sleep(-late)
 
@@ -112,7 +124,8 @@ class PacedTrack(MediaStreamTrack):
             self.stop()
             raise
         media_s = self._units.seconds(unit)
-        await self._clock.wait_until_due(media_s)
+        assert self._index is not None
+        await self._clock.wait_until_due(media_s, self._units.arrived_at(self._index - 1))
         return self._packet(unit, self._clock.stream_time(media_s))
 
     def _packet(self, unit: AccessUnit, stream_s: float) -> av.Packet:
