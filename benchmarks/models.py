@@ -9,9 +9,10 @@ defaults are another model's) and seeded random weights, saved with `save_pretra
 cache folder and loaded from it by `get_decoder(name, weights=FOLDER)`, as a server loads
 it; latents are seeded N(0, 1) in the pipeline's own layout, of 33 frames (37 for Mochi,
 whose latents stand for 6 frames; 34 for MiniMax-H3) at 256x256 for every model
-(`ModelSpec.latent_shape`, in the results), and LTX-Video and LTX-2 at their pipelines'
-default lengths as well (rows `ltx-video-161`, `ltx-2-121`): where per-call overhead no longer hides
-what a decode costs. On a 2-core CPU one decode there takes from a quarter of a minute
+(`ModelSpec.latent_shape`, in the results), and LTX-Video, LTX-2 and MiniMax-H3 at their
+pipelines' default lengths as well (rows `ltx-video-161`, `ltx-2-121`, `minimax-h3-124`):
+where per-call overhead no longer hides what a decode costs, and an exact first chunk needs
+a smaller share of it. On a 2-core CPU one decode there takes from a quarter of a minute
 (LTX-Video) to several minutes (HunyuanVideo 1.5), so each model's arms decode the whole
 clip three times in all, and a run of every model takes hours.
 
@@ -340,6 +341,20 @@ LTX_2 = ModelSpec(
     temporal_scale=8,
 )
 
+MINIMAX_H3 = ModelSpec(
+    "minimax-h3",
+    "AutoencoderKLMiniMaxH3",
+    "diffusers/modular_pipelines/minimax_h3/decoders.py",
+    _minimax_step,
+    (24, 10, 16, 16),
+    config={
+        "latents_mean": _stats(24, 5, -0.2, 0.1),
+        "latents_std": _stats(24, 4, 0.6, 0.1),
+    },
+    spatial_scale=16,
+    do_normalize=False,
+)
+
 SPECS: dict[str, ModelSpec] = {
     spec.key: spec
     for spec in (
@@ -367,19 +382,10 @@ SPECS: dict[str, ModelSpec] = {
             },
             spatial_scale=16,
         ),
-        ModelSpec(
-            "minimax-h3",
-            "AutoencoderKLMiniMaxH3",
-            "diffusers/modular_pipelines/minimax_h3/decoders.py",
-            _minimax_step,
-            (24, 10, 16, 16),
-            config={
-                "latents_mean": _stats(24, 5, -0.2, 0.1),
-                "latents_std": _stats(24, 4, 0.6, 0.1),
-            },
-            spatial_scale=16,
-            do_normalize=False,
-        ),
+        MINIMAX_H3,
+        # And at its pipeline's default length: 124 frames (`num_frames` of the form
+        # 17 n + 5, n = 7), 37 latents: seven of its decoder's windows, not two.
+        dataclasses.replace(MINIMAX_H3, latent_shape=(24, 37, 16, 16), label="minimax-h3-124"),
         ModelSpec(
             "hunyuan-video",
             "AutoencoderKLHunyuanVideo",

@@ -134,3 +134,20 @@ def test_ltx_is_measured_at_its_pipelines_default_lengths_too() -> None:
         assert (spec.key, spec.name, spec.frames) == (key, name, frames)
         assert models.SPECS[name].frames == 33 and models.SPECS[name].config == spec.config
         assert spec.params().get("num_frames", str(frames)) == str(frames)
+
+
+def test_minimax_h3_is_measured_at_its_pipelines_default_length_too() -> None:
+    """`--models minimax-h3-124`: the modular pipeline's default `num_frames` (124), as
+    many latents as its before-denoise step makes for it, served as the model itself."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3PrepareLayoutStep
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+        align_num_frames,
+        video_latent_num_frames,
+    )
+
+    (default,) = [p.default for p in MiniMaxH3PrepareLayoutStep().inputs if p.name == "num_frames"]
+    frames = align_num_frames(default, 17, 5)  # (the VAE's clip_length, latents per clip)
+    spec, short = models.SPECS["minimax-h3-124"], models.SPECS["minimax-h3"]
+    assert (default, frames) == (124, 124)
+    assert spec.latent_shape[1] == video_latent_num_frames(frames, 17, 5)
+    assert (spec.name, spec.config, spec.latent_shape[2:]) == ("minimax-h3", short.config, (16, 16))
