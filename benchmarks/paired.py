@@ -117,14 +117,18 @@ def verdict(spread: Spread, limit: float) -> Verdict:
 def schedule(repeat: int, peers: Sequence[str] = PEERS) -> list[tuple[str, str]]:
     """The runs of one repeat, pair by pair: (arm, the peer of its pair).
 
-    The pairs' order is rotated by one every repeat, and vaecast goes first in every
-    other pair (which ones alternates between repeats), so neither position nor the
-    order within a pair favours an arm over the repeats.
+    The pairs' order is rotated by one every repeat, and within each pair vaecast goes
+    first every other repeat (peers next to each other in `peers` start on opposite
+    sides), so neither position nor the order within a pair favours an arm over the
+    repeats. The side is taken from the peer's place in `peers`, not its place after
+    the rotation: with two peers the rotation and an alternation by place cancel out,
+    and every repeat would run each pair in the same order.
     """
     shift = repeat % len(peers)
     runs = []
-    for index, peer in enumerate(list(peers[shift:]) + list(peers[:shift])):
-        pair = [VAECAST, peer] if (repeat + index) % 2 == 0 else [peer, VAECAST]
+    for peer in list(peers[shift:]) + list(peers[:shift]):
+        vaecast_first = (repeat + peers.index(peer)) % 2 == 0
+        pair = [VAECAST, peer] if vaecast_first else [peer, VAECAST]
         runs += [(arm, peer) for arm in pair]
     return runs
 

@@ -74,6 +74,19 @@ def test_schedule_pairs_vaecast_with_every_peer_once_per_repeat() -> None:
     assert firsts == dict.fromkeys(PEERS, len(PEERS))
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_each_pair_alternates_which_arm_goes_first_for_any_number_of_peers(count: int) -> None:
+    peers = [f"peer{i}" for i in range(count)]
+    for peer in peers:
+        openers = []
+        for repeat in range(4):
+            runs = schedule(repeat, peers)
+            pair = next(runs[i : i + 2] for i in range(0, len(runs), 2) if runs[i][1] == peer)
+            openers.append(pair[0][0])
+        # vaecast, the peer, vaecast, the peer (or the reverse).
+        assert openers[0] != openers[1] and openers[:2] == openers[2:], (peer, openers)
+
+
 def test_a_repeat_of_rounds_runs_each_pair_once_per_round_in_moving_orders() -> None:
     runs = repeat_schedule(1, rounds=3)
     assert len(runs) == 3 * 2 * len(PEERS)
