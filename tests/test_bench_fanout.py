@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from benchmarks.fanout import (
     raise_open_files,
@@ -126,20 +127,30 @@ def test_with_repeats_the_table_gives_each_figures_median_and_range() -> None:
     assert any("median of 3 rounds" in line for line in lines)
 
 
+def _kernel_seconds_over(pid: int, tid: int, work: Callable[[], object], cpu_s: float) -> float:
+    """This thread's kernel time while it runs `work` for `cpu_s` of its own CPU time."""
+    start = thread_kernel_seconds(pid, tid)
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:  # the clock is a system call: call it rarely
+        work()
+    return thread_kernel_seconds(pid, tid) - start
+
+
 def test_kernel_time_counts_a_threads_system_calls_not_its_python() -> None:
-    """Reads of /dev/zero are kernel time; arithmetic in Python is not."""
+    """Reads of /dev/zero are kernel time; arithmetic in Python is not.
+
+    The kernel splits a thread's CPU time into user and system by where its clock ticks
+    fell. While other processes take the cores the samples are few and can fall badly
+    (0.07 s of system time in 0.6 s of reads was seen under two CPU hogs), so the reads
+    get three tries to show it; Python's arithmetic must show none in every one.
+    """
     pid, tid = os.getpid(), threading.get_native_id()
-    start = thread_kernel_seconds(pid, tid)
-    end = time.thread_time() + 0.3
-    while time.thread_time() < end:  # the clock is a system call: read it rarely
-        sum(range(200_000))
-    python_only = thread_kernel_seconds(pid, tid) - start
     block = bytearray(1 << 20)
-    start = thread_kernel_seconds(pid, tid)
     with open("/dev/zero", "rb", buffering=0) as zero:
-        end = time.thread_time() + 0.3
-        while time.thread_time() < end:
-            zero.readinto(block)
-    syscalls = thread_kernel_seconds(pid, tid) - start
-    assert python_only < 0.05
+        for _ in range(3):
+            python_only = _kernel_seconds_over(pid, tid, lambda: sum(range(200_000)), 0.3)
+            assert python_only < 0.05
+            syscalls = _kernel_seconds_over(pid, tid, lambda: zero.readinto(block), 0.3)
+            if syscalls > 0.15:
+                break
     assert syscalls > 0.15
