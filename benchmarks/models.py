@@ -45,10 +45,15 @@ unmeasured: one stream from the server to its first fragment (its frame count is
 on each whole stream), and the chunks' decode, which warms up the in-process arms. Torch's
 threads are left at their default in both processes, as `vaecast serve` leaves them.
 
-A model whose VAE would not fit twice in this machine's memory (server and benchmark each
-hold one) is measured with one copy at a time: vaecast's arms first, with this process
-holding no weights, then the in-process arms, so each ratio is within its repeat but its
-pair not back to back (the results say `one_copy`). A model that does not fit once is
+The weights are safetensors files, which diffusers maps (mmap) rather than reads: the
+server and this process then share one copy in the page cache, and every model is
+measured in back-to-back pairs. The pages are read in before anything is timed in this
+process (`read_in`), as the server's warm-up reads them in there, so no arm pays for
+reading the weights from disk. Where this process does not map its weights (the results
+say `weights_shared`), a VAE that would not fit twice in this machine's memory is
+measured with one copy at a time: vaecast's arms first, with this process holding no
+weights, then the in-process arms, so each ratio is within its repeat but its pair not
+back to back (the results say `one_copy`). A model that does not fit once is
 skipped with the reason written in the results, as is a model whose decoder module is
 missing or fails. Writes `models.json` and `models.md` to --out after each
 model; `--keep-others` keeps the rows there of the models not measured now.
@@ -475,6 +480,29 @@ def weights_folder(spec: ModelSpec, cache_dir: Path) -> Path:
     vae.save_pretrained(partial)
     partial.rename(folder)  # a folder that exists is complete
     return folder
+
+
+def mapped_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder` that this process has mapped: a model whose
+    weights loaded by mmap maps all of its safetensors files, whose pages in the page
+    cache a second process loading the same files shares."""
+    root = str(folder.resolve()) + os.sep
+    total = 0
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(root):
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            total += end - start
+    return total
+
+
+def read_in(module: torch.nn.Module) -> None:
+    """Every parameter's and buffer's pages read now: mapped weights are read from the
+    page cache, or from disk, at their first use, which would otherwise fall into the
+    first timed decode."""
+    with torch.no_grad():
+        for tensor in (*module.parameters(), *module.buffers()):
+            tensor.sum()
 
 
 def available_memory_bytes() -> int:
@@ -909,10 +937,11 @@ def measure_model(
     spec: ModelSpec, repeats: int, work: Path, one_copy: bool = False
 ) -> dict[str, Any]:
     """Everything about one model; the server runs only while its arms do. With
-    `one_copy` (weights that fit this machine's memory once but not twice), this process
-    lets go of its copy while the server runs, so that vaecast's arms run first, then
-    the in-process ones: each ratio is still within its repeat, but its pair is no
-    longer back to back."""
+    `one_copy` (weights that fit this machine's memory once but not twice) and weights
+    this process does not map (so not shared with the server's), this process lets go of
+    its copy while the server runs, so that vaecast's arms run first, then the
+    in-process ones: each ratio is still within its repeat, but its pair is no longer
+    back to back."""
     from vaecast.models.layouts import layout_of
     from vaecast.models.registry import get_decoder
 
@@ -920,6 +949,9 @@ def measure_model(
     folder = weights_folder(spec, work / "models")
     weights_s = time.monotonic() - weights_s
     decoder = get_decoder(spec.name, "cpu", weights=folder)
+    shared = mapped_bytes(folder) >= weights_bytes(spec)
+    one_copy = one_copy and not shared
+    read_in(decoder.vae)
     latents = spec.latents()
     packed = spec.pack(latents)
     bound = layout_of(decoder).bind(spec.params())
@@ -932,6 +964,7 @@ def measure_model(
         "weights_mb": weights_bytes(spec) / 1e6,
         "weights_build_or_cache_s": weights_s,
         "one_copy": one_copy,
+        "weights_shared": shared,
     }
     scales = (result["geometry"]["spatial_compression"], result["geometry"]["temporal_compression"])
     if scales != (spec.spatial_scale, spec.temporal_scale):
@@ -951,6 +984,7 @@ def measure_model(
         gc.collect()
         served = _served(measured, None, folder, repeats, plan.frames, work, keep)
         decoder = get_decoder(spec.name, "cpu", weights=folder)
+        read_in(decoder.vae)
     result["exactness"], streamed = exactness(spec, decoder, latents, packed, plan, work)
     if one_copy:
         _, runs, loads = asyncio.run(

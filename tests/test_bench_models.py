@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import mmap
 from pathlib import Path
 
 import pytest
@@ -85,15 +86,55 @@ def test_weights_that_fit_once_but_not_twice_are_measured_one_copy_at_a_time(
 ) -> None:
     weights = models.weights_bytes(TINY_WAN)
     monkeypatch.setattr(models, "available_memory_bytes", lambda: 2 * weights)
+    monkeypatch.setattr(models, "mapped_bytes", lambda folder: 0)  # weights read, not mapped
     models.run([TINY_WAN], repeats=1, out=tmp_path)
     entry = json.loads((tmp_path / "models.json").read_text())["models"]["wan2.1"]
-    assert entry["one_copy"]
+    assert entry["one_copy"] and not entry["weights_shared"]
     # vaecast's arms ran before the in-process ones, every pair still complete.
     arms = [run["arm"] for run in entry["runs"]]
     assert arms == ["vaecast", "vaecast", *sorted(arms[2:])] and len(arms) == 4
     assert entry["exactness"]["vs_path"]["max_abs_diff"] <= 1e-5
     assert entry["summary"]["frames_ok"]
     assert "| wan2.1 (one copy at a time) |" in (tmp_path / "models.md").read_text()
+
+
+@pytest.mark.slow
+def test_mapped_weights_are_shared_with_the_server_so_pairs_stay_back_to_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = models.weights_bytes(TINY_WAN)
+    monkeypatch.setattr(models, "available_memory_bytes", lambda: 2 * weights)
+    models.run([TINY_WAN], repeats=1, out=tmp_path)
+    entry = json.loads((tmp_path / "models.json").read_text())["models"]["wan2.1"]
+    # diffusers maps the safetensors files: the page cache holds one copy for both.
+    assert entry["weights_shared"] and not entry["one_copy"]
+    # Each pair back to back, as `paired.schedule` orders the first repeat.
+    arms = [(run["arm"], run["pair"]) for run in entry["runs"]]
+    assert arms == [
+        ("vaecast", "first_chunk"),
+        ("first_chunk", "first_chunk"),
+        ("pipeline", "pipeline"),
+        ("vaecast", "pipeline"),
+    ]
+    assert "(one copy at a time)" not in (tmp_path / "models.md").read_text()
+
+
+def test_mapped_bytes_counts_this_process_s_mappings_of_a_folder_s_files(tmp_path: Path) -> None:
+    inside, outside = tmp_path / "weights", tmp_path / "other"
+    inside.mkdir()
+    outside.mkdir()
+    (inside / "a.bin").write_bytes(b"x" * 3 * 4096)
+    (outside / "b.bin").write_bytes(b"y" * 5 * 4096)
+    assert models.mapped_bytes(inside) == 0
+    with (
+        (inside / "a.bin").open("rb") as a,
+        (outside / "b.bin").open("rb") as b,
+        mmap.mmap(a.fileno(), 0, access=mmap.ACCESS_READ),
+        mmap.mmap(b.fileno(), 0, access=mmap.ACCESS_READ),
+    ):
+        assert models.mapped_bytes(inside) == 3 * 4096
+        assert models.mapped_bytes(outside) == 5 * 4096
+    assert models.mapped_bytes(inside) == 0
 
 
 def test_a_run_of_some_models_keeps_the_others_rows_when_asked(
