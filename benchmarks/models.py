@@ -949,7 +949,8 @@ def measure_model(
     folder = weights_folder(spec, work / "models")
     weights_s = time.monotonic() - weights_s
     decoder = get_decoder(spec.name, "cpu", weights=folder)
-    shared = mapped_bytes(folder) >= weights_bytes(spec)
+    weights = weights_bytes(spec)
+    shared = mapped_bytes(folder) >= weights
     one_copy = one_copy and not shared
     read_in(decoder.vae)
     latents = spec.latents()
@@ -961,7 +962,7 @@ def measure_model(
     result: dict[str, Any] = {
         "pipeline": spec.pipeline,
         "geometry": geometry(spec, decoder, latents, plan),
-        "weights_mb": weights_bytes(spec) / 1e6,
+        "weights_mb": weights / 1e6,
         "weights_build_or_cache_s": weights_s,
         "one_copy": one_copy,
         "weights_shared": shared,

@@ -80,15 +80,21 @@ def test_one_model_one_repeat_writes_its_row(tmp_path: Path) -> None:
     assert "- wan2.1: commit " in table
 
 
+def run_with_memory_for_one_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The tiny model measured on a machine with memory for one private copy of its
+    weights, not two: its entry in models.json."""
+    weights = models.weights_bytes(TINY_WAN)
+    monkeypatch.setattr(models, "available_memory_bytes", lambda: 2 * weights)
+    models.run([TINY_WAN], repeats=1, out=tmp_path)
+    return json.loads((tmp_path / "models.json").read_text())["models"]["wan2.1"]
+
+
 @pytest.mark.slow
 def test_weights_that_fit_once_but_not_twice_are_measured_one_copy_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    weights = models.weights_bytes(TINY_WAN)
-    monkeypatch.setattr(models, "available_memory_bytes", lambda: 2 * weights)
     monkeypatch.setattr(models, "mapped_bytes", lambda folder: 0)  # weights read, not mapped
-    models.run([TINY_WAN], repeats=1, out=tmp_path)
-    entry = json.loads((tmp_path / "models.json").read_text())["models"]["wan2.1"]
+    entry = run_with_memory_for_one_copy(tmp_path, monkeypatch)
     assert entry["one_copy"] and not entry["weights_shared"]
     # vaecast's arms ran before the in-process ones, every pair still complete.
     arms = [run["arm"] for run in entry["runs"]]
@@ -102,10 +108,7 @@ def test_weights_that_fit_once_but_not_twice_are_measured_one_copy_at_a_time(
 def test_mapped_weights_are_shared_with_the_server_so_pairs_stay_back_to_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    weights = models.weights_bytes(TINY_WAN)
-    monkeypatch.setattr(models, "available_memory_bytes", lambda: 2 * weights)
-    models.run([TINY_WAN], repeats=1, out=tmp_path)
-    entry = json.loads((tmp_path / "models.json").read_text())["models"]["wan2.1"]
+    entry = run_with_memory_for_one_copy(tmp_path, monkeypatch)
     # diffusers maps the safetensors files: the page cache holds one copy for both.
     assert entry["weights_shared"] and not entry["one_copy"]
     # Each pair back to back, as `paired.schedule` orders the first repeat.
