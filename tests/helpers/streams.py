@@ -18,12 +18,12 @@ from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLWan
 from torch import nn
 
 from tests.helpers.models import MINIMAX_LATENT_CHANNELS, MINIMAX_TINY_CONFIG, WAN_TINY_CONFIG
+from tests.helpers.wan import wan_decoder
 from vaecast.models.base import ChunkedDecoder
 from vaecast.models.linear import LinearDecoder
 from vaecast.models.minimax import MiniMaxH3Decoder
 from vaecast.models.taehv import TAEHVConfig, TAEHVDecoder, TAEHVNet
 from vaecast.models.tiny import TinyDecoder
-from vaecast.models.wan import WanDecoder
 
 WAIT_S = 30.0
 MINIMAX_WINDOW, MINIMAX_STRIDE = 7, 5
@@ -72,10 +72,11 @@ def build_case(name: str) -> Case:
         latents = _latents(16, 5, 2, 3, 3)
         return Case(decoder, latents, 1, lambda n: n // per_chunk, net.decoder[-1])
     if name == "wan2.1":
-        wan = WanDecoder(AutoencoderKLWan(**WAN_TINY_CONFIG).eval())
+        wan = wan_decoder(AutoencoderKLWan(**WAN_TINY_CONFIG).eval())
         # 1x1 latents: the size at which post_quant_conv over several frames at once
         # rounds differently from one frame at a time (one thread, CPU).
-        return Case(wan, _latents(16, 5, 1, 1, 4), 1, lambda n: n, wan.vae.decoder.conv_out)
+        latents = _latents(16, 5, 1, 1, 4)
+        return Case(wan.decoder, latents, 1, lambda n: n, wan.vae_decoder.conv_out)
     if name == "minimax-h3":
         vae = AutoencoderKLMiniMaxH3(**MINIMAX_TINY_CONFIG).eval()
         with torch.no_grad():  # random residual scales, so every layer counts

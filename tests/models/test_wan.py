@@ -1,5 +1,5 @@
-"""The `wan2.1` decoder: chunks bit-identical to diffusers' `vae.decode`, loading without the
-hub, one decode per VAE at a time, and the diffusers internals it drives."""
+"""The `wan2.1` decoder: chunks within float rounding of diffusers' `vae.decode`, loading
+without the hub, one decode per VAE at a time, and the diffusers internals it drives."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import vaecast.models.minimax
 import vaecast.models.wan
 from tests.helpers import one_torch_thread
 from tests.helpers.models import WAN_TINY_CONFIG as TINY_CONFIG
+from tests.helpers.wan import wan_decoder
 from vaecast.models.base import ChunkedDecoder, DecodedChunk
 from vaecast.models.registry import get_decoder
 from vaecast.models.wan import WanDecoder
@@ -67,11 +68,13 @@ def pipeline_decode(vae: AutoencoderKLWan, latents: torch.Tensor) -> torch.Tenso
 
 
 def same_as_diffusers(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
-    """Within float rounding of `vae.decode`: bit for bit where the CPU's kernel for the
-    1x1x1 `post_quant_conv` over one latent frame is the one it picks over all of them
-    (the Intel CPUs this was first measured on); on others (AMD EPYC: 2.4e-7 apart even
-    on one thread, 1.5e-6 for Wan 2.2) within rounding. A stream's split never changes the output
-    (tests/models/test_streaming.py holds that bit for bit)."""
+    """Within float rounding of `vae.decode`. On a CPU, Wan 2.1's convs run channels-last
+    (8e-6 apart on its published architecture). In the VAE's own layout, bit for bit
+    where the CPU's kernel for the 1x1x1 `post_quant_conv` over one latent frame is the
+    one it picks over all of them (the Intel CPUs this was first measured on); on others
+    (AMD EPYC: 2.4e-7 apart even on one thread, 1.5e-6 for Wan 2.2) within rounding. A
+    stream's split never changes the output (tests/models/test_streaming.py holds that
+    bit for bit)."""
     return torch.allclose(ours, theirs, rtol=0, atol=1e-5)
 
 
@@ -230,18 +233,66 @@ def test_a_stream_holds_the_vae_until_it_ends(vae: AutoencoderKLWan, decoder: Wa
     assert events == ["stream 0", "stream 1", "whole"]
 
 
-def test_post_quant_conv_sees_one_latent_frame_at_a_time(decoder: WanDecoder) -> None:
-    """Over several frames at once it may round differently (1x1 latents do), so a stream's
-    blocks would show in its output; a whole decode feeds it the same way."""
+@pytest.mark.parametrize(
+    ("options", "calls"),
+    [({}, [1] * 6), ({"block_latents": 4}, [1, 4, 1]), ({"channels_last": False}, [1] * 6)],
+    ids=["default", "blocks-of-4", "own-modules"],
+)
+def test_post_quant_conv_sees_the_streams_blocks(
+    vae: AutoencoderKLWan, options: dict[str, object], calls: list[int]
+) -> None:
+    """Latent 0 alone, then `block_latents` frames a call (the last block shorter): by
+    default for Wan 2.1's architecture, one."""
+    built = wan_decoder(vae, **options)
     frames: list[int] = []
-    handle = decoder.vae.post_quant_conv.register_forward_pre_hook(
+    handle = built.post_quant_conv.register_forward_pre_hook(
         lambda module, args: frames.append(int(args[0].shape[2]))
     )
     try:
-        decoder.decode(latents(3))
+        built.decoder.decode(latents(6))
     finally:
         handle.remove()
-    assert frames == [1, 1, 1]
+    assert frames == calls
+
+
+def test_one_latent_frame_a_call_is_the_pipelines_own_loop(vae: AutoencoderKLWan) -> None:
+    """With both CPU defaults off, the decoder makes diffusers' own calls: on one frame
+    at a time, in the VAE's own modules (bit for bit where the CPU's kernels allow)."""
+    built = wan_decoder(vae, channels_last=False, block_latents=1)
+    assert not built.copied
+    assert built.decoder.plan((1, 16, 3, 2, 3)).chunk_frames == (1, 4, 4)
+    z = latents(3, seed=11)
+    assert same_as_diffusers(built.decoder.decode(z), pipeline_decode(vae, z))
+    with pytest.raises(ValueError, match="block_latents must be at least 1, got 0"):
+        WanDecoder(vae, block_latents=0)
+
+
+def test_on_a_cpu_wan21_decodes_through_a_channels_last_copy(vae: AutoencoderKLWan) -> None:
+    """Faster on CPUs (oneDNN), within float rounding; the caller's VAE is left as it was."""
+    before = {name: tensor.clone() for name, tensor in vae.state_dict().items()}
+    built = wan_decoder(vae)
+    assert built.copied and built.vae_decoder is not vae.decoder
+    channels_last = torch.channels_last_3d
+    copied = dict(built.vae_decoder.named_parameters())
+    convs = [name for name, parameter in vae.decoder.named_parameters() if parameter.dim() == 5]
+    assert convs
+    for name in convs:
+        theirs = vae.decoder.get_parameter(name)
+        assert copied[name].is_contiguous(memory_format=channels_last)
+        assert theirs.is_contiguous()
+        assert torch.equal(copied[name], theirs)
+        assert copied[name].data_ptr() != theirs.data_ptr()
+    assert any(not copied[name].is_contiguous() for name in convs)
+    after = vae.state_dict()
+    assert all(torch.equal(after[name], tensor) for name, tensor in before.items())
+
+    z = latents(4, seed=7)
+    expected = pipeline_decode(vae, z)
+    own = wan_decoder(vae, channels_last=False)
+    assert not own.copied and own.vae_decoder is vae.decoder
+    streamed, exact = built.decoder.decode(z), own.decoder.decode(z)
+    assert streamed.is_contiguous() and same_as_diffusers(streamed, expected)
+    assert same_as_diffusers(exact, expected)
 
 
 def test_a_callback_error_leaves_the_vae_usable(vae: AutoencoderKLWan, decoder: WanDecoder) -> None:
@@ -260,12 +311,36 @@ def test_wan2_2_geometry_decodes_the_same_too() -> None:
     config = dict(TINY_CONFIG, base_dim=4, z_dim=8, is_residual=True, patch_size=2)
     config.update(in_channels=12, out_channels=12, latents_mean=[0.1] * 8, latents_std=[2.0] * 8)
     vae = AutoencoderKLWan(**config).eval()
-    decoder = WanDecoder(vae)
+    # On a CPU, measured for this architecture: blocks of 4 latent frames a call are
+    # faster, channels-last convs slower, so its own modules in blocks by default.
+    built = wan_decoder(vae)
+    assert not built.copied and built.vae_decoder is vae.decoder
     z = torch.randn(1, 8, 3, 2, 2, generator=torch.Generator().manual_seed(4))
     expected = pipeline_decode(vae, z)
     assert expected.shape == (1, 3, 9, 32, 32)
-    assert decoder.plan(z.shape).chunk_frames == (1, 4, 4)
-    assert same_as_diffusers(decoder.decode(z), expected)
+    assert built.decoder.plan(z.shape).chunk_frames == (1, 8)
+    assert same_as_diffusers(built.decoder.decode(z), expected)
+    forced = wan_decoder(vae, channels_last=True, block_latents=1)
+    assert forced.copied and forced.decoder.plan(z.shape).chunk_frames == (1, 4, 4)
+    assert same_as_diffusers(forced.decoder.decode(z), expected)
+
+
+@pytest.mark.parametrize("patch_size", [None, 2], ids=["wan2.1", "wan2.2"])
+def test_off_a_cpu_the_decoder_makes_the_pipelines_own_calls(
+    patch_size: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither CPU default applies on another device: one latent frame a call, in the
+    VAE's own modules, as the pipeline decodes (and at its peak memory)."""
+    config = dict(TINY_CONFIG, z_dim=8, latents_mean=[0.0] * 8, latents_std=[1.0] * 8)
+    if patch_size is not None:
+        config.update(is_residual=True, patch_size=2, in_channels=12, out_channels=12)
+    vae = AutoencoderKLWan(**config).eval()
+    copies: list[object] = []
+    monkeypatch.setattr(vaecast.models.wan, "channels_last_modules", copies.append)
+    # Built without moving the VAE: a chunking only closes over the device.
+    chunking = vaecast.models.wan.chunking(vae, torch.device("cuda"), lambda z: z)
+    assert chunking.block_latents == 1 and copies == []
+    assert chunking.plan((1, 8, 3, 2, 2)).chunk_frames == (1, 4, 4)
 
 
 def test_vaecast_imports_without_diffusers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,24 +1,28 @@
-"""`wan2.1`: the Wan 2.1 video VAE decoder, a chunk per latent frame.
+"""`wan2.1`: the Wan 2.1 video VAE decoder, a chunk per latent frame (or per block of them).
 
 The model is diffusers' `AutoencoderKLWan` (Apache-2.0; architecture by the Wan team,
 Alibaba). Its decoder is causal: `vae.decode` feeds latent frames one at a time
 through `decoder(x[:, :, i:i+1], feat_cache=..., feat_idx=[0], first_chunk=(i == 0))`,
 which carries the temporal convs' state in `feat_cache`, after `post_quant_conv`, and
 clamps to [-1, 1]. Latent frame 0 gives 1 frame, each later one 4. We drive that same
-loop from outside and publish each frame's output as a chunk, so the chunks
-concatenate to `vae.decode` (tested; bit for bit where the CPU allows, see below).
+loop from outside, on latent 0 alone and then on blocks of latent frames (the decoder
+takes several at once through the same cache, as the encoder's loop does), and
+publish each call's output as a chunk, so the chunks concatenate to `vae.decode`
+within float rounding (tested).
 
 The loop runs on a cache list of our own (`[None] * _cached_conv_counts["decoder"]`),
-so it keeps no state on the module, and a stream keeps it between latent blocks.
-`post_quant_conv` (a 1x1x1 conv, cheap at latent size) runs on one latent frame at a
-time, in a whole decode as in a stream: `vae.decode` runs it once over all frames,
-and over T frames at once the conv may pick another kernel than over one, which would
-make a stream's output depend on how its blocks were split. So a stream equals a whole
-decode bit for bit, however it was split; against `vae.decode` the chunks are equal
-bit for bit where the CPU picks the same kernel for one frame as for all (one thread
-on the Intel CPUs first measured), and within float rounding elsewhere (2.4e-7 on an
-AMD EPYC, even on one thread). Latents come in pipeline space and are denormalized
-exactly as the Wan pipelines write it (`latents / (1.0 / std) + mean`, for bit parity).
+so it keeps no state on the module, and a stream keeps it between latent blocks. A
+stream cuts its blocks at the same latent frames however the latents arrive, so a
+stream equals a whole decode bit for bit, however it was split. Latents come in
+pipeline space and are denormalized exactly as the Wan pipelines write it
+(`latents / (1.0 / std) + mean`). On a CPU, one default per architecture trades bit
+parity with `vae.decode` for speed, each chosen by measurement: Wan 2.1's convs run
+in a channels-last copy (`channels_last_modules`), which oneDNN runs faster than the
+layout the VAE loads with, and Wan 2.2's decoder takes blocks of 4 latent frames a
+call (`block_latents`). With both off (elsewhere, or by option), the chunks equal
+`vae.decode` bit for bit where the CPU picks the same `post_quant_conv` kernel for one
+frame as for all (one thread on the Intel CPUs first measured), and within 2.4e-7
+elsewhere (an AMD EPYC).
 
 One decode per VAE instance at a time: concurrent decodes are *serialized* on a lock
 held for the whole decode (including the callbacks; for a stream, from its first
@@ -38,6 +42,7 @@ imported only when a model is loaded, so `import vaecast` never needs it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 from collections.abc import Callable, Mapping
@@ -57,8 +62,10 @@ from vaecast.models.weights_io import (
 
 # A key only the original (non-diffusers) Wan checkpoint layout has.
 ORIGINAL_LAYOUT_KEY = "decoder.middle.0.residual.0.gamma"
-# (one latent frame, pipeline space; the decoder's cache; whether it is the first)
-# -> its frames.
+# Latent frames per decoder call (and chunk) after latent 0's, for Wan 2.2 on a CPU.
+BLOCK_LATENTS = 4
+# (a block of latent frames, pipeline space; the decoder's cache; whether it is the
+# first) -> its frames.
 _Step = Callable[[torch.Tensor, list[Any], bool], torch.Tensor]
 
 
@@ -108,22 +115,65 @@ def decode_step(vae: Any, device: torch.device) -> Prepare:
     return lambda latents: latents.to(device, dtype=dtype) / std + mean
 
 
-def chunking(vae: Any, device: torch.device, prepare: Prepare) -> CausalChunking:
-    """A chunk per latent frame: 1 frame for latent 0, then 4 (or the config's) each."""
+def channels_last_modules(vae: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A private copy of `post_quant_conv` and the decoder with their 3-D convs'
+    weights channels-last (`torch.channels_last_3d`).
+
+    On a CPU, oneDNN's channels-last 3-D convolutions decode Wan 2.1's published
+    architecture faster than the contiguous layout `from_pretrained` gives, within
+    float rounding of it. A copy, so that the VAE a caller passed in decodes as
+    before: it costs the decoder's weights once more (about 0.3 GB for Wan 2.1 in
+    float32).
+    """
+    modules = copy.deepcopy(torch.nn.ModuleList([vae.post_quant_conv, vae.decoder]))
+    for parameter in modules.parameters():
+        if parameter.dim() == 5:
+            parameter.data = parameter.data.contiguous(memory_format=torch.channels_last_3d)
+    return modules[0], modules[1]
+
+
+def chunking(
+    vae: Any,
+    device: torch.device,
+    prepare: Prepare,
+    channels_last: bool | None = None,
+    block_latents: int | None = None,
+) -> CausalChunking:
+    """Latent 0's frame alone, then a chunk per `block_latents` latent frames (4 frames
+    each, or the config's), each block one call of the decoder through the carried cache.
+
+    The defaults are 1 latent frame a call, through the VAE's own modules: the
+    pipeline's own calls, at its peak memory. On a CPU they are chosen per architecture
+    by measurement (`benchmarks/results/design_notes.md`): Wan 2.1's (no output patch)
+    decodes faster through `channels_last_modules` and no faster in blocks; Wan 2.2's
+    (a 2x2 output patch) faster in blocks of `BLOCK_LATENTS` and slower channels-last.
+    """
     config = vae.config
     patch_size = config.patch_size
+    on_cpu = device.type == "cpu"
+    if block_latents is None:
+        block_latents = BLOCK_LATENTS if on_cpu and patch_size is not None else 1
+    if channels_last is None:
+        channels_last = on_cpu and patch_size is None
+    if block_latents < 1:
+        raise ValueError(f"block_latents must be at least 1, got {block_latents}")
+    if channels_last:
+        post_quant_conv, decoder = channels_last_modules(vae)
+        layout = torch.channels_last_3d
+    else:
+        post_quant_conv, decoder = vae.post_quant_conv, vae.decoder
+        layout = torch.contiguous_format
 
-    def step(latent: torch.Tensor, cache: list[Any], first: bool) -> torch.Tensor:
-        # One frame at a time, in every decode: over T frames at once this 1x1x1 conv
-        # may pick another kernel (it does for 1x1 latents, and for larger ones with
-        # more than one thread), so a stream's blocks would change its rounding.
-        x = vae.post_quant_conv(prepare(latent))
-        out = vae.decoder(x, feat_cache=cache, feat_idx=[0], first_chunk=first)
+    def step(latents: torch.Tensor, cache: list[Any], first: bool) -> torch.Tensor:
+        # The stream cuts the same blocks whatever blocks the latents came in, so a
+        # whole decode and any split of a stream make the same calls, bit for bit.
+        x = post_quant_conv(prepare(latents).contiguous(memory_format=layout))
+        out = decoder(x, feat_cache=cache, feat_idx=[0], first_chunk=first)
         if patch_size is not None:
             from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
             out = unpatchify(out, patch_size=patch_size)
-        return torch.clamp(out, min=-1.0, max=1.0)
+        return torch.clamp(out, min=-1.0, max=1.0).contiguous()
 
     lock = vae_lock(vae)
     # Geometry from the architecture: 2x in space per upsampling stage (times the
@@ -132,15 +182,23 @@ def chunking(vae: Any, device: torch.device, prepare: Prepare) -> CausalChunking
         latent_channels=int(config.z_dim),
         spatial_scale=2 ** (len(config.dim_mult) - 1) * (patch_size or 1),
         temporal_scale=2 ** sum(bool(flag) for flag in config.temperal_downsample),
-        open=lambda shape: _WanStream(vae, step, lock, device),
+        open=lambda shape: _WanStream(vae, step, lock, device, block_latents),
+        block_latents=block_latents,
     )
 
 
 class _WanStream(CausalStream):
     """Its state: the decoder's causal-conv cache; it holds the VAE's lock throughout."""
 
-    def __init__(self, vae: Any, step: _Step, lock: threading.Lock, device: torch.device) -> None:
-        super().__init__(device, vae.dtype)
+    def __init__(
+        self,
+        vae: Any,
+        step: _Step,
+        lock: threading.Lock,
+        device: torch.device,
+        block_latents: int,
+    ) -> None:
+        super().__init__(device, vae.dtype, block_latents=block_latents)
         self._step: _Step | None = step
         self._cache: list[Any] = [None] * vae._cached_conv_counts["decoder"]
         self._lock: threading.Lock | None = lock
