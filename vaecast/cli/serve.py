@@ -25,6 +25,7 @@ from vaecast.cli.start_checks import check_encoder, check_listen_address, check_
 from vaecast.cluster.records import ReplicaOptions
 from vaecast.errors import InvalidRequestError
 from vaecast.params import parse_fps
+from vaecast.pipeline.heap import retain_decode_heap
 from vaecast.server.config import MIB, Limits, ServerConfig, WebhookSettings
 from vaecast.server.edge.outbound import check_webhook_url
 from vaecast.server.edge.security_config import (
@@ -39,6 +40,9 @@ from vaecast.server.faces.whep.settings import WebRtcSettings, host_addresses_fo
 
 def run_serve(args: argparse.Namespace) -> int:
     check_listen_address(args.host)  # before anything heavy is imported
+    # Before other threads allocate (the models load in threads, Ray starts its own):
+    # set later, the settings left a worker thread's decode slower (pipeline/heap.py).
+    retain_decode_heap()
     models = args.model or [DEFAULT_MODEL]
     # Checked before any model loads: a --weights mistake is a usage error.
     models, weights = resolve_diffusers(models, weights_by_model(args.weights, models))

@@ -80,6 +80,9 @@ class DecoderReplica:
     def __init__(self, options: ReplicaOptions) -> None:
         from vaecast.models.registry import get_decoder
 
+        # The replica decodes again and again (vaecast/pipeline/heap.py): set before
+        # its models load, though Ray's own threads have allocated already.
+        retain_decode_heap()
         weights = dict(options.weights)
         self._decoders: dict[str, ChunkedDecoder] = {
             name: get_decoder(name, device=options.device, weights=weights.get(name))
@@ -87,7 +90,6 @@ class DecoderReplica:
         }
         self._device = options.device
         slots = max(1, options.max_ongoing)
-        retain_decode_heap()  # the replica decodes again and again (vaecast/pipeline/heap.py)
         self._workers = Workers.for_slots(slots)
         context = serve.get_replica_context()
         self.info = ReplicaInfo(

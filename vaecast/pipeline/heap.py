@@ -20,6 +20,12 @@ without the settings below: benchmarks/results/design_notes.md, "The decode heap
   reuses (a lower peak at the same speed; the current peaks are in
   benchmarks/results/benchmarks.md, "Server memory").
 
+Apply them before other threads allocate (`vaecast serve` does so first thing): a
+decode on a worker thread measured as fast as on the main thread with the settings
+applied first, and 9-11% slower without them or with them applied after other threads
+had allocated (`M_ARENA_MAX` caps the arenas made after it, not those that threads
+already hold; benchmarks/results/design_notes.md, "The decode heap").
+
 Setting either threshold turns off glibc's own adaptive thresholds, which is why both
 are set. The cost: a process keeps the peak of its decode working set mapped. That is
 what a server that decodes again in a moment wants; a one-shot CLI decode does not

@@ -82,6 +82,8 @@ async def serve_until_signalled(
         # and pause the event loop for a hundred milliseconds and more.
         gc.freeze()
         # Decodes run again and again: keep their memory mapped (vaecast/pipeline/heap.py).
+        # For an embedding app this is the first chance; `vaecast serve` applied them
+        # before its models loaded, where they work best.
         retain_decode_heap()
         raise_open_file_limit()
         announce(bound_host, bound_port)
